@@ -1,0 +1,23 @@
+"""What ONE run does: models, gates, tasks, methods; ``run(cfg, ctx) -> RunResult``.
+
+Never imports ray, mlflow or sqlalchemy (a test checks it). Names resolve
+lazily so ``import experiments.gates`` stays light.
+"""
+
+import importlib
+
+_EXPORTS = {
+    "ConfigError": "experiments.config",
+    "RunConfig": "experiments.config",
+    "parse_config": "experiments.config",
+    "RunResult": "experiments.result",
+    "RunContext": "experiments.training",
+    "run": "experiments.runner",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'experiments' has no attribute {name!r}")

@@ -1,0 +1,36 @@
+# Every target creates or refreshes .venv first (idempotent: reinstalls only when pyproject.toml changes).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: venv demo test bench real lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch is pinned to 2.13.0: pip takes the CPU wheel from the machine's find-links (/opt/wheels),
+	# never the multi-GB CUDA build.
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv
+	$(VENV)/bin/headsweep run examples/demo_run.yaml
+
+test: venv
+	$(PY) -m pytest
+
+real: venv
+	$(PY) -m pytest -m real -s
+
+bench: venv
+	@for f in tests/benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
+
+lint: venv
+	$(VENV)/bin/ruff check experiments orchestrator analysis tests
+
+clean:
+	rm -rf $(VENV) .headsweep

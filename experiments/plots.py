@@ -1,0 +1,31 @@
+"""The one figure a single run draws: its final gate map (layers x heads), as PNG bytes.
+
+Uses ``matplotlib.figure.Figure`` directly (no pyplot, no global state), so it
+is safe inside Ray workers and threads.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from matplotlib.figure import Figure
+
+
+def gate_map_png(gates: np.ndarray, title: str) -> bytes:
+    """Heat map of gates (L, H) in [0, 1]: layer 1 at the top, white = closed, dark = open."""
+    num_layers, num_heads = gates.shape
+    fig = Figure(figsize=(max(4.0, 0.45 * num_heads + 1.5), max(2.5, 0.4 * num_layers + 1.2)), dpi=100)
+    ax = fig.subplots()
+    image = ax.imshow(gates, cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(num_heads), [str(h + 1) for h in range(num_heads)])
+    ax.set_yticks(range(num_layers), [str(layer + 1) for layer in range(num_layers)])
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    open_count = int((gates > 1e-3).sum())
+    ax.set_title(f"{title}\n{open_count}/{gates.size} heads open", fontsize=9)
+    fig.colorbar(image, ax=ax, label="gate")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()

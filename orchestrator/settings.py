@@ -1,0 +1,31 @@
+"""Where things live: one data directory (HEADSWEEP_HOME) with embedded defaults.
+
+- registry: ``HEADSWEEP_DB`` (any SQLAlchemy URL) or ``sqlite:///$HOME/registry.db``
+- MLflow: ``HEADSWEEP_TRACKING_URI`` / ``MLFLOW_TRACKING_URI`` or ``sqlite:///$HOME/mlflow.db``,
+  artifacts under ``$HOME/mlartifacts``
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def home() -> Path:
+    path = Path(os.environ.get("HEADSWEEP_HOME", ".headsweep")).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def tracking_uri() -> str:
+    uri = os.environ.get("HEADSWEEP_TRACKING_URI") or os.environ.get("MLFLOW_TRACKING_URI")
+    return uri or f"sqlite:///{home() / 'mlflow.db'}"
+
+
+def artifact_root() -> str:
+    """Where new MLflow experiments put artifacts (a local folder unless overridden)."""
+    return os.environ.get("HEADSWEEP_ARTIFACT_ROOT") or (home() / "mlartifacts").as_uri()
+
+
+def registry_url() -> str:
+    return os.environ.get("HEADSWEEP_DB") or f"sqlite:///{home() / 'registry.db'}"
