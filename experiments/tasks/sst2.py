@@ -1,0 +1,66 @@
+"""SST-2: binary sentiment of movie-review phrases (Socher et al. 2013; GLUE).
+
+Files: `<data_dir or default>/sst2/{train,dev}.tsv`, GLUE-style TSV with the
+header `sentence<TAB>label` and labels 0 (negative) / 1 (positive).
+
+The shared copy's dev.tsv (6,735 rows) is not GLUE's 872-sentence dev set:
+60,614 + 6,735 = 67,349 = GLUE's SST-2 train, i.e. a held-out tenth of the
+train phrases. Phrases of one review sentence overlap heavily across the two
+files, so accuracy here reads higher than published SST-2 dev numbers.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from experiments.tasks._common import (
+    ClassificationDecoder,
+    TaskData,
+    classification_accuracy,
+    encode_sentences,
+    read_glue_tsv,
+    require_files,
+    subset_indices,
+    task_data_dir,
+)
+
+VERSION = "1"
+KIND = "classification"
+METRIC = "accuracy"
+
+LABEL_NAMES = ("negative", "positive")
+_SUBDIR = "sst2"
+_FILES = {"train": "train.tsv", "dev": "dev.tsv"}
+
+
+def check(cfg) -> None:
+    """Raise FileNotFoundError if train.tsv or dev.tsv is missing."""
+    require_files(cfg.name, task_data_dir(cfg, _SUBDIR), list(_FILES.values()))
+
+
+def _load_split(cfg, tokenizer, split: str, limit: int | None):
+    texts, raw = read_glue_tsv(task_data_dir(cfg, _SUBDIR) / _FILES[split], "sentence", "label")
+    keep = subset_indices(len(texts), limit, cfg.data_seed, split)
+    labels = [int(raw[i]) for i in keep]
+    return encode_sentences(tokenizer, [texts[i] for i in keep], labels, cfg.max_length)
+
+
+def load(cfg, tokenizer) -> TaskData:
+    """Read, subset (max_train / max_eval, drawn from data_seed) and tokenise both splits."""
+    check(cfg)
+    return TaskData(
+        train=_load_split(cfg, tokenizer, "train", cfg.max_train),
+        dev=_load_split(cfg, tokenizer, "dev", cfg.max_eval),
+        num_labels=len(LABEL_NAMES),
+        label_names=LABEL_NAMES,
+    )
+
+
+def build_decoder(hidden_size: int, num_labels: int) -> nn.Module:
+    """Dropout + linear on [CLS]: (B, T, Hd) -> (B, C)."""
+    return ClassificationDecoder(hidden_size, num_labels)
+
+
+def compute_metrics(logits: Tensor, labels: Tensor) -> dict[str, float]:
+    """Accuracy of (N, C) logits against (N,) labels."""
+    return classification_accuracy(logits, labels)

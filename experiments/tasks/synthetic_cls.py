@@ -1,0 +1,111 @@
+"""synthetic-cls: a generated sentiment-like classification task.
+
+Each sentence is a few filler words with sentiment words inserted at random
+places; a sentiment word may be negated by a preceding "not", which flips its
+polarity. Label 1 iff the sentence holds more (effective) positive than
+negative words, never a tie. Counting over the whole sentence and reading
+"not" in front of a word need context, while real English words give a
+pretrained WordPiece model a head start. Classes are exactly balanced (for an
+even size); everything is drawn from `random.Random` seeded from data_seed.
+"""
+
+from __future__ import annotations
+
+import random
+
+from torch import Tensor, nn
+
+from experiments.tasks._common import (
+    ClassificationDecoder,
+    TaskData,
+    check_synthetic_sizes,
+    classification_accuracy,
+    encode_sentences,
+    split_seed,
+    subset_indices,
+)
+
+VERSION = "1"
+KIND = "classification"
+METRIC = "accuracy"
+
+LABEL_NAMES = ("negative", "positive")
+
+POSITIVE = (
+    "good", "great", "excellent", "wonderful", "brilliant", "lovely", "superb",
+    "delightful", "charming", "moving", "funny", "clever", "beautiful", "fresh",
+)  # fmt: skip
+NEGATIVE = (
+    "bad", "awful", "terrible", "boring", "dull", "weak", "poor", "messy",
+    "tedious", "bland", "clumsy", "ugly", "stale", "annoying",
+)  # fmt: skip
+FILLER = (
+    "the", "a", "movie", "film", "story", "plot", "cast", "acting", "script", "music",
+    "was", "is", "seemed", "felt", "and", "but", "with", "very", "quite", "really",
+    "overall", "ending", "director", "scenes", "this", "its", "at", "times", "rather",
+)  # fmt: skip
+NEGATION = "not"
+NEGATION_RATE = 0.4
+MAX_COUNT = 4  # effective words of the majority polarity: 1..MAX_COUNT
+FILLER_RANGE = (4, 9)
+
+
+def check(cfg) -> None:
+    """Validate num_train / num_eval; nothing to read."""
+    check_synthetic_sizes(cfg)
+
+
+def _sentiment_phrase(rng: random.Random, positive: bool) -> list[str]:
+    """One effective positive/negative word, sometimes as "not" + the opposite word."""
+    if rng.random() < NEGATION_RATE:
+        return [NEGATION, rng.choice(NEGATIVE if positive else POSITIVE)]
+    return [rng.choice(POSITIVE if positive else NEGATIVE)]
+
+
+def make_example(rng: random.Random, label: int) -> str:
+    """One sentence whose majority effective polarity is `label` (1 = positive)."""
+    majority = rng.randint(1, MAX_COUNT)
+    minority = rng.randint(0, majority - 1)
+    polarities = [label == 1] * majority + [label == 0] * minority
+    # Insert whole phrases into a list of chunks so nothing lands between "not" and its word.
+    chunks = [[rng.choice(FILLER)] for _ in range(rng.randint(*FILLER_RANGE))]
+    for positive in polarities:
+        chunks.insert(rng.randint(0, len(chunks)), _sentiment_phrase(rng, positive))
+    return " ".join(word for chunk in chunks for word in chunk)
+
+
+def generate(n: int, seed: int) -> tuple[list[str], list[int]]:
+    """n sentences with exactly balanced labels (n // 2 positive when n is odd)."""
+    rng = random.Random(seed)
+    labels = [i % 2 for i in range(n)]
+    rng.shuffle(labels)
+    return [make_example(rng, y) for y in labels], labels
+
+
+def _split(cfg, tokenizer, split: str, n: int, limit: int | None):
+    texts, labels = generate(n, split_seed(cfg.data_seed, split))
+    keep = subset_indices(n, limit, cfg.data_seed, split)
+    return encode_sentences(
+        tokenizer, [texts[i] for i in keep], [labels[i] for i in keep], cfg.max_length
+    )
+
+
+def load(cfg, tokenizer) -> TaskData:
+    """Generate num_train / num_eval sentences from data_seed, subset, tokenise."""
+    check(cfg)
+    return TaskData(
+        train=_split(cfg, tokenizer, "train", cfg.num_train, cfg.max_train),
+        dev=_split(cfg, tokenizer, "dev", cfg.num_eval, cfg.max_eval),
+        num_labels=len(LABEL_NAMES),
+        label_names=LABEL_NAMES,
+    )
+
+
+def build_decoder(hidden_size: int, num_labels: int) -> nn.Module:
+    """Dropout + linear on [CLS]: (B, T, Hd) -> (B, C)."""
+    return ClassificationDecoder(hidden_size, num_labels)
+
+
+def compute_metrics(logits: Tensor, labels: Tensor) -> dict[str, float]:
+    """Accuracy of (N, C) logits against (N,) labels."""
+    return classification_accuracy(logits, labels)
