@@ -28,3 +28,21 @@ def minilm_tokenizer():
 def shared_data() -> Path:
     assert SHARED_DATA.is_dir(), f"expected the real data beside the repo at {SHARED_DATA}"
     return SHARED_DATA
+
+
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture
+def fresh_pg_database():
+    """A new, empty PostgreSQL database on 127.0.0.1:5432; dropped afterwards. Yields its SQLAlchemy URL."""
+    import uuid
+
+    import psycopg
+
+    name = f"hs_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -1,0 +1,226 @@
+"""Figures of head gates and agreement, as PNG bytes.
+
+Arrays and labels in, PNG bytes out: no files, no registry. Built on
+``matplotlib.figure.Figure`` directly, never pyplot, so there is no global
+figure state and it is safe in threads (the Ray Serve API draws figures
+concurrently) and under any backend.
+
+Grids of heads are drawn with layer 1 at the TOP row and head 1 at the
+left column (as the attention-head maps of Voita et al. and He & Choi are
+read); axes are labelled "head" and "layer", both counted from 1.
+"""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+DPI = 100
+_CELL_INCHES = 0.42  # side of one head's cell
+
+# He & Choi's RGB seed map: head colour = (1 - z1, 1 - z2, 1 - z3). A channel is
+# dark where its run keeps the head, so each colour names the runs that keep it.
+_SEED_MAP_LEGEND = (
+    ((0.0, 0.0, 0.0), "black: open in all 3 runs"),
+    ((1.0, 1.0, 1.0), "white: closed in all 3 runs"),
+    ((1.0, 0.0, 0.0), "red: open in 2, 3"),
+    ((0.0, 1.0, 0.0), "green: open in 1, 3"),
+    ((0.0, 0.0, 1.0), "blue: open in 1, 2"),
+    ((0.0, 1.0, 1.0), "cyan: open in 1 only"),
+    ((1.0, 0.0, 1.0), "magenta: open in 2 only"),
+    ((1.0, 1.0, 0.0), "yellow: open in 3 only"),
+)
+
+
+def _png(fig: Figure) -> bytes:
+    """Render at ``DPI`` (no tight bbox, so the figure's own transforms map to pixels)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+def _grid_figure(layers: int, heads: int, extra_width: float = 0.0) -> tuple[Figure, Axes]:
+    width = max(4.0, _CELL_INCHES * heads + 1.6 + extra_width)
+    height = max(2.8, _CELL_INCHES * layers + 1.4)
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _label_head_grid(ax: Axes, layers: int, heads: int, title: str) -> None:
+    """Ticks 1..H and 1..L at the cell centres (cell (l, h) spans l +- 0.5, h +- 0.5)."""
+    ax.set_xticks(np.arange(heads), [str(h + 1) for h in range(heads)])
+    ax.set_yticks(np.arange(layers), [str(layer + 1) for layer in range(layers)])
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title)
+    ax.tick_params(length=0)
+
+
+def _check_grid(gates: np.ndarray, name: str) -> np.ndarray:
+    gates = np.asarray(gates, dtype=np.float64)
+    if gates.ndim != 2:
+        raise ValueError(f"{name} must be (layers, heads), got shape {gates.shape}")
+    return gates
+
+
+def _rgb_seed_map_figure(z1: np.ndarray, z2: np.ndarray, z3: np.ndarray, title: str) -> Figure:
+    grids = [_check_grid(z, f"z{i + 1}") for i, z in enumerate((z1, z2, z3))]
+    if len({g.shape for g in grids}) != 1:
+        raise ValueError(f"z1, z2, z3 differ in shape: {[g.shape for g in grids]}")
+    z = np.stack(grids)  # (3, L, H)
+    rgb = np.clip(1.0 - np.moveaxis(z, 0, -1), 0.0, 1.0)  # (L, H, 3)
+    layers, heads = rgb.shape[:2]
+    fig, ax = _grid_figure(layers, heads, extra_width=2.4)
+    ax.imshow(rgb, origin="upper", interpolation="nearest", aspect="equal")
+    _label_head_grid(ax, layers, heads, title)
+    handles = [Patch(facecolor=c, edgecolor="0.4", label=text) for c, text in _SEED_MAP_LEGEND]
+    ax.legend(
+        handles=handles,
+        title="colour = (1-z1, 1-z2, 1-z3)",
+        title_fontsize="small",
+        fontsize="small",
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        borderaxespad=0.0,
+    )
+    return fig
+
+
+def rgb_seed_map(z1: np.ndarray, z2: np.ndarray, z3: np.ndarray, title: str) -> bytes:
+    """He & Choi's three-run map: head (l, h) coloured ``(1 - z1, 1 - z2, 1 - z3)`` as RGB.
+
+    Args: three runs' gates, each ``(L, H)`` in [0, 1]. Layer 1 is the top row.
+    Black = open in all three runs, white = closed in all; red / green / blue
+    = open in two runs (closed in run 1 / 2 / 3); cyan / magenta / yellow =
+    open in run 1 / 2 / 3 only. Fractional gates give the tints in between.
+    """
+    return _png(_rgb_seed_map_figure(z1, z2, z3, title))
+
+
+def _grey_map_figure(gates: np.ndarray, title: str) -> Figure:
+    gates = np.asarray(gates, dtype=np.float64)
+    if gates.ndim == 2:
+        gates = gates[None]
+    if gates.ndim != 3:
+        raise ValueError(f"gates must be (N, layers, heads), got shape {gates.shape}")
+    mean = gates.mean(axis=0)  # (L, H): over ALL runs passed, not only the last task's
+    layers, heads = mean.shape
+    fig, ax = _grid_figure(layers, heads, extra_width=1.0)
+    image = ax.imshow(
+        mean, cmap="Greys", vmin=0.0, vmax=1.0, origin="upper", interpolation="nearest"
+    )
+    _label_head_grid(ax, layers, heads, title)
+    fig.colorbar(image, ax=ax, shrink=0.9, label=f"mean gate over {len(gates)} runs")
+    return fig
+
+
+def grey_map(gates: np.ndarray, title: str) -> bytes:
+    """Mean gate per head over every run given, ``(N, L, H)`` -> grey map (black = open in all).
+
+    (The reference script meant to average all tasks' runs but averaged only
+    the last task; this averages exactly the runs passed in.)
+    """
+    return _png(_grey_map_figure(gates, title))
+
+
+def _agreement_heatmap_figure(
+    matrix: np.ndarray, labels: list[str], title: str, col_labels: list[str] | None = None
+) -> Figure:
+    matrix = np.asarray(matrix, dtype=np.float64)
+    col_labels = list(labels) if col_labels is None else list(col_labels)
+    if matrix.shape != (len(labels), len(col_labels)):
+        raise ValueError(
+            f"matrix {matrix.shape} does not match {len(labels)} x {len(col_labels)} labels"
+        )
+    rows, cols = matrix.shape
+    side = 0.55 if max(rows, cols) <= 20 else 8.0 / max(rows, cols)
+    fig = Figure(
+        figsize=(max(4.0, side * cols + 2.8), max(3.2, side * rows + 2.0)),
+        dpi=DPI,
+        layout="constrained",
+    )
+    ax = fig.add_subplot()
+    cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="0.8")
+    image = ax.imshow(matrix, cmap=cmap, vmin=-1.0, vmax=1.0, interpolation="nearest")
+    fig.colorbar(image, ax=ax, shrink=0.9)
+    if max(rows, cols) <= 20:
+        ax.set_xticks(np.arange(cols), col_labels, rotation=45, ha="right", rotation_mode="anchor")
+        ax.set_yticks(np.arange(rows), labels)
+        for (i, j), value in np.ndenumerate(matrix):
+            text = "–" if np.isnan(value) else f"{value:.2f}"
+            colour = "white" if abs(value) > 0.6 else "black"
+            ax.text(j, i, text, ha="center", va="center", fontsize="small", color=colour)
+    ax.set_title(title)
+    ax.tick_params(length=0)
+    return fig
+
+
+def agreement_heatmap(
+    matrix: np.ndarray, labels: list[str], title: str, col_labels: list[str] | None = None
+) -> bytes:
+    """Correlation matrix as a heat map, diverging colours fixed to [-1, 1] (red +, blue -).
+
+    Args:
+        matrix: ``(R, C)``; NaN cells are grey and marked "–".
+        labels: R row labels (and the column labels unless ``col_labels`` is given).
+    Values are written in the cells, and the labels on the axes, when both
+    sides are at most 20; larger matrices are drawn without them.
+    """
+    return _png(_agreement_heatmap_figure(matrix, labels, title, col_labels))
+
+
+def _metric_curves_figure(
+    x_by_pipeline: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+) -> Figure:
+    fig = Figure(figsize=(6.4, 4.2), dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    for name, (x, mean, std) in x_by_pipeline.items():
+        x, mean, std = (np.asarray(a, dtype=np.float64) for a in (x, mean, std))
+        (line,) = ax.plot(x, mean, marker="o", markersize=3, label=name)
+        ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if x_by_pipeline:
+        ax.legend(title="mean ± std", fontsize="small")
+    return fig
+
+
+def metric_curves(
+    x_by_pipeline: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+) -> bytes:
+    """One line per pipeline: ``{name: (x, mean, std)}``, each ``(K,)``; band = mean +- std."""
+    return _png(_metric_curves_figure(x_by_pipeline, xlabel, ylabel, title))
+
+
+def _gate_map_figure(gates: np.ndarray, title: str) -> Figure:
+    gates = _check_grid(gates, "gates")  # (L, H)
+    layers, heads = gates.shape
+    fig, ax = _grid_figure(layers, heads, extra_width=1.0)
+    image = ax.imshow(
+        gates, cmap="viridis", vmin=0.0, vmax=1.0, origin="upper", interpolation="nearest"
+    )
+    _label_head_grid(ax, layers, heads, title)
+    fig.colorbar(image, ax=ax, shrink=0.9, label="gate")
+    if layers * heads <= 200:
+        for (i, j), value in np.ndenumerate(gates):
+            colour = "black" if value > 0.6 else "white"
+            ax.text(j, i, f"{value:.1f}", ha="center", va="center", fontsize=7, color=colour)
+    return fig
+
+
+def gate_map(gates: np.ndarray, title: str) -> bytes:
+    """One run's final gates ``(L, H)`` in [0, 1] as a heat map (values written when L*H <= 200)."""
+    return _png(_gate_map_figure(gates, title))

@@ -1,0 +1,117 @@
+"""Timings of analysis.stats at sweep scale; one JSON line per figure.
+
+    .venv/bin/python tests/benchmarks/bench_stats.py
+
+"seconds" is the best of the repeats after a first call; "cold_seconds" is
+that first call, which also pays for the first touch of the ~400 MB result
+(on this VM first-touch page faults cost more than the matmul itself).
+"load_1m" is the machine's 1-minute load average when the line was written:
+the machine is shared, so read timings next to it. Not a pytest test: it
+allocates ~1 GB and takes tens of seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+import scipy.stats
+
+from analysis import stats
+
+P = 144  # 6 layers x 12 heads (MiniLM)
+SCIPY_LIMIT_S = 30.0
+
+
+def _time(fn: Callable[[], object], repeats: int = 3) -> tuple[float, float]:
+    """(best of ``repeats`` warm calls, the first cold call)."""
+    times = []
+    for _ in range(1 + repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+        del result
+    return min(times[1:]), times[0]
+
+
+def _emit(figure: str, seconds: float, target: str | None, **extra) -> None:
+    row = {"bench": "stats", "figure": figure, "seconds": round(seconds, 4)}
+    if target is not None:
+        row["target"] = target
+    row["load_1m"] = os.getloadavg()[0]
+    row.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in extra.items()})
+    print(json.dumps(row), flush=True)
+
+
+def _gates(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Hard-Concrete-like gates: mostly exactly 0 or 1 (many ties), some in between."""
+    return np.clip(rng.normal(0.5, 0.6, size=(n, P)), 0.0, 1.0).astype(np.float32)
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+
+    x = _gates(rng, 10_000)
+    warm, cold = _time(lambda: stats.pearson_matrix(x))
+    _emit("pearson_10000x144", warm, "< 1", cold_seconds=cold, dtype="float32")
+    warm, cold = _time(lambda: stats.pearson_matrix(x, dtype=np.float64), repeats=2)
+    _emit("pearson_10000x144_float64", warm, "< 1", cold_seconds=cold)
+
+    a, b = _gates(rng, 5_000), _gates(rng, 5_000)
+    ours, cold = _time(lambda: stats.spearman_between(a, b))
+    _emit("spearman_between_5000x5000", ours, "< 1", cold_seconds=cold, dtype="float32")
+    warm, cold = _time(lambda: stats.spearman_groups(a, b))
+    _emit("spearman_groups_5000_vs_5000", warm, "< 1", cold_seconds=cold)
+
+    # scipy computes the full (Na + Nb)^2 matrix; time it small first and only run the
+    # full size if the quadratic extrapolation stays under the limit.
+    probe = 1_000
+    start = time.perf_counter()
+    full_probe = scipy.stats.spearmanr(a[:probe], b[:probe], axis=1).statistic
+    probe_s = time.perf_counter() - start
+    ours_probe = stats.spearman_between(a[:probe], b[:probe], dtype=np.float64)
+    max_diff = float(np.nanmax(np.abs(ours_probe - full_probe[:probe, probe:])))
+    predicted = probe_s * (len(a) / probe) ** 2
+    if predicted < SCIPY_LIMIT_S:
+        start = time.perf_counter()
+        scipy.stats.spearmanr(a, b, axis=1)
+        scipy_s = time.perf_counter() - start
+        _emit(
+            "scipy_spearmanr_5000_vs_5000",
+            scipy_s,
+            None,
+            ratio_vs_ours=scipy_s / ours,
+            max_abs_diff_at_1000=max_diff,
+        )
+    else:
+        ours_probe_s, _ = _time(lambda: stats.spearman_between(a[:probe], b[:probe]))
+        _emit(
+            "scipy_spearmanr_1000_vs_1000",
+            probe_s,
+            None,
+            note=f"full 5000 vs 5000 predicted {predicted:.0f} s > {SCIPY_LIMIT_S:.0f} s: "
+            "measured on 2,000 runs (1,000 per group) instead",
+            ratio_vs_ours=probe_s / ours_probe_s,
+            max_abs_diff=max_diff,
+        )
+
+    z = (rng.random((3, 6, 12)) < 0.5).astype(np.float64)
+    for name, fn in (
+        ("mean_multiple_correlation", stats.mean_multiple_correlation),
+        ("mean_pairwise_pearson", stats.mean_pairwise_pearson),
+    ):
+        warm, cold = _time(
+            lambda fn=fn: stats.permutation_null(fn, z, 1000, np.random.default_rng(1)), repeats=2
+        )
+        _emit(f"permutation_null_1000x3x144_{name}", warm, "< 1", cold_seconds=cold)
+
+    values = rng.random(1_000)
+    warm, cold = _time(lambda: stats.aggregate(values, np.random.default_rng(2), n_boot=1000))
+    _emit("aggregate_bootstrap_1000x1000", warm, None, cold_seconds=cold)
+
+
+if __name__ == "__main__":
+    main()

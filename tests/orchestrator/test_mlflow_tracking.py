@@ -1,0 +1,61 @@
+"""MlflowTracker against real MLflow stores (SQLite file and PostgreSQL), with a parent run active."""
+
+import io
+
+import mlflow
+import numpy as np
+import pytest
+
+from experiments.config import flatten, parse_config
+from experiments.result import RunResult
+from orchestrator import tracking
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request, tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return request.getfixturevalue("fresh_pg_database")
+
+
+def _result() -> RunResult:
+    gates = np.random.default_rng(0).random((2, 4)).astype(np.float32)
+    return RunResult(
+        run_key="k", group_key="g", metrics={}, gates=gates, scores=gates - 0.5,
+        trajectory=np.stack([gates, gates]), eval_steps=np.array([3, 6]), steps=6,
+    )
+
+
+def test_round_trip_with_a_parent_run_active(store, tmp_path):
+    client = tracking.client(store)
+    experiment_id = tracking.ensure_experiment(client, "hs-test")
+    assert tracking.ensure_experiment(client, "hs-test") == experiment_id
+    parent = tracking.start_run(client, experiment_id, "sweep")
+    cfg = parse_config({"seed": 3})
+    mlflow.set_tracking_uri(store)
+    with mlflow.start_run(experiment_id=experiment_id):  # an active fluent run must not capture our logs
+        child = tracking.start_run(client, experiment_id, "child", tags={"sweep": "s1"}, parent_run_id=parent)
+        tracker = tracking.MlflowTracker(client, child)
+        tracker.log_params(flatten(cfg.to_dict()))
+        tracker.log_params(flatten(cfg.to_dict()))  # a resumed attempt logs them again
+        tracker.set_tags({"run_key": cfg.run_key, "seed": "3"})
+        tracker.log_metrics({"accuracy": 0.5, "open_heads": 10}, step=3)
+        tracker.log_metrics({"accuracy": 0.75, "open_heads": 8}, step=6)
+        tracker.log_artifact("gates.npz", _result().gates_npz())
+        tracker.finish("FINISHED")
+        active = mlflow.active_run().info.run_id
+
+    run = client.get_run(child)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow.parentRunId"] == parent and run.data.tags["run_key"] == cfg.run_key
+    assert run.data.params["gates.lambda"] == "0.01" and run.data.params["seed"] == "3"
+    assert [(m.step, m.value) for m in client.get_metric_history(child, "accuracy")] == [(3, 0.5), (6, 0.75)]
+    assert run.data.metrics["open_heads"] == 8
+    local = client.download_artifacts(child, "gates.npz", str(tmp_path))
+    with np.load(local) as npz:
+        np.testing.assert_array_equal(npz["final"], _result().gates)
+        assert npz["trajectory"].shape == (2, 2, 4)
+    assert client.get_run(active).data.params == {}  # nothing leaked into the fluent run
+    assert client.get_run(parent).info.status == "RUNNING"
+    assert io  # noqa

@@ -1,0 +1,16 @@
+"""The layer rule of DESIGN.md, as a test: experiments/ never imports ray, mlflow or sqlalchemy."""
+
+import subprocess
+import sys
+
+CODE = """
+import sys
+import experiments, experiments.runner, experiments.methods, experiments.models, experiments.heads
+bad = sorted(m for m in ("ray", "mlflow", "sqlalchemy") if m in sys.modules)
+print(",".join(bad))
+"""
+
+
+def test_experiments_imports_no_orchestration_library():
+    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
