@@ -222,6 +222,7 @@ def _describe(err: ValidationError) -> str:
     key = ".".join(loc)
     if first["type"] == "extra_forbidden":
         keys = valid_keys()
+        keys += sorted({k.rsplit(".", 1)[0] for k in keys if "." in k})  # sections: task, train, gates
         same_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == loc[-1]]  # right key, wrong section
         hint = f"; did you mean '{same_leaf[0]}'?" if same_leaf else suggest(key, keys)
         return f"unknown key '{key}'{hint}"

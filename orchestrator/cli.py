@@ -129,14 +129,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def quiet_libraries() -> None:
+    """Our progress bars and tables are the output; silence the libraries' chatter."""
+    import logging
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for name in ("mlflow", "alembic", "ray", "ray.tune", "ray.serve", "filelock"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    quiet_libraries()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except ConfigError as err:
-        console.print(f"headsweep: error: {err}", markup=False, highlight=False)
+        print(f"headsweep: error: {err}", file=sys.stderr)  # one line, never wrapped
         return 2
 
 

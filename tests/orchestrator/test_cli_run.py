@@ -1,0 +1,79 @@
+"""`headsweep run` and `headsweep ui` as a user types them (real subprocesses, real MLflow store)."""
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+HEADSWEEP = [sys.executable, "-m", "orchestrator.cli"]
+TINY = {
+    "model": "tiny-bert",
+    "task": {"name": "synthetic-tag", "num_train": 48, "num_eval": 16, "max_length": 24},
+    "train": {"max_steps": 4, "batch_size": 8, "eval_every": 2},
+    "gates": {"lambda": 0.1, "lr": 0.1},
+}
+
+
+def _headsweep(args, home, **kw):
+    env = os.environ | {"HEADSWEEP_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run(HEADSWEEP + args, capture_output=True, text=True, env=env, timeout=300, **kw)
+
+
+def _write(path, data):
+    path.write_text(yaml.safe_dump(data) if isinstance(data, dict) else data)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({**TINY, "trian": {}}, "unknown key 'trian'; did you mean 'train'?"),
+        ({**TINY, "model": "tiny-bret"}, "did you mean 'tiny-bert'?"),
+        ({**TINY, "task": {"name": "ud-pos", "data_dir": "/nonexistent"}}, "en_ewt-ud-dev.conllu"),
+        ({**TINY, "gates": {"lambda": -1}}, "gates.lambda:"),
+        ({**TINY, "method": "prune"}, "unknown method 'prune'"),
+        ("model: [unclosed\n", "not valid YAML"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, config, message):
+    home = tmp_path / "home"
+    result = _headsweep(["run", _write(tmp_path / "c.yaml", config)], home)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not (home / "mlflow.db").exists()
+
+
+def test_run_then_ui_shows_it(tmp_path):
+    home = tmp_path / "home"
+    result = _headsweep(["run", _write(tmp_path / "c.yaml", TINY), "--set", "seed=2", "--threads", "1"], home)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "open_heads" in result.stdout and "headsweep ui" in result.stdout
+
+    client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("headsweep-runs").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["task"] == "synthetic-tag" and run.data.params["seed"] == "2"
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"gates.npz", "gate_map.png"}
+
+    port = 5123
+    env = os.environ | {"HEADSWEEP_HOME": str(home)}
+    server = subprocess.Popen(HEADSWEEP + ["ui", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}/get-artifact?path=gate_map.png&run_uuid={run.info.run_id}"
+        deadline, body = time.time() + 90, None
+        while time.time() < deadline and body is None:
+            try:
+                body = urllib.request.urlopen(url, timeout=5).read()
+            except OSError:
+                time.sleep(1)
+        assert body is not None and body[:4] == b"\x89PNG"
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
