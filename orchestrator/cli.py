@@ -16,6 +16,7 @@ from rich.table import Table
 from experiments.config import ConfigError, apply_overrides, parse_config
 from orchestrator import settings
 
+STATUSES = ("pending", "running", "finished", "failed", "cancelled")
 console = Console(stderr=True)
 out = Console()
 
@@ -83,7 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if finish is not None:
         finish("FINISHED")
 
-    table = Table(title=f"run {cfg.run_key}  ({result.steps} steps, {result.seconds:.1f} s)")
+    out.print(f"run {cfg.run_key}: {result.steps} steps in {result.seconds:.1f} s")
+    table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in sorted(result.metrics.items()):
@@ -108,6 +110,146 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def _sweep_progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+    )
+
+
+def _count_text(counts: dict[str, int]) -> str:
+    return "  ".join(f"{status} {counts.get(status, 0)}" for status in STATUSES if counts.get(status))
+
+
+def follow(sweep_id: str) -> int:
+    """Progress bar until the sweep is done; exit 0 only if every run finished."""
+    from orchestrator import sweeps
+
+    with _sweep_progress() as progress:
+        bar = progress.add_task(sweep_id, total=None, counts="")
+
+        def update(sweep, counts):
+            done = sum(counts.get(s, 0) for s in ("finished", "failed", "cancelled"))
+            progress.update(bar, completed=done, total=sum(counts.values()), counts=_count_text(counts))
+
+        sweep = sweeps.wait(sweep_id, update)
+    show_status(sweep_id)
+    return 0 if sweep["status"] == "finished" else 1
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from orchestrator import sweeps
+
+    if args.dry_run:
+        name, configs, counts = sweeps.plan(args.grid)
+        out.print(
+            f"grid '{name}': {counts['total']} runs, {counts['new']} new, {counts['finished']} already finished"
+            + (f", {counts['other']} known but not finished" if counts.get("other") else "")
+        )
+        table = Table(title="first cells")
+        for column in ("run_key", "task", "model", "method", "pipeline", "seed", "lambda", "sparsity"):
+            table.add_column(column)
+        for cfg in configs[:10]:
+            table.add_row(cfg.run_key, cfg.task.name, cfg.model, cfg.method, str(cfg.pipeline), str(cfg.seed),
+                          str(cfg.gates.lambda_), str(cfg.sparsity))
+        out.print(table)
+        return 0
+    submitted = sweeps.submit(args.grid, force=args.force, rerun_failed=args.rerun_failed, track=not args.no_track)
+    counts = submitted.counts
+    out.print(f"[bold]{submitted.sweep_id}[/bold]: {counts['total']} runs, {counts['new']} new, "
+              f"{counts['finished']} already finished, {counts.get('requeued', 0)} requeued")
+    if submitted.driver is None:
+        out.print("nothing to run: every run of this grid is already finished")
+        return 0
+    if args.wait:
+        return follow(submitted.sweep_id)
+    out.print(f"running on Ray (driver {submitted.driver}); follow it with: headsweep status {submitted.sweep_id}")
+    return 0
+
+
+def show_status(sweep_id: str) -> None:
+    from orchestrator.registry import Registry
+
+    registry = Registry(settings.registry_url())
+    sweep = registry.get_sweep(sweep_id)
+    counts = registry.sweep_counts(sweep_id)
+    total = sum(counts.values())
+    done = sum(counts.get(s, 0) for s in ("finished", "failed", "cancelled"))
+    from rich.progress_bar import ProgressBar
+
+    out.print(f"[bold]{sweep_id}[/bold] ({sweep['name']}): {sweep['status']}  {_count_text(counts)}")
+    out.print(ProgressBar(total=max(total, 1), completed=done, width=60), f"{done}/{total}")
+    eta = registry.eta_seconds(sweep_id)
+    if eta is not None and sweep["status"] not in ("finished", "failed", "cancelled"):
+        out.print(f"ETA about {eta / 60:.1f} min")
+    failures = registry.failures(sweep_id)
+    if failures:
+        table = Table(title=f"failed runs ({len(failures)})")
+        table.add_column("run_key")
+        table.add_column("attempts", justify="right")
+        table.add_column("error")
+        for failure in failures[:20]:
+            last_line = (failure["error"] or "").strip().splitlines()[-1:] or [""]
+            table.add_row(failure["run_key"], str(failure["attempts"]), last_line[0][:160])
+        out.print(table)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if args.sweep is None:
+        return cmd_ls(args)
+    _known_sweep(args.sweep)
+    show_status(args.sweep)
+    return 0
+
+
+def _known_sweep(sweep_id: str) -> None:
+    from orchestrator.registry import Registry
+
+    known = [s["id"] for s in Registry(settings.registry_url()).list_sweeps()]
+    if sweep_id not in known:
+        from experiments.config import suggest
+
+        raise ConfigError(f"unknown sweep '{sweep_id}'{suggest(sweep_id, known)}")
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from orchestrator.registry import Registry
+
+    table = Table(title="sweeps")
+    for column in ("sweep", "name", "created", "status", "runs", "finished", "failed", "running", "progress"):
+        table.add_column(column)
+    for sweep in Registry(settings.registry_url()).list_sweeps():
+        counts = sweep["counts"]
+        total = sum(counts.values())
+        done = sum(counts.get(s, 0) for s in ("finished", "failed", "cancelled"))
+        table.add_row(sweep["id"], sweep["name"], str(sweep["created_at"])[:19], sweep["status"], str(total),
+                      str(counts.get("finished", 0)), str(counts.get("failed", 0)), str(counts.get("running", 0)),
+                      f"{100 * done / max(total, 1):.0f}%")
+    out.print(table)
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from orchestrator import sweeps
+
+    _known_sweep(args.sweep)
+    driver = sweeps.resume(args.sweep, track=not args.no_track)
+    if driver is None:
+        out.print(f"{args.sweep}: nothing left to run")
+        return 0
+    out.print(f"{args.sweep}: resumed (driver {driver})")
+    return follow(args.sweep) if args.wait else 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from orchestrator import sweeps
+
+    _known_sweep(args.sweep)
+    counts = sweeps.cancel(args.sweep)
+    out.print(f"{args.sweep}: cancel requested; running trials stop at their next check. {_count_text(counts)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="headsweep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -120,6 +262,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-track", action="store_true", help="do not record in MLflow")
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("submit", help="submit a grid as a sweep on Ray")
+    p.add_argument("grid", help="grid YAML (see examples/grid_*.yaml)")
+    p.add_argument("--dry-run", action="store_true", help="print the expansion: runs, new, already finished")
+    p.add_argument("--wait", action="store_true", help="follow the sweep with a progress bar")
+    p.add_argument("--force", action="store_true", help="rerun even finished runs")
+    p.add_argument("--rerun-failed", action="store_true", help="requeue failed and cancelled runs")
+    p.add_argument("--no-track", action="store_true", help="do not record in MLflow")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("status", help="counts, progress, ETA and failures of a sweep (all sweeps without one)")
+    p.add_argument("sweep", nargs="?")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("ls", help="sweeps with their progress")
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser("resume", help="run what is not finished after a crash")
+    p.add_argument("sweep")
+    p.add_argument("--wait", action="store_true")
+    p.add_argument("--no-track", action="store_true")
+    p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser("cancel", help="stop scheduling and stop running trials")
+    p.add_argument("sweep")
+    p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("ui", help="MLflow UI on 127.0.0.1")
     p.add_argument("--tracking-uri")
