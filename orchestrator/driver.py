@@ -1,0 +1,131 @@
+"""The sweep driver: one Tune run over the sweep's unfinished run keys.
+
+Runs wherever Ray runs it: as a Ray Job on the cluster (``submit``), or in
+the calling process (``submit --wait --local`` and tests). Resume does not use
+``Tuner.restore`` (it cannot add or drop trials): every start of the driver
+reconciles orphans and launches a new Tuner over what is not finished.
+
+    python -m orchestrator.driver SWEEP_ID
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no per-trial CSV/JSON/TBX files
+os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+
+from ray import tune  # noqa: E402
+
+from orchestrator import settings, trial  # noqa: E402
+from orchestrator.registry import Registry  # noqa: E402
+
+STALE_AFTER_S = 4 * trial.HEARTBEAT_S
+
+
+class _CancelStopper(tune.Stopper):
+    """Stops the whole Tuner once the sweep's cancel flag is set (polled at most every 2 s)."""
+
+    def __init__(self, registry: Registry, sweep_id: str) -> None:
+        self.poll = trial._cancel_poll(registry, sweep_id)
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.poll()
+
+
+def reconcile(registry: Registry, sweep_id: str, stale_after_s: float, tracking_uri: str | None) -> list[str]:
+    """Runs left RUNNING by a dead worker or driver: back to pending, their MLflow runs KILLED."""
+    orphans = registry.reset_orphans(sweep_id, stale_after_s)
+    if orphans and tracking_uri:
+        from orchestrator import tracking
+
+        mlflow = tracking.client(tracking_uri)
+        for orphan in orphans:
+            if orphan.get("mlflow_run_id"):
+                mlflow.set_tag(orphan["mlflow_run_id"], "error", "orphaned: worker stopped heartbeating")
+                mlflow.set_terminated(orphan["mlflow_run_id"], status="KILLED")
+    return [orphan["run_key"] for orphan in orphans]
+
+
+def execute_sweep(
+    sweep_id: str,
+    *,
+    registry_url: str | None = None,
+    tracking_uri: str | None = None,
+    track: bool = True,
+    run_fn: Callable | None = None,
+    checkpoint_every_s: float = 60.0,
+    stale_after_s: float = STALE_AFTER_S,
+) -> dict[str, int]:
+    """Run every unfinished run of the sweep on the connected Ray; return counts per status."""
+    registry_url = registry_url or settings.registry_url()
+    tracking_uri = (tracking_uri or settings.tracking_uri()) if track else None
+    registry = Registry(registry_url)
+    sweep = registry.get_sweep(sweep_id)
+    reconcile(registry, sweep_id, stale_after_s, tracking_uri)
+    keys = registry.unfinished(sweep_id)
+    registry.set_sweep(sweep_id, status="running", driver=os.environ.get("RAY_JOB_SUBMISSION_ID", f"pid:{os.getpid()}"))
+    mlflow = None
+    if tracking_uri:
+        from orchestrator import tracking
+
+        mlflow = tracking.client(tracking_uri)
+        mlflow.update_run(sweep["mlflow_parent_run_id"], status="RUNNING")
+
+    if keys:
+        env = {
+            "registry_url": registry_url, "tracking_uri": tracking_uri,
+            "experiment_id": sweep["mlflow_experiment_id"], "parent_run_id": sweep["mlflow_parent_run_id"],
+            "checkpoint_every_s": checkpoint_every_s, "stale_after_s": stale_after_s,
+        }
+        resources = sweep["resources"]
+        trainable = tune.with_resources(
+            tune.with_parameters(trial.trial, run_fn=run_fn),
+            {"cpu": resources.get("cpus", 1), "gpu": resources.get("gpus", 0)},
+        )
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"run_key": tune.grid_search(keys), "sweep_id": sweep_id, "env": env},
+            tune_config=tune.TuneConfig(max_concurrent_trials=sweep["max_concurrent"], reuse_actors=True),
+            run_config=tune.RunConfig(
+                name=f"{sweep_id}-{os.getpid()}",
+                storage_path=str(settings.home() / "ray_results"),
+                failure_config=tune.FailureConfig(max_failures=sweep["max_failures"]),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                stop=_CancelStopper(registry, sweep_id),
+                verbose=0,
+            ),
+        )
+        tuner.fit()
+
+    counts = registry.sweep_counts(sweep_id)
+    if registry.cancel_requested(sweep_id):
+        status = "cancelled"
+    elif counts.get("finished", 0) == sum(counts.values()):
+        status = "finished"
+    else:
+        status = "failed"
+    registry.set_sweep(sweep_id, status=status)
+    if mlflow is not None:
+        mlflow.set_terminated(sweep["mlflow_parent_run_id"], status={"finished": "FINISHED", "cancelled": "KILLED"}.get(status, "FAILED"))
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    import ray
+
+    ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), log_to_driver=False)
+    counts = execute_sweep(argv[0], track=os.environ.get("HEADSWEEP_TRACK", "1") == "1")
+    print(counts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""What the sweep commands do (submit, follow, resume, cancel), apart from how the CLI prints it.
+
+``submit`` validates the whole grid before anything is written, registers
+the sweep (dedup by run key), creates its MLflow parent run and starts the
+driver as a Ray Job on the cluster, so the sweep outlives the command.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments.config import ConfigError
+from orchestrator import cluster, settings
+from orchestrator.grid import check_resources, expand, load_grid
+from orchestrator.registry import Registry
+
+DONE = ("finished", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Submitted:
+    sweep_id: str
+    counts: dict[str, int]
+    driver: str | None  # Ray Job submission id, None when nothing needed running
+
+
+def plan(grid_path: str) -> tuple[str, list, dict[str, int]]:
+    """Validate and expand a grid; count what is new, without writing anything."""
+    spec = load_grid(grid_path)
+    configs = expand(spec)
+    return spec.name, configs, Registry(settings.registry_url()).plan(configs)
+
+
+def _cluster() -> dict[str, str]:
+    """The cluster to use: RAY_ADDRESS + HEADSWEEP_RAY_DASHBOARD if set, else the local head."""
+    if os.environ.get("HEADSWEEP_RAY_DASHBOARD"):
+        return {"address": os.environ.get("RAY_ADDRESS", "auto"), "dashboard": os.environ["HEADSWEEP_RAY_DASHBOARD"]}
+    return cluster.local_head()
+
+
+def driver_env(head: dict[str, str], track: bool) -> dict[str, str]:
+    """Environment of the driver job: where the registry, MLflow and Ray are."""
+    return {
+        "HEADSWEEP_HOME": str(settings.home()),
+        "HEADSWEEP_DB": settings.registry_url(),
+        "HEADSWEEP_TRACKING_URI": settings.tracking_uri(),
+        "HEADSWEEP_TRACK": "1" if track else "0",
+        "RAY_ADDRESS": head["address"],
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, track: bool = True) -> Submitted:
+    """Validate, check resources against the cluster, register, and start the driver."""
+    spec = load_grid(grid_path)
+    configs = expand(spec)
+    head = _cluster()
+    resources = spec.resources.model_dump()
+    check_resources(resources, cluster.cluster_nodes(head["address"]))
+    registry = Registry(settings.registry_url())
+    sweep_id, counts = registry.create_sweep(
+        spec.name, Path(grid_path).read_text(), configs, resources,
+        spec.max_concurrent, spec.max_failures, force=force, rerun_failed=rerun_failed,
+    )
+    if track:
+        from orchestrator import tracking
+
+        mlflow = tracking.client()
+        experiment_id = tracking.ensure_experiment(mlflow, spec.name)
+        parent = tracking.start_run(mlflow, experiment_id, sweep_id, tags={"sweep": sweep_id, "grid": Path(grid_path).name})
+        registry.set_sweep(sweep_id, mlflow_experiment_id=experiment_id, mlflow_parent_run_id=parent)
+    return Submitted(sweep_id, counts, start_driver(registry, sweep_id, head, track))
+
+
+def start_driver(registry: Registry, sweep_id: str, head: dict[str, str] | None = None, track: bool = True) -> str | None:
+    """Submit the sweep's driver as a Ray Job (None, and the sweep marked finished, if nothing is left)."""
+    if not registry.unfinished(sweep_id):
+        registry.set_sweep(sweep_id, status="finished")
+        return None
+    head = head or _cluster()
+    submission = cluster.submit_driver(head["dashboard"], sweep_id, driver_env(head, track))
+    registry.set_sweep(sweep_id, driver=submission, status="submitted")
+    return submission
+
+
+def driver_alive(sweep: dict) -> bool:
+    driver = sweep.get("driver") or ""
+    if not driver or driver.startswith("pid:"):
+        return False
+    return cluster.driver_status(_cluster()["dashboard"], driver) in ("PENDING", "RUNNING")
+
+
+def resume(sweep_id: str, track: bool = True) -> str | None:
+    """Start a new driver over what is not finished; refuses while the old driver still runs."""
+    registry = Registry(settings.registry_url())
+    sweep = registry.get_sweep(sweep_id)
+    if driver_alive(sweep):
+        raise ConfigError(f"sweep {sweep_id} is still running (driver {sweep['driver']}); cancel it first")
+    registry.set_sweep(sweep_id, cancel_requested=False)
+    return start_driver(registry, sweep_id, track=track)
+
+
+def cancel(sweep_id: str) -> dict[str, int]:
+    """Stop scheduling; running trials stop at their next check (within seconds) and are marked cancelled."""
+    registry = Registry(settings.registry_url())
+    sweep = registry.get_sweep(sweep_id)
+    running = registry.cancel_sweep(sweep_id)
+    if not driver_alive(sweep):  # nobody will stop them: mark them now
+        for run in running:
+            registry.cancel_run(run["run_key"])
+        if sweep["status"] not in DONE:
+            registry.set_sweep(sweep_id, status="cancelled")
+    return registry.sweep_counts(sweep_id)
+
+
+def wait(sweep_id: str, on_update=None, poll_s: float = 1.0) -> dict:
+    """Poll the registry until the sweep is done (or its driver died); return the sweep row."""
+    registry = Registry(settings.registry_url())
+    last_driver_check = 0.0
+    while True:
+        sweep = registry.get_sweep(sweep_id)
+        counts = registry.sweep_counts(sweep_id)
+        if on_update is not None:
+            on_update(sweep, counts)
+        if sweep["status"] in DONE:
+            return sweep
+        if time.monotonic() - last_driver_check > 10:
+            last_driver_check = time.monotonic()
+            if sweep.get("driver") and not driver_alive(sweep) and registry.get_sweep(sweep_id)["status"] not in DONE:
+                registry.set_sweep(sweep_id, status="failed")
+                return registry.get_sweep(sweep_id)
+        time.sleep(poll_s)

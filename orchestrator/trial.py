@@ -1,0 +1,171 @@
+"""One Ray Tune trial = one run key (DESIGN.md decisions 1-4).
+
+The trial reads its config from the registry by key (Tune's param space holds
+only keys), claims the run, seeds itself through the config, logs to MLflow
+from inside the trial with explicit run ids, checkpoints through Tune so a
+killed worker resumes mid-run, and writes status and results back.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from ray import tune
+
+from experiments.config import parse_config
+from experiments.result import RunResult
+from experiments.tracking import MemoryTracker
+from experiments.training import RunCancelled, RunContext
+from orchestrator.registry import Registry
+
+HEARTBEAT_S = 5.0
+CANCEL_POLL_S = 2.0
+_registries: dict[str, Registry] = {}  # one per worker process; reused actors keep it
+
+
+def registry_for(url: str) -> Registry:
+    if url not in _registries:
+        _registries[url] = Registry(url)
+    return _registries[url]
+
+
+class TuneCheckpointer:
+    """experiments' Checkpointer on Tune checkpoints, at most one per ``min_interval_s``."""
+
+    def __init__(self, min_interval_s: float) -> None:
+        self.min_interval_s = min_interval_s
+        self._last = time.monotonic()
+
+    def save(self, state: dict[str, Any]) -> None:
+        if time.monotonic() - self._last < self.min_interval_s:
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            torch.save(state, Path(tmp) / "state.pt")
+            tune.report({"checkpoint_step": state["step"]}, checkpoint=tune.Checkpoint.from_directory(tmp))
+        self._last = time.monotonic()
+
+    def load(self) -> dict[str, Any] | None:
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is None:
+            return None
+        with checkpoint.as_directory() as folder:
+            return torch.load(Path(folder) / "state.pt", weights_only=False)
+
+
+class _Heartbeat(threading.Thread):
+    """Touches the run's heartbeat so a reconciler can tell a live run from an orphan."""
+
+    def __init__(self, registry: Registry, run_key: str, worker: str) -> None:
+        super().__init__(daemon=True)
+        self.registry, self.run_key, self.worker, self.stopped = registry, run_key, worker, threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(HEARTBEAT_S):
+            try:
+                self.registry.heartbeat(self.run_key, self.worker)
+            except Exception:  # a missed beat is not worth killing the run
+                pass
+
+
+def _cancel_poll(registry: Registry, sweep_id: str) -> Callable[[], bool]:
+    state = {"at": 0.0, "value": False}
+
+    def should_stop() -> bool:
+        if time.monotonic() - state["at"] > CANCEL_POLL_S:
+            state["at"], state["value"] = time.monotonic(), registry.cancel_requested(sweep_id)
+        return state["value"]
+
+    return should_stop
+
+
+def claim_when_free(registry: Registry, run_key: str, worker: str, stale_after_s: float) -> dict[str, Any] | None:
+    """Claim the run, waiting while another live worker holds it; None once it is finished or cancelled.
+
+    A Tune retry of this same trial (its worker was killed) takes the run over at
+    once: the worker field starts with this trial's id.
+    """
+    trial_id = worker.split("@", 1)[0]
+    while True:
+        claimed = registry.claim(run_key, worker, stale_after_s=stale_after_s)
+        if claimed is not None:
+            return claimed
+        run = registry.get_run(run_key)
+        if run["status"] in ("finished", "cancelled"):
+            return None
+        if run["status"] == "running" and (run["worker"] or "").split("@", 1)[0] == trial_id:
+            claimed = registry.claim(run_key, worker, stale_after_s=0)
+            if claimed is not None:
+                return claimed
+        time.sleep(HEARTBEAT_S / 2)
+
+
+def _default_run(cfg, ctx) -> RunResult:
+    from experiments.runner import run
+
+    return run(cfg, ctx)
+
+
+def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None) -> None:
+    """The Tune function trainable. ``config``: run_key, sweep_id and ``env`` (where things live)."""
+    run_key, sweep_id, env = config["run_key"], config["sweep_id"], config["env"]
+    registry = registry_for(env["registry_url"])
+    context = tune.get_context()
+    worker = f"{context.get_trial_id()}@{socket.gethostname()}:{os.getpid()}"
+    claimed = claim_when_free(registry, run_key, worker, env["stale_after_s"])
+    if claimed is None:  # finished or cancelled meanwhile: never run twice
+        tune.report({"outcome": "skipped"})
+        return
+
+    cpus = context.get_trial_resources().required_resources.get("CPU", 1)
+    torch.set_num_threads(max(1, int(cpus)))  # a reused worker keeps its first trial's threads otherwise
+    cfg = parse_config(claimed["config"], check_files=False)
+    tracker, mlflow_run = MemoryTracker(), None
+    if env.get("tracking_uri"):
+        from orchestrator import tracking
+
+        mlflow = tracking.client(env["tracking_uri"])
+        run_id = claimed.get("mlflow_run_id") or tracking.start_run(
+            mlflow, env["experiment_id"], f"{cfg.task.name}-{cfg.method}-{cfg.pipeline}-seed{cfg.seed}",
+            tags={"sweep": sweep_id}, parent_run_id=env.get("parent_run_id"),
+        )
+        registry.set_mlflow_run(run_key, run_id)
+        tracker = mlflow_run = tracking.MlflowTracker(mlflow, run_id)
+        mlflow.update_run(run_id, status="RUNNING")
+
+    device = "cuda" if torch.cuda.is_available() and context.get_trial_resources().required_resources.get("GPU") else "cpu"
+    ctx = RunContext(
+        tracker=tracker, checkpointer=TuneCheckpointer(env["checkpoint_every_s"]),
+        should_stop=_cancel_poll(registry, sweep_id), device=device,
+    )
+    beat = _Heartbeat(registry, run_key, worker)
+    beat.start()
+    try:
+        result = (run_fn or _default_run)(cfg, ctx)
+    except RunCancelled:
+        registry.cancel_run(run_key, worker)
+        if mlflow_run:
+            mlflow_run.finish("KILLED")
+        tune.report({"outcome": "cancelled"})
+        return
+    except Exception as err:
+        text = traceback.format_exc()
+        registry.fail(run_key, text, worker)
+        if mlflow_run:
+            mlflow_run.set_tags({"error": "".join(traceback.format_exception_only(err)).strip()[:4000]})
+            mlflow_run.finish("FAILED")
+        raise  # Tune retries it (FailureConfig.max_failures), from the last checkpoint
+    finally:
+        beat.stopped.set()
+    registry.finish(run_key, result.metrics, result.gates, result.scores, worker)
+    if mlflow_run:
+        mlflow_run.finish("FINISHED")
+    tune.report({"outcome": "finished", **{k: float(v) for k, v in result.metrics.items()}})

@@ -1,0 +1,112 @@
+"""Orchestration overhead per trial: trivial runs through the full path (registry + Ray Tune, MLflow off).
+
+Prints one JSON line per figure:
+- per-trial overhead for 1,000 trivial runs, median of 3 sweeps (target <= 15 ms);
+- the driver's peak memory after 1,000 trials vs after 100 (target ratio <= 1.5), each
+  measured in a fresh driver process.
+
+    .venv/bin/python tests/benchmarks/bench_orchestration.py [--runs 1000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def trivial_run(cfg, ctx):
+    from experiments.result import RunResult
+
+    ones = np.ones((2, 4), dtype=np.float32)
+    return RunResult(cfg.run_key, cfg.group_key, {"accuracy": 1.0}, ones, None, ones[None], np.array([1]), 1)
+
+
+def _grid(n: int) -> dict:
+    return {
+        "name": "bench",
+        "base": {"model": "tiny-bert", "task": {"name": "synthetic-cls"}},
+        "axes": {"seed": list(range(n))},
+        "resources": {"cpus": 1},
+        "max_concurrent": 2,
+        "max_failures": 0,
+    }
+
+
+def one_sweep(n: int, home: str) -> float:
+    """Register n trivial runs and execute them; return wall seconds of the driver's Tuner."""
+    from orchestrator.driver import execute_sweep
+    from orchestrator.grid import expand, parse_grid
+    from orchestrator.registry import Registry
+
+    url = f"sqlite:///{home}/registry.db"
+    spec = parse_grid(_grid(n))
+    registry = Registry(url)
+    sweep_id, _ = registry.create_sweep("bench", "", expand(spec), {"cpus": 1}, 2, 0, force=True)
+    started = time.perf_counter()
+    counts = execute_sweep(sweep_id, registry_url=url, track=False, run_fn=trivial_run)
+    seconds = time.perf_counter() - started
+    assert counts == {"finished": n}, counts
+    return seconds
+
+
+def _child(n: int) -> None:
+    """A fresh driver process: run one sweep, print its peak RSS (MB)."""
+    import ray
+
+    home = tempfile.mkdtemp()
+    os.environ["HEADSWEEP_HOME"] = home
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    one_sweep(n, home)
+    print(json.dumps({"maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--child", type=int)
+    args = parser.parse_args()
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    if args.child:
+        _child(args.child)
+        return
+
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    one_sweep(20, tempfile.mkdtemp())  # warm the worker processes and imports
+    times = []
+    for _ in range(args.repeats):
+        home = tempfile.mkdtemp()
+        os.environ["HEADSWEEP_HOME"] = home
+        times.append(one_sweep(args.runs, home))
+    ray.shutdown()
+    per_trial_ms = 1000 * statistics.median(times) / args.runs
+    print(json.dumps({
+        "bench": "orchestration", "figure": "overhead_per_trial", "runs": args.runs,
+        "median_ms": round(per_trial_ms, 2), "sweeps_s": [round(t, 2) for t in times], "target": "<= 15 ms",
+        "note": "2 CPUs, 2 concurrent 1-CPU trials, reuse_actors, MLflow off; includes registry claim+finish",
+    }))
+
+    peaks = {}
+    for n in (100, args.runs):
+        out = subprocess.run([sys.executable, __file__, "--child", str(n)], capture_output=True, text=True, check=True)
+        peaks[n] = json.loads(out.stdout.strip().splitlines()[-1])["maxrss_mb"]
+    print(json.dumps({
+        "bench": "orchestration", "figure": "driver_memory", "maxrss_mb_100": round(peaks[100], 1),
+        f"maxrss_mb_{args.runs}": round(peaks[args.runs], 1), "ratio": round(peaks[args.runs] / peaks[100], 3),
+        "target": "<= 1.5",
+    }))
+
+
+if __name__ == "__main__":
+    main()

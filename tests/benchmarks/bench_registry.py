@@ -1,0 +1,144 @@
+"""Timings of grid expansion and the registry at sweep scale; one JSON line per figure.
+
+    .venv/bin/python tests/benchmarks/bench_registry.py [--pg URL | --no-pg]
+
+On SQLite (a temporary file) and PostgreSQL (a fresh schema, dropped after):
+
+- ``expand_10000``: parse + expand + validate a 10,000-cell grid (no database)
+- ``register_10000``: expand + validate + ``create_sweep`` of that grid into an empty registry
+- ``resubmit_10000``: the same again (every run present: nothing inserted but the sweep's cells)
+- ``results_10000``: ``results()`` of 10,000 finished runs with 6 x 12 gates
+
+"seconds" is one measured run after a warm-up of the imports (torch comes in
+with the task and method tables). "load_1m" is the 1-minute load average:
+the machine is shared, so read timings next to it. Not a pytest test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from orchestrator.grid import expand, parse_grid  # noqa: E402
+from orchestrator.registry import Registry, Run  # noqa: E402
+
+PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+LAYERS, HEADS = 6, 12
+GRID = {
+    "name": "bench",
+    "base": {"train": {"max_steps": 100}},
+    "axes": {
+        "seed": list(range(25)),
+        "task": ["synthetic-cls", "synthetic-tag"],
+        "lambda": [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0],
+        "train.lr": [1e-5, 2e-5, 5e-5, 1e-4],
+        "sparsity": [0.1, 0.3, 0.5, 0.7, 0.9],
+    },
+}
+
+
+def _emit(figure: str, backend: str | None, seconds: float, target: str, **extra: object) -> None:
+    row = {"bench": "registry", "figure": figure}
+    if backend:
+        row["backend"] = backend
+    row.update({"seconds": round(seconds, 4), "target": target, "load_1m": os.getloadavg()[0], **extra})
+    print(json.dumps(row), flush=True)
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+def _submit(registry: Registry) -> tuple[str, dict[str, int]]:
+    configs = expand(parse_grid(GRID))
+    return registry.create_sweep("bench", json.dumps(GRID), configs, {"cpus": 1.0, "gpus": 0.0}, None, 1)
+
+
+def _finish_all(url: str, sweep_id: str, rng: np.random.Generator) -> None:
+    """Every run of the sweep -> finished with random gates, in one bulk UPDATE (not timed)."""
+    engine = sa.create_engine(url)
+    table = Run.__table__
+    with engine.begin() as connection:
+        keys = connection.execute(sa.text("SELECT run_key FROM sweep_runs WHERE sweep_id = :s"),
+                                  {"s": sweep_id}).scalars().all()
+        gates = rng.random((len(keys), LAYERS, HEADS), dtype=np.float32)
+        connection.execute(
+            table.update().where(table.c.run_key == sa.bindparam("key")).values(
+                status="finished", gates=sa.bindparam("blob"), gates_shape=[LAYERS, HEADS],
+                metrics={"accuracy": 0.9, "open_heads": 40},
+            ),
+            [{"key": key, "blob": gate.tobytes()} for key, gate in zip(keys, gates, strict=True)],
+        )
+    engine.dispose()
+
+
+def bench_backend(backend: str, url: str) -> None:
+    registry, opened = _timed(lambda: Registry(url))
+    _emit("open_and_migrate", backend, opened, "< 1")
+    (sweep_id, counts), seconds = _timed(lambda: _submit(registry))
+    assert counts["new"] == 10_000, counts
+    _emit("register_10000", backend, seconds, "< 2", new=counts["new"])
+    (_, counts), seconds = _timed(lambda: _submit(registry))
+    assert counts["new"] == 0 and counts["total"] == 10_000, counts
+    _emit("resubmit_10000", backend, seconds, "< 1", new=counts["new"])
+    _finish_all(url, sweep_id, np.random.default_rng(0))
+    result, seconds = _timed(lambda: registry.results(sweep_id))
+    assert result["gates"].shape == (10_000, LAYERS, HEADS) and result["has_gates"].all()
+    _emit("results_10000", backend, seconds, "< 2", gates_shape=list(result["gates"].shape))
+    registry.close()
+
+
+@contextlib.contextmanager
+def _pg_schema(url: str) -> Iterator[str]:
+    """A URL whose search_path is a fresh schema; the schema is dropped after."""
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield sa.engine.make_url(url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
+            hide_password=False
+        )
+    finally:
+        with engine.begin() as connection:
+            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        engine.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pg", default=PG_URL, help="PostgreSQL URL (a schema is created in it)")
+    parser.add_argument("--no-pg", action="store_true", help="SQLite only")
+    args = parser.parse_args()
+
+    expand(parse_grid({"name": "warm", "axes": {"seed": [0]}}))  # imports torch via the task table
+    configs, seconds = _timed(lambda: expand(parse_grid(GRID)))
+    assert len(configs) == 10_000
+    _emit("expand_10000", None, seconds, "< 1", cells=len(configs))
+    keys, seconds = _timed(lambda: [cfg.run_key for cfg in configs])
+    _emit("run_keys_10000", None, seconds, "", distinct=len(set(keys)))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bench_backend("sqlite", f"sqlite:///{Path(tmp) / 'registry.db'}")
+    if not args.no_pg:
+        with _pg_schema(args.pg) as url:
+            bench_backend("postgresql", url)
+
+
+if __name__ == "__main__":
+    main()
