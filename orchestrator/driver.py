@@ -39,6 +39,10 @@ class _CancelStopper(tune.Stopper):
         return self.poll()
 
 
+def _trial_name(trial) -> str:
+    return trial.config["run_key"]
+
+
 def reconcile(registry: Registry, sweep_id: str, stale_after_s: float, tracking_uri: str | None) -> list[str]:
     """Runs left RUNNING by a dead worker or driver: back to pending, their MLflow runs KILLED."""
     orphans = registry.reset_orphans(sweep_id, stale_after_s)
@@ -92,7 +96,10 @@ def execute_sweep(
         tuner = tune.Tuner(
             trainable,
             param_space={"run_key": tune.grid_search(keys), "sweep_id": sweep_id, "env": env},
-            tune_config=tune.TuneConfig(max_concurrent_trials=sweep["max_concurrent"], reuse_actors=True),
+            tune_config=tune.TuneConfig(
+                max_concurrent_trials=sweep["max_concurrent"], reuse_actors=True,
+                trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,
+            ),
             run_config=tune.RunConfig(
                 name=f"{sweep_id}-{os.getpid()}",
                 storage_path=str(settings.home() / "ray_results"),

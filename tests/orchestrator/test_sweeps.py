@@ -1,0 +1,192 @@
+"""Sweeps on a real local Ray (Tune), a real SQLite registry and a real MLflow store.
+
+The driver runs in this process (``execute_sweep``) so tests can inject a run
+function; the detached path (Ray Jobs, a killed driver, resume) is in
+test_cluster.py.
+"""
+
+import functools
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import ray
+import yaml
+
+from experiments.result import RunResult
+from experiments.runner import run as real_run
+from orchestrator import tracking
+from orchestrator.driver import execute_sweep
+from orchestrator.grid import expand, parse_grid
+from orchestrator.registry import Registry
+
+pytestmark = pytest.mark.ray
+
+GRID = {
+    "name": "tsweep",
+    "base": {
+        "model": "tiny-bert",
+        "task": {"name": "synthetic-cls", "num_train": 48, "num_eval": 16, "max_length": 24},
+        "train": {"max_steps": 6, "batch_size": 8, "eval_every": 3},
+        "gates": {"lambda": 0.1, "lr": 0.1},
+    },
+    "axes": {"seed": [0, 1], "pipeline": ["dp", "sp"]},
+    "resources": {"cpus": 1},
+    "max_concurrent": 2,
+    "max_failures": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
+    monkeypatch.delenv("HEADSWEEP_DB", raising=False)
+    monkeypatch.delenv("HEADSWEEP_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path
+
+
+def _submit(grid: dict, track: bool = True) -> tuple[Registry, str]:
+    """What `headsweep submit` does before it starts the driver (registry + MLflow parent run)."""
+    spec = parse_grid(grid)
+    registry = Registry(f"sqlite:///{os.environ['HEADSWEEP_HOME']}/registry.db")
+    sweep_id, _ = registry.create_sweep(
+        spec.name, yaml.safe_dump(grid), expand(spec), spec.resources.model_dump(),
+        spec.max_concurrent, spec.max_failures,
+    )
+    if track:
+        mlflow = tracking.client()
+        experiment_id = tracking.ensure_experiment(mlflow, spec.name)
+        parent = tracking.start_run(mlflow, experiment_id, sweep_id)
+        registry.set_sweep(sweep_id, mlflow_experiment_id=experiment_id, mlflow_parent_run_id=parent)
+    return registry, sweep_id
+
+
+def _execute(sweep_id, **kw):
+    return execute_sweep(sweep_id, registry_url=f"sqlite:///{os.environ['HEADSWEEP_HOME']}/registry.db", **kw)
+
+
+def test_a_sweep_runs_every_cell_once_and_tracks_it(local_ray, home):
+    registry, sweep_id = _submit(GRID)
+    counts = _execute(sweep_id)
+    assert counts == {"finished": 4}
+    assert registry.get_sweep(sweep_id)["status"] == "finished"
+    results = registry.results(sweep_id)
+    assert results["gates"].shape == (4, 2, 4)
+    assert all(run["attempts"] == 1 for run in map(registry.get_run, results["run_key"]))
+
+    mlflow = tracking.client()
+    sweep = registry.get_sweep(sweep_id)
+    runs = mlflow.search_runs([sweep["mlflow_experiment_id"]])
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweep["mlflow_parent_run_id"]]
+    assert len(children) == 4 and {r.info.status for r in runs} == {"FINISHED"}
+    assert {r.data.tags["run_key"] for r in children} == set(results["run_key"])
+    assert {a.path for a in mlflow.list_artifacts(children[0].info.run_id)} == {"gates.npz", "gate_map.png"}
+
+    # the same grid again: nothing new, nothing rerun
+    again, counts = registry.create_sweep("tsweep", "", expand(parse_grid(GRID)), {"cpus": 1}, 2, 1)
+    assert counts["new"] == 0 and registry.unfinished(again) == []
+
+
+def _flaky(cfg, ctx) -> RunResult:
+    if cfg.seed == 1:
+        raise ValueError(f"seed {cfg.seed} is cursed")
+    return real_run(cfg, ctx)
+
+
+def test_a_failing_run_is_recorded_while_the_others_finish(local_ray, home):
+    registry, sweep_id = _submit(GRID)
+    counts = _execute(sweep_id, run_fn=_flaky)
+    assert counts == {"finished": 2, "failed": 2}
+    assert registry.get_sweep(sweep_id)["status"] == "failed"
+    failed = [registry.get_run(k) for k in registry.results(sweep_id)["run_key"]]
+    failed = [r for r in failed if r["status"] == "failed"]
+    assert all("seed 1 is cursed" in r["error"] and "Traceback" in r["error"] for r in failed)
+    assert all(r["attempts"] == 2 for r in failed)  # max_failures=1: one retry
+    mlflow = tracking.client()
+    statuses = sorted(mlflow.get_run(r["mlflow_run_id"]).info.status for r in failed)
+    assert statuses == ["FAILED", "FAILED"]
+
+
+def _killed_once(cfg, ctx, marker_dir) -> RunResult:
+    """Kills its own worker process at step 4 on the first attempt (after the checkpoint at step 3)."""
+    marker = os.path.join(marker_dir, f"killed-{cfg.run_key}")
+    progress = ctx.on_progress
+
+    def maybe_die(step, total, metrics):
+        if step == 4 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        if progress:
+            progress(step, total, metrics)
+
+    ctx.on_progress = maybe_die
+    return real_run(cfg, ctx)
+
+
+def test_a_killed_worker_is_retried_from_its_checkpoint(local_ray, home):
+    grid = {**GRID, "axes": {"seed": [0]}}
+    registry, sweep_id = _submit(grid, track=False)
+    counts = _execute(sweep_id, run_fn=functools.partial(_killed_once, marker_dir=str(home)), track=False, checkpoint_every_s=0)
+    assert counts == {"finished": 1}
+    (run_key,) = registry.results(sweep_id)["run_key"]
+    assert registry.get_run(run_key)["attempts"] == 2
+    straight = real_run(expand(parse_grid(grid))[0])
+    np.testing.assert_array_equal(registry.results(sweep_id)["gates"][0], straight.gates)
+
+
+def _slow(cfg, ctx) -> RunResult:
+    for step in range(600):
+        ctx.progress(step, 600, {"loss": 0.0, "open_heads": 8})  # raises RunCancelled when cancelled
+        time.sleep(0.05)
+    raise AssertionError("not cancelled")
+
+
+def test_cancel_stops_running_trials_and_scheduling(local_ray, home):
+    grid = {**GRID, "axes": {"seed": [0, 1, 2, 3, 4, 5]}}
+    registry, sweep_id = _submit(grid)
+
+    def cancel_when_running():
+        deadline = time.time() + 120
+        while time.time() < deadline and registry.sweep_counts(sweep_id).get("running", 0) == 0:
+            time.sleep(0.2)
+        registry.cancel_sweep(sweep_id)
+
+    canceller = threading.Thread(target=cancel_when_running)
+    canceller.start()
+    started = time.time()
+    counts = _execute(sweep_id, run_fn=_slow)
+    canceller.join()
+    assert time.time() - started < 25  # each run would take 30 s
+    assert counts == {"cancelled": 6}
+    assert registry.get_sweep(sweep_id)["status"] == "cancelled"
+    mlflow = tracking.client()
+    runs = mlflow.search_runs([registry.get_sweep(sweep_id)["mlflow_experiment_id"]])
+    assert "RUNNING" not in {r.info.status for r in runs}
+
+
+def test_orphans_are_reconciled_and_rerun(local_ray, home):
+    registry, sweep_id = _submit(GRID)
+    keys = registry.unfinished(sweep_id)
+    # a driver crashed while these two ran: rows left RUNNING, MLflow runs left RUNNING
+    mlflow = tracking.client()
+    sweep = registry.get_sweep(sweep_id)
+    for key in keys[:2]:
+        registry.claim(key, "dead-trial@host:1")
+        run_id = tracking.start_run(mlflow, sweep["mlflow_experiment_id"], key, parent_run_id=sweep["mlflow_parent_run_id"])
+        registry.set_mlflow_run(key, run_id)
+    counts = _execute(sweep_id, stale_after_s=0)
+    assert counts == {"finished": 4}
+    for key in keys[:2]:
+        run = registry.get_run(key)
+        assert run["attempts"] == 2
+        assert mlflow.get_run(run["mlflow_run_id"]).info.status == "FINISHED"  # the orphan's run, reused
