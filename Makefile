@@ -18,7 +18,11 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: venv
-	$(VENV)/bin/headsweep run examples/demo_run.yaml
+	$(VENV)/bin/headsweep submit examples/grid_demo.yaml --wait
+	$(VENV)/bin/headsweep results last --group-by pipeline,lambda --metric accuracy
+	$(VENV)/bin/headsweep results last --group-by pipeline,lambda --metric open_heads
+	$(VENV)/bin/headsweep agreement last --across seed
+	@echo "Look at it: .venv/bin/headsweep ui (MLflow, http://127.0.0.1:5000); .venv/bin/headsweep serve (analysis API)"
 
 test: venv
 	$(PY) -m pytest

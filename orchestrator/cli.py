@@ -18,7 +18,7 @@ from orchestrator import settings
 
 STATUSES = ("pending", "running", "finished", "failed", "cancelled")
 console = Console(stderr=True)
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 160)  # tables stay readable in logs and pipes
 
 
 def load_yaml(path: str) -> dict:
@@ -212,6 +212,16 @@ def _known_sweep(sweep_id: str) -> None:
         raise ConfigError(f"unknown sweep '{sweep_id}'{suggest(sweep_id, known)}")
 
 
+def _last_sweep() -> str:
+    """``last`` on the command line: the most recently created sweep."""
+    from orchestrator.registry import Registry
+
+    sweeps = Registry(settings.registry_url()).list_sweeps()
+    if not sweeps:
+        raise ConfigError("no sweeps yet: submit one with `headsweep submit GRID`")
+    return max(sweeps, key=lambda s: s["created_at"])["id"]
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     from orchestrator.registry import Registry
 
@@ -289,6 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sweep")
     p.set_defaults(func=cmd_cancel)
 
+    from analysis.cli import register  # the analysis commands: results, agreement, figures, serve
+
+    register(sub)
+
     p = sub.add_parser("ui", help="MLflow UI on 127.0.0.1")
     p.add_argument("--tracking-uri")
     p.add_argument("--host", default="127.0.0.1")
@@ -313,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "sweep", None) == "last":
+            args.sweep = _last_sweep()
         return args.func(args)
     except ConfigError as err:
         print(f"headsweep: error: {err}", file=sys.stderr)  # one line, never wrapped

@@ -23,6 +23,11 @@ GCS_PORT = int(os.environ.get("HEADSWEEP_RAY_PORT", "6390"))
 DASHBOARD_PORT = int(os.environ.get("HEADSWEEP_DASHBOARD_PORT", "8265"))
 
 
+# A local development head: no usage stats, and no token auth (Ray 2.60 turns it on when a
+# ~/.ray/auth_token exists, and then our own clients without the token are refused).
+LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+
+
 def _state_file() -> Path:
     return settings.home() / "ray.json"
 
@@ -34,10 +39,10 @@ def _ray_bin() -> str:
 def local_head(num_cpus: int | None = None, num_gpus: int | None = None) -> dict[str, str]:
     """Address and dashboard URL of the local head node, started if it is not running."""
     state = _state_file()
-    if state.exists():
-        info = json.loads(state.read_text())
-        if _alive(info["address"]):
-            return info
+    default = {"address": f"127.0.0.1:{GCS_PORT}", "dashboard": f"http://127.0.0.1:{DASHBOARD_PORT}"}
+    info = json.loads(state.read_text()) if state.exists() else default
+    if _alive(info["address"]):
+        return info
     command = [
         _ray_bin(), "start", "--head", f"--port={GCS_PORT}", "--dashboard-host=127.0.0.1",
         f"--dashboard-port={DASHBOARD_PORT}", "--disable-usage-stats", "--include-dashboard=true",
@@ -45,10 +50,9 @@ def local_head(num_cpus: int | None = None, num_gpus: int | None = None) -> dict
     ]
     if num_gpus is not None:
         command.append(f"--num-gpus={num_gpus}")
-    subprocess.run(command, check=True, capture_output=True, text=True, env=os.environ | {"RAY_USAGE_STATS_ENABLED": "0"})
-    info = {"address": f"127.0.0.1:{GCS_PORT}", "dashboard": f"http://127.0.0.1:{DASHBOARD_PORT}"}
-    state.write_text(json.dumps(info))
-    return info
+    subprocess.run(command, check=True, capture_output=True, text=True, env=os.environ | LOCAL_ENV)
+    state.write_text(json.dumps(default))
+    return default
 
 
 def stop_local_head() -> None:
@@ -57,7 +61,7 @@ def stop_local_head() -> None:
 
 
 def _alive(address: str) -> bool:
-    result = subprocess.run([_ray_bin(), "status", f"--address={address}"], capture_output=True, timeout=60)
+    result = subprocess.run([_ray_bin(), "status", f"--address={address}"], capture_output=True, timeout=60, env=os.environ | LOCAL_ENV)
     return result.returncode == 0
 
 
@@ -65,7 +69,7 @@ def cluster_nodes(address: str) -> list[dict[str, float]]:
     """Per-node totals of the live nodes, e.g. [{"CPU": 2.0, "GPU": 0.0}], for resource checks."""
     import ray
 
-    ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
+    ray.init(address=address, log_to_driver=False, logging_level="WARNING", ignore_reinit_error=True)
     return [
         {"CPU": node["Resources"].get("CPU", 0.0), "GPU": node["Resources"].get("GPU", 0.0)}
         for node in ray.nodes()

@@ -74,7 +74,7 @@ def execute_sweep(
     sweep = registry.get_sweep(sweep_id)
     reconcile(registry, sweep_id, stale_after_s, tracking_uri)
     keys = registry.unfinished(sweep_id)
-    registry.set_sweep(sweep_id, status="running", driver=os.environ.get("RAY_JOB_SUBMISSION_ID", f"pid:{os.getpid()}"))
+    registry.set_sweep(sweep_id, status="running")
     mlflow = None
     if tracking_uri:
         from orchestrator import tracking
