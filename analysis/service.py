@@ -1,0 +1,428 @@
+"""The analysis service: HTTP (JSON, PNG, an OpenAPI document) over ``analysis.queries``.
+
+Read only. ``build_app(registry_url)`` is a plain FastAPI app (tests call it
+directly); ``serve_app`` runs the same app on Ray Serve, bound to 127.0.0.1
+unless told otherwise. Each endpoint translates query parameters into a
+``queries`` call and its answer into a pydantic model; nothing else.
+
+Bad input is a 4xx ``{"detail": "one line"}``: 404 for an unknown sweep,
+400 for an unknown axis, metric, value or query parameter (with the nearest
+valid one), 422 for a malformed parameter. Answers are memoised,
+serialised, per (sweep, its version, question): the data is immutable
+between versions and every random answer uses a fixed seed, so a repeated
+question is a lookup.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from analysis import queries
+from analysis.loading import AXES, SweepData, load_sweep
+from analysis.queries import QueryError
+from orchestrator.registry import NotFound, Registry
+
+APP_NAME = "headsweep-analysis"
+MAX_RUN_MATRIX = 500  # across=run answers an N x N matrix: larger selections must be filtered
+MAX_FITS = 200_000  # least-squares fits of one stem cell answer (~10 s with 3 seeds per cell)
+_MEMO_SIZE = 256
+_FINISHED = ("finished", "failed", "cancelled")
+
+
+# --------------------------------------------------------------------------- models (the edge)
+
+
+class ErrorOut(BaseModel):
+    detail: str
+
+
+class SweepOut(BaseModel):
+    id: str
+    name: str
+    status: str
+    created_at: datetime
+    updated_at: datetime
+    counts: dict[str, int] = Field(description="Runs per status.")
+    total: int
+    progress: float = Field(description="Fraction of runs that are finished, failed or cancelled.")
+    mlflow_experiment_id: str | None = None
+    mlflow_parent_run_id: str | None = None
+
+
+class SweepDetailOut(SweepOut):
+    grid: str = Field(description="The grid YAML as submitted.")
+    axes: dict[str, list[str | float | int | None]] = Field(description="Distinct values of each axis.")
+    metrics: list[str]
+
+
+class RunOut(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    run_key: str
+    group_key: str
+    status: str
+    task: str
+    model: str
+    method: str
+    pipeline: str
+    seed: int
+    sparsity: float | None
+    lambda_: float | None = Field(alias="lambda")
+    metrics: dict[str, float]
+    has_gates: bool
+
+
+class RunsPage(BaseModel):
+    total: int = Field(description="Runs matching the filters.")
+    offset: int
+    limit: int
+    runs: list[RunOut]
+
+
+class AggregateRow(BaseModel):
+    group: dict[str, str | float | int | None] = Field(description="The group's axis values.")
+    mean: float | None
+    std: float | None
+    n: int = Field(description="Runs with the metric (finished).")
+    ci_lo: float | None = Field(description="2.5th percentile of the bootstrap means.")
+    ci_hi: float | None
+    runs: int = Field(description="Runs in the group, finished or not.")
+
+
+class AggregateOut(BaseModel):
+    metric: str
+    group_by: list[str]
+    rows: list[AggregateRow]
+
+
+class NullOut(BaseModel):
+    observed: float | None
+    p_value: float | None = Field(description="Permutation p-value (heads shuffled within layers).")
+    band_lo: float | None = Field(description="2.5th percentile of the null.")
+    band_hi: float | None = Field(description="97.5th percentile of the null.")
+
+
+class AgreementOut(BaseModel):
+    across: str
+    labels: list[str]
+    matrix: list[list[float | None]]
+    n_runs: list[int]
+    mean_offdiag: NullOut
+    stem_cell: NullOut = Field(description="Mean multiple correlation of seeds within each cell.")
+    n_groups: int
+    n_perm: int
+
+
+class SpearmanOut(BaseModel):
+    a: str
+    b: str
+    score: str
+    n_a: int
+    n_b: int
+    spearman: float | None = Field(description="Spearman rho of the two groups' mean score vectors.")
+    p_value: float | None
+    band_lo: float | None
+    band_hi: float | None
+    mean_pairwise: float | None = Field(description="Mean rho over every (run of a, run of b) pair.")
+    k_frac: float
+    k: int
+    jaccard: float
+    overlap: float
+
+
+# --------------------------------------------------------------------------- state
+
+
+class _Memo:
+    """A small thread-safe LRU of answers."""
+
+    def __init__(self, size: int):
+        self.size, self.entries, self.lock = size, OrderedDict(), threading.Lock()
+
+    def get_or_compute(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        with self.lock:
+            if key in self.entries:
+                self.entries.move_to_end(key)
+                return self.entries[key]
+        value = compute()  # outside the lock: a slow answer must not block the others
+        with self.lock:
+            self.entries[key] = value
+            while len(self.entries) > self.size:
+                self.entries.popitem(last=False)
+        return value
+
+
+class _State:
+    def __init__(self, registry_url: str):
+        self.registry = Registry(registry_url)
+        self.memo = _Memo(_MEMO_SIZE)
+
+    def data(self, sweep_id: str) -> SweepData:
+        try:
+            return load_sweep(self.registry, sweep_id)
+        except NotFound:
+            known = [s["id"] for s in self.registry.list_sweeps()]
+            match = difflib.get_close_matches(sweep_id, known, n=1, cutoff=0.0)
+            hint = f"; did you mean '{match[0]}'?" if match else " (the registry has no sweeps)"
+            raise HTTPException(404, f"unknown sweep '{sweep_id}'{hint}") from None
+
+    def answer(self, sweep_id: str, question: tuple, compute: Callable[[SweepData], Response]) -> Response:
+        data = self.data(sweep_id)
+        done = self.memo.get_or_compute((sweep_id, data.version, *question), lambda: compute(data))
+        return Response(done.body, media_type=done.media_type)  # a fresh response per request
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def _check_params(request: Request, *names: str, axes: bool = True) -> None:
+    """400 for a query parameter this endpoint does not take (a typo would be ignored silently)."""
+    allowed = (*(AXES if axes else ()), *names)
+    for key in request.query_params:
+        if key not in allowed:
+            if not allowed:
+                raise QueryError(f"unknown query parameter '{key}': this endpoint takes none")
+            match = difflib.get_close_matches(key, allowed, n=1, cutoff=0.0)
+            raise QueryError(f"unknown query parameter '{key}'; did you mean '{match[0]}'? "
+                             f"(this endpoint takes: {', '.join(allowed)})")
+
+
+_FILTER_HELP = "Comma-separated values; a run matches any of them."
+
+
+def axis_filters(
+    request: Request,
+    task: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
+    model: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
+    method: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
+    pipeline: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
+    seed: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
+    sparsity: Annotated[str | None, Query(description=_FILTER_HELP + " 'none' = unset.")] = None,
+    lambda_: Annotated[str | None, Query(alias="lambda", description=_FILTER_HELP)] = None,
+    status: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
+    group_key: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
+    run_key: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
+) -> dict[str, list[str]]:
+    """The axis filters of the request (declared above for the OpenAPI document; a
+    repeated parameter, ``seed=0&seed=1``, adds values)."""
+    filters: dict[str, list[str]] = {}
+    for axis in AXES:
+        for raw in request.query_params.getlist(axis):
+            filters.setdefault(axis, []).extend(v.strip() for v in raw.split(","))
+    return filters
+
+
+Filters = Annotated[dict[str, list[str]], Depends(axis_filters)]
+
+
+def _frozen(filters: dict[str, list[str]]) -> tuple:
+    return tuple(sorted((k, tuple(v)) for k, v in filters.items()))
+
+
+def _json(model: BaseModel) -> Response:
+    """The serialised answer, memoised as is (a repeated question costs no validation or encoding)."""
+    return Response(model.model_dump_json(by_alias=True), media_type="application/json")
+
+
+def _null(result: Any) -> NullOut:
+    return NullOut(**queries.null_summary(result))
+
+
+def _matrix(matrix: np.ndarray) -> list[list[float | None]]:
+    return [[queries.py(v) for v in row] for row in np.asarray(matrix, dtype=np.float64)]
+
+
+def _sweep_out(sweep: dict[str, Any], model: type[SweepOut] = SweepOut, **extra: Any) -> SweepOut:
+    counts = sweep["counts"]
+    total = sum(counts.values())
+    done = sum(counts.get(s, 0) for s in _FINISHED)
+    fields = {k: sweep.get(k) for k in model.model_fields if k in sweep}
+    return model(**fields, total=total, progress=done / total if total else 0.0, **extra)
+
+
+# --------------------------------------------------------------------------- the app
+
+
+def build_app(registry_url: str) -> FastAPI:
+    """The FastAPI app over the registry at ``registry_url`` (no Ray needed)."""
+    state = _State(registry_url)
+    errors = {code: {"model": ErrorOut} for code in (400, 404, 422)}
+    app = FastAPI(title="headsweep analysis", version="1", responses=errors,
+                  description="Read-only answers about sweeps: runs, aggregates, gate agreement, figures.")
+
+    @app.exception_handler(QueryError)
+    def _query_error(_: Request, err: QueryError) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    def _invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0]
+        loc = [str(p) for p in first.get("loc", ())] or ["request"]
+        where = f"{loc[0]} parameter '{'.'.join(loc[1:])}'" if len(loc) > 1 else loc[0]
+        got = f" (got {first['input']!r})" if "input" in first else ""
+        return JSONResponse({"detail": f"{where}: {first.get('msg', 'invalid')}{got}"}, status_code=422)
+
+    @app.get("/sweeps", response_model=list[SweepOut], summary="Every sweep with its progress")
+    def list_sweeps(request: Request) -> list[SweepOut]:
+        _check_params(request, axes=False)
+        return [_sweep_out(s) for s in state.registry.list_sweeps()]
+
+    @app.get("/sweeps/{sweep_id}", response_model=SweepDetailOut, summary="One sweep, its axes and metrics")
+    def get_sweep(sweep_id: str, request: Request) -> SweepDetailOut:
+        _check_params(request, axes=False)
+        data = state.data(sweep_id)
+        sweep = state.registry.get_sweep(sweep_id)
+        axes = {axis: queries.axis_values(data, axis) for axis in AXES if axis not in ("run_key", "group_key")}
+        return _sweep_out(sweep, SweepDetailOut, axes=axes, metrics=sorted(data.metrics))
+
+    @app.get("/sweeps/{sweep_id}/runs", response_model=RunsPage, summary="Runs, filtered by any axis")
+    def list_runs(
+        sweep_id: str, request: Request, filters: Filters,
+        offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> Response:
+        _check_params(request, "offset", "limit")
+
+        def compute(data: SweepData) -> Response:
+            total, rows = queries.runs(data, filters, offset, limit)
+            return _json(RunsPage(total=total, offset=offset, limit=limit, runs=[RunOut(**row) for row in rows]))
+
+        return state.answer(sweep_id, ("runs", _frozen(filters), offset, limit), compute)
+
+    @app.get("/sweeps/{sweep_id}/aggregate", response_model=AggregateOut,
+             summary="Mean, std, n and 95 % bootstrap CI of a metric per group")
+    def aggregate(
+        sweep_id: str, request: Request, filters: Filters,
+        metric: Annotated[str, Query(min_length=1, description="e.g. accuracy")] = "accuracy",
+        group_by: Annotated[str, Query(description="Comma-separated axes; empty = per cell (over seeds).")] = "",
+    ) -> Response:
+        _check_params(request, "metric", "group_by")
+        by = [a.strip() for a in group_by.split(",") if a.strip()]
+        stat_keys = ("metric", "mean", "std", "n", "ci_lo", "ci_hi", "runs")
+
+        def compute(data: SweepData) -> Response:
+            rows = queries.aggregate(data, by, metric, filters)
+            return _json(AggregateOut(metric=metric, group_by=by, rows=[
+                AggregateRow(group={k: v for k, v in row.items() if k not in stat_keys},
+                             **{k: row[k] for k in stat_keys if k != "metric"})
+                for row in rows]))
+
+        return state.answer(sweep_id, ("aggregate", _frozen(filters), metric, tuple(by)), compute)
+
+    @app.get("/sweeps/{sweep_id}/agreement", response_model=AgreementOut,
+             summary="Gate agreement matrix with permutation nulls")
+    def agreement(
+        sweep_id: str, request: Request, filters: Filters,
+        across: Literal["seed", "task", "pipeline", "model", "run"] = "seed",
+        n_perm: Annotated[int, Query(ge=0, le=2000, description="Permutations (0 = none).")] = 200,
+    ) -> Response:
+        _check_params(request, "across", "n_perm")
+
+        def compute(data: SweepData) -> Response:
+            if across == "run" and (n := int(queries.select(data, filters).has_gates.sum())) > MAX_RUN_MATRIX:
+                raise QueryError(f"across=run answers an N x N matrix: {n} runs selected, at most "
+                                 f"{MAX_RUN_MATRIX}; filter them (e.g. task=..., seed=...)")
+            result = queries.agreement(data, across, filters, n_perm=n_perm, max_fits=MAX_FITS)
+            return _json(AgreementOut(
+                across=across, labels=result.labels, matrix=_matrix(result.matrix), n_runs=result.n_runs,
+                mean_offdiag=_null(result.mean_offdiag), stem_cell=_null(result.stem_cell),
+                n_groups=result.n_groups, n_perm=n_perm))
+
+        return state.answer(sweep_id, ("agreement", _frozen(filters), across, n_perm), compute)
+
+    @app.get("/sweeps/{sweep_id}/spearman", response_model=SpearmanOut,
+             summary="Spearman and top-k overlap of two groups' head scores")
+    def spearman(
+        sweep_id: str, request: Request, filters: Filters,
+        a: Annotated[str, Query(description="Group a, e.g. task:sst2,pipeline:dp (values joined by |).")],
+        b: Annotated[str, Query(description="Group b, e.g. task:ud-pos.")],
+        k: Annotated[float, Query(gt=0, le=1, description="Top-k as a fraction of the heads.")] = 0.2,
+        score: Literal["gates", "scores"] = "gates",
+        n_perm: Annotated[int, Query(ge=0, le=5000)] = 1000,
+    ) -> Response:
+        _check_params(request, "a", "b", "k", "score", "n_perm")
+        group_a, group_b = queries.parse_filter(a), queries.parse_filter(b)
+        return state.answer(
+            sweep_id, ("spearman", _frozen(filters), _frozen(group_a), _frozen(group_b), k, score, n_perm),
+            lambda data: _json(SpearmanOut(
+                a=a, b=b, **queries.spearman_overlap(data, group_a, group_b, score, k, filters, n_perm))))
+
+    @app.get("/sweeps/{sweep_id}/figures/{kind}.png", response_class=Response,
+             responses={200: {"content": {"image/png": {}}, "description": "A PNG image."}},
+             summary="A figure of the selection as PNG")
+    def figure(
+        sweep_id: str, kind: Literal["rgb", "grey", "agreement", "curves"], request: Request,
+        filters: Filters,
+        across: Literal["seed", "task", "pipeline", "model"] = "seed",
+        metric: Annotated[str | None, Query(min_length=1)] = None,
+        x: Literal["sparsity", "lambda", "open_heads"] | None = None,
+        n_perm: Annotated[int, Query(ge=0, le=2000)] = 200,
+    ) -> Response:
+        _check_params(request, "across", "metric", "x", "n_perm")
+        return state.answer(
+            sweep_id, ("figure", kind, _frozen(filters), across, metric, x, n_perm),
+            lambda data: Response(
+                queries.figure(data, kind, filters, across=across, metric=metric, x=x, n_perm=n_perm,
+                               max_fits=MAX_FITS),
+                media_type="image/png"))
+
+    return app
+
+
+# --------------------------------------------------------------------------- Ray Serve
+
+
+def _deployment():
+    from ray import serve
+
+    @serve.deployment(name="analysis", num_replicas=1, max_ongoing_requests=100)
+    @serve.ingress()
+    class AnalysisService:
+        """Ray Serve ingress: the FastAPI app is built in the replica, from the URL."""
+
+        def __init__(self, registry_url: str):
+            self.registry_url = registry_url
+
+        def __serve_build_asgi_app__(self) -> FastAPI:
+            return build_app(self.registry_url)
+
+    return AnalysisService
+
+
+def serve_app(registry_url: str, host: str = "127.0.0.1", port: int = 8000, blocking: bool = False) -> str:
+    """Run the app on Ray Serve at ``http://host:port/`` and return that URL.
+
+    Starts a private local Ray unless one is initialised (or ``RAY_ADDRESS``
+    names a cluster). ``blocking=True`` waits for Ctrl-C, then shuts Serve
+    (and the Ray it started) down.
+    """
+    import ray
+    from ray import serve
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=os.environ.get("RAY_ADDRESS") or "local", include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
+    # No access log: one line per request in the proxy and the replica costs ~10 % of a cached answer.
+    quiet = {"enable_access_log": False, "log_level": "WARNING"}
+    serve.start(http_options={"host": host, "port": port}, logging_config=quiet)
+    try:
+        serve.run(_deployment().bind(registry_url), name=APP_NAME, route_prefix="/", blocking=blocking,
+                  logging_config=quiet)
+    except KeyboardInterrupt:
+        serve.shutdown()
+        if started:
+            ray.shutdown()
+    return f"http://{host}:{port}"

@@ -1,0 +1,155 @@
+"""``headsweep results | agreement | figures | serve`` through a parser built with
+``analysis.cli.register``, and ``analysis.report`` against a real SQLite MLflow store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import matplotlib.image
+import numpy as np
+import pytest
+
+from analysis import cli, report
+from experiments.config import ConfigError
+from orchestrator.registry import Registry
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="headsweep")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(list(argv))
+    return args.func(args)
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    monkeypatch.setattr(cli.out, "_width", 200)  # rich tables are not wrapped at 80 columns
+
+
+def test_results_table(sweep, capsys):
+    assert _run("results", sweep.sweep_id, "--group-by", "task,pipeline", "--db", sweep.url) == 0
+    text = capsys.readouterr().out
+    assert "accuracy per task, pipeline" in text
+    assert "synthetic-cls" in text and "0.6825" in text and "0.7325" in text
+
+
+def test_results_csv_json_parquet(sweep, tmp_path, capsys):
+    assert _run("results", sweep.sweep_id, "--format", "csv", "--group-by", "task", "--db", sweep.url) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "task,metric,mean,std,n,ci_lo,ci_hi,runs" and len(lines) == 3
+    assert lines[1].startswith("synthetic-cls,accuracy,0.7075")
+
+    out = tmp_path / "cells.json"
+    assert _run("results", sweep.sweep_id, "--format", "json", "--out", str(out), "--db", sweep.url) == 0
+    rows = json.loads(out.read_text())
+    assert len(rows) == 8 and rows[0]["mean"] == pytest.approx(0.705) and rows[0]["lambda"] == 0.01
+
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "seeds.parquet"
+    assert _run("results", sweep.sweep_id, "--format", "parquet", "--out", str(out), "--group-by", "seed",
+                "--metric", "loss", "--where", "pipeline:dp", "--db", sweep.url) == 0
+    table = pq.read_table(out).to_pylist()
+    assert [r["seed"] for r in table] == [0, 1, 2, 3] and table[3]["n"] == 0
+    assert table[0]["mean"] == pytest.approx(1 - np.mean([0.7, 0.8]) + 0.5 * np.mean([0.01, 0.1]))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["results", "sw-nope"], "unknown sweep 'sw-nope'"),
+    (["results", "{s}", "--metric", "acc"], "unknown metric 'acc'; did you mean 'accuracy'"),
+    (["results", "{s}", "--group-by", "tsk"], "unknown axis 'tsk'; did you mean 'task'"),
+    (["results", "{s}", "--format", "parquet"], "give --out"),
+    (["results", "{s}", "--format", "xml"], "unknown format 'xml'"),
+    (["results", "{s}", "--where", "task:sst2"], "no run with task 'sst2'"),
+    (["agreement", "{s}", "--across", "model"], "at least 2 values of model"),
+])
+def test_bad_input_is_a_config_error(sweep, argv, message):
+    argv = [a.replace("{s}", sweep.sweep_id) for a in argv]
+    with pytest.raises(ConfigError, match=message):
+        _run(*argv, "--db", sweep.url)
+
+
+def test_agreement_table_statistic_and_png(sweep, tmp_path, capsys):
+    png = tmp_path / "seed.png"
+    assert _run("agreement", sweep.sweep_id, "--across", "seed", "--png", str(png), "--n-perm", "50",
+                "--db", sweep.url) == 0
+    text = capsys.readouterr().out
+    assert "gate Pearson r across seed" in text and "stem cell r (8 cells)" in text
+    assert "null 95% band [" in text and "p = 0.0196" in text  # 1 / 51: nothing in the null reaches it
+    data = png.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    rows, cols, _ = matplotlib.image.imread(png).shape
+    assert rows > 250 and cols > 350
+
+
+def test_figures_writes_every_png(sweep, tmp_path, capsys):
+    folder = tmp_path / "figs"
+    assert _run("figures", sweep.sweep_id, "--out", str(folder), "--db", sweep.url) == 0
+    printed = capsys.readouterr().out.split()
+    files = sorted(folder.iterdir())
+    assert len(files) == 18 and sorted(printed) == sorted(str(f) for f in files)
+    for file in files:
+        assert file.read_bytes()[:8] == PNG_MAGIC
+    rgb = matplotlib.image.imread(next(f for f in files if f.name.startswith("rgb_")))
+    # figures._grid_figure: (0.42 * 6 + 1.4) x (0.42 * 12 + 1.6 + 2.4 for the legend) inches at 100 dpi
+    assert rgb.shape[:2] == (392, 904)
+
+
+@pytest.mark.ray
+def test_serve_blocks_until_ctrl_c(sweep):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import argparse, sys; from analysis import cli; p = argparse.ArgumentParser(); "
+            "cli.register(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, "serve", "--port", str(port), "--db", sweep.url],
+        cwd=ROOT, env=os.environ | {"RAY_ADDRESS": ""}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                response = httpx.get(f"http://127.0.0.1:{port}/sweeps", timeout=5)
+                break
+            except httpx.TransportError:
+                assert process.poll() is None and time.monotonic() < deadline, process.stdout.read().decode()
+                time.sleep(1)
+        assert response.status_code == 200 and sweep.sweep_id in response.text
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_report_logs_every_figure_to_the_parent_run(fresh_sweep, tmp_path, capsys):
+    import mlflow
+
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri)
+    experiment = client.create_experiment("stem", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(experiment).info.run_id
+    with Registry(fresh_sweep.url) as registry:
+        assert report.log_sweep_figures(fresh_sweep.sweep_id, fresh_sweep.url, tracking_uri) == []  # no parent
+        registry.set_sweep(fresh_sweep.sweep_id, mlflow_parent_run_id=parent)
+    assert report.main([fresh_sweep.sweep_id, "--db", fresh_sweep.url, "--tracking-uri", tracking_uri]) == 0
+    printed = capsys.readouterr().out.split()
+    logged = sorted(a.path for a in client.list_artifacts(parent, report.ARTIFACT_DIR))
+    assert len(logged) == 18 and sorted(printed) == logged
+    local = Path(client.download_artifacts(parent, "figures/grey_all.png", str(tmp_path)))
+    assert local.read_bytes()[:8] == PNG_MAGIC
+    assert report.main(["sw-nope", "--db", fresh_sweep.url, "--tracking-uri", tracking_uri]) == 2

@@ -1,0 +1,203 @@
+"""The analysis service: every endpoint through a real HTTP server on Ray Serve, and a
+schemathesis fuzz of its OpenAPI document against the ASGI app (no 5xx, ever)."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import numpy as np
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+
+from analysis import queries
+from analysis.loading import load_sweep
+from analysis.service import build_app
+from orchestrator.registry import Registry
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CLS, TAG = "synthetic-cls", "synthetic-tag"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, sweep_builder):
+    """(base URL, its own sweep) of the app on a private local Ray Serve, 127.0.0.1, a free port."""
+    import ray
+    from ray import serve
+
+    from analysis.service import serve_app
+
+    sweep = sweep_builder(tmp_path_factory.mktemp("served"))
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        url = serve_app(sweep.url, "127.0.0.1", _free_port())
+        with httpx.Client(base_url=url, timeout=60) as client:
+            yield client, sweep
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.mark.ray
+def test_sweeps_list_with_progress(served):
+    client, sweep = served
+    response = client.get("/sweeps")
+    assert response.status_code == 200
+    (row,) = [s for s in response.json() if s["id"] == sweep.sweep_id]
+    assert row["counts"]["finished"] == 24 and row["counts"]["pending"] == 1
+    assert row["total"] == 25 and row["progress"] == pytest.approx(24 / 25)
+
+
+@pytest.mark.ray
+def test_sweep_detail_lists_axes_and_metrics(served):
+    client, sweep = served
+    body = client.get(f"/sweeps/{sweep.sweep_id}").json()
+    assert body["axes"]["task"] == [CLS, TAG] and body["axes"]["seed"] == [0, 1, 2, 3]
+    assert body["axes"]["sparsity"] == [None] and body["metrics"] == ["accuracy", "loss", "open_heads"]
+    assert body["grid"].startswith("name: ")
+
+
+@pytest.mark.ray
+def test_runs_filter_and_paginate(served):
+    client, sweep = served
+    body = client.get(f"/sweeps/{sweep.sweep_id}/runs",
+                      params={"task": CLS, "seed": "0,1", "offset": 1, "limit": 2}).json()
+    assert body["total"] == 8 and (body["offset"], body["limit"]) == (1, 2) and len(body["runs"]) == 2
+    assert body["runs"][0]["seed"] == 1 and body["runs"][0]["lambda"] == 0.01
+    repeated = client.get(f"/sweeps/{sweep.sweep_id}/runs?seed=0&seed=1&task={CLS}").json()
+    assert repeated["total"] == 8
+    pending = client.get(f"/sweeps/{sweep.sweep_id}/runs", params={"status": "pending"}).json()
+    assert pending["runs"][0]["run_key"] == sweep.pending_key and pending["runs"][0]["metrics"] == {}
+
+
+@pytest.mark.ray
+def test_aggregate_equals_the_query(served):
+    client, sweep = served
+    body = client.get(f"/sweeps/{sweep.sweep_id}/aggregate",
+                      params={"group_by": "task,pipeline", "metric": "accuracy"}).json()
+    with Registry(sweep.url) as registry:
+        rows = queries.aggregate(load_sweep(registry, sweep.sweep_id), ["task", "pipeline"], "accuracy")
+    assert [r["group"] for r in body["rows"]] == [{"task": r["task"], "pipeline": r["pipeline"]} for r in rows]
+    assert [r["mean"] for r in body["rows"]] == pytest.approx([r["mean"] for r in rows])
+    assert [r["ci_hi"] for r in body["rows"]] == pytest.approx([r["ci_hi"] for r in rows])
+
+
+@pytest.mark.ray
+def test_agreement_and_spearman(served):
+    client, sweep = served
+    seed = client.get(f"/sweeps/{sweep.sweep_id}/agreement", params={"across": "seed", "n_perm": 50}).json()
+    assert seed["labels"] == ["0", "1", "2"] and np.shape(seed["matrix"]) == (3, 3)
+    assert seed["stem_cell"]["observed"] > seed["stem_cell"]["band_hi"] and seed["n_groups"] == 8
+    task = client.get(f"/sweeps/{sweep.sweep_id}/agreement?across=task&n_perm=50").json()
+    assert task["mean_offdiag"]["band_lo"] < task["mean_offdiag"]["observed"] < task["mean_offdiag"]["band_hi"]
+    rho = client.get(f"/sweeps/{sweep.sweep_id}/spearman",
+                     params={"a": "pipeline:dp", "b": "pipeline:sp", "k": 0.2}).json()
+    assert rho["spearman"] > 0.8 and rho["jaccard"] == 1.0 and rho["k"] == 15 and rho["n_a"] == 12
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(("kind", "params"), [
+    ("rgb", {"task": TAG}), ("grey", {}), ("agreement", {"across": "task", "n_perm": 20}),
+    ("curves", {"task": CLS, "metric": "accuracy", "x": "lambda"}),
+])
+def test_figures_are_pngs(served, kind, params):
+    client, sweep = served
+    response = client.get(f"/sweeps/{sweep.sweep_id}/figures/{kind}.png", params=params)
+    assert response.status_code == 200 and response.headers["content-type"] == "image/png"
+    assert response.content[:8] == PNG_MAGIC and len(response.content) > 5000
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(("path", "status", "detail"), [
+    ("/sweeps/sw-nope", 404, "unknown sweep 'sw-nope'; did you mean"),
+    ("/sweeps/sw-nope/aggregate", 404, "unknown sweep"),
+    ("{s}/runs?tsk=x", 400, "unknown query parameter 'tsk'; did you mean 'task'"),
+    ("{s}/runs?task=synthetic-cl", 400, "no run with task 'synthetic-cl'; did you mean 'synthetic-cls'"),
+    ("{s}/runs?limit=0", 422, "query parameter 'limit'"),
+    ("{s}/runs?offset=x", 422, "query parameter 'offset'"),
+    ("{s}/aggregate?metric=acc", 400, "unknown metric 'acc'; did you mean 'accuracy'"),
+    ("{s}/aggregate?group_by=tsk", 400, "unknown axis 'tsk'; did you mean 'task'"),
+    ("{s}/agreement?across=seeds", 422, "query parameter 'across'"),
+    ("{s}/agreement?across=model", 400, "at least 2 values of model"),
+    ("{s}/spearman?a=task:synthetic-cls", 422, "query parameter 'b'"),
+    ("{s}/spearman?a=task&b=task:synthetic-tag", 400, "expected axis:value"),
+    ("{s}/spearman?a=task:synthetic-cls&b=task:synthetic-tag&k=1.5", 422, "query parameter 'k'"),
+    ("{s}/figures/rbg.png", 422, "path parameter 'kind'"),
+    ("{s}/figures/curves.png?x=sparsity", 400, "no finished run has both accuracy and sparsity"),
+])
+def test_bad_input_is_a_clear_4xx(served, path, status, detail):
+    client, sweep = served
+    response = client.get(path.replace("{s}", f"/sweeps/{sweep.sweep_id}"))
+    assert response.status_code == status, response.text
+    assert detail in response.json()["detail"]
+
+
+@pytest.mark.ray
+def test_openapi_document(served):
+    client, _ = served
+    paths = client.get("/openapi.json").json()["paths"]
+    assert set(paths) == {"/sweeps", "/sweeps/{sweep_id}", "/sweeps/{sweep_id}/runs",
+                          "/sweeps/{sweep_id}/aggregate", "/sweeps/{sweep_id}/agreement",
+                          "/sweeps/{sweep_id}/spearman", "/sweeps/{sweep_id}/figures/{kind}.png"}
+
+
+@pytest.mark.ray
+def test_zz_a_finished_run_shows_up_at_once(served):
+    """Last in the module: it writes. The memoised answers are keyed by the sweep's version."""
+    client, sweep = served
+    before = client.get(f"/sweeps/{sweep.sweep_id}/aggregate?group_by=task").json()["rows"][0]
+    with Registry(sweep.url) as registry:
+        registry.claim(sweep.pending_key, "w")
+        registry.finish(sweep.pending_key, {"accuracy": 0.0}, np.ones((6, 12)))
+    after = client.get(f"/sweeps/{sweep.sweep_id}/aggregate?group_by=task").json()["rows"][0]
+    assert (before["n"], after["n"]) == (12, 13) and after["mean"] < before["mean"]
+    detail = client.get(f"/sweeps/{sweep.sweep_id}").json()
+    assert detail["progress"] == 1.0
+
+
+# --------------------------------------------------------------------------- fuzz (ASGI, no Ray)
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_fuzz_finds_no_server_error(sweep, mode):
+    """Requests generated from the OpenAPI document (valid ones, then invalid ones), on
+    random and on the real sweep id: never a 5xx, and every 4xx says why in one string.
+
+    (schemathesis' pytest plugin does not run under pytest 9, so the operations'
+    hypothesis strategies are driven directly.)"""
+    schema = schemathesis.openapi.from_asgi("/openapi.json", build_app(sweep.url))
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) == 7
+    unsatisfiable = []
+
+    for operation in operations:
+        if mode == GenerationMode.NEGATIVE and operation.path == "/sweeps":
+            continue  # no parameters: nothing to make invalid
+        strategy = operation.as_strategy(mode)
+        if "sweep_id" in operation.path:
+            strategy = strategy | operation.as_strategy(mode, path_parameters={"sweep_id": sweep.sweep_id})
+
+        @given(case=strategy)
+        @settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        def no_server_error(case):
+            response = case.call()
+            assert response.status_code < 500, (case.as_curl_command(), response.text)
+            if response.status_code >= 400:
+                assert isinstance(response.json()["detail"], str), response.text
+
+        try:
+            no_server_error()
+        except Unsatisfiable:  # nothing of this operation can be made invalid (e.g. a free string)
+            assert mode == GenerationMode.NEGATIVE, operation.label
+            unsatisfiable.append(operation.label)
+    assert unsatisfiable == ([] if mode == GenerationMode.POSITIVE else ["GET /sweeps/{sweep_id}"])

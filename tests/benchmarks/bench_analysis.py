@@ -1,0 +1,205 @@
+"""Timings of analysis (loading, queries, the HTTP service) at sweep scale; one JSON line per figure.
+
+    .venv/bin/python tests/benchmarks/bench_analysis.py [--requests-per-client 25]
+
+A temporary SQLite registry is filled by bulk SQL (through the registry's
+own engine and tables) with one sweep of 10,000 finished runs with 6 x 12
+gates: 2 tasks x 2 pipelines x 5 sparsities x 10 lambdas x 50 seeds.
+
+- ``load_10000_cold`` / ``load_10000_cached``: ``load_sweep`` with an empty
+  cache, then again (one version check query)
+- ``pearson_agreement_10000``: ``queries.agreement(across="run")``, the run x run
+  Pearson matrix (float32) and its mean, without nulls or the stem cell
+  statistic; best of 2 after a first call ("cold_seconds")
+- ``stem_cell_10000_once``: the stem cell statistic once (10,000 fits), for scale
+- ``spearman_5000_vs_5000``: ``queries.spearman_overlap`` of the two tasks (5,000
+  runs each): every pairwise rho, the mean-vector rho with a 1,000-permutation
+  null, and top-20 % overlap; best of 2 after a first call ("cold_seconds")
+- ``aggregate_10000``: ``queries.aggregate`` by task and pipeline (uncached)
+- ``http_aggregate_*``: the same aggregate through HTTP on Ray Serve (127.0.0.1):
+  the first request (loads the sweep and answers), then 20 concurrent clients
+  (threads with httpx, a bounded number of requests each) once it is cached
+
+"seconds" is one measured run unless said otherwise. "load_1m" is the 1-minute load average: the
+machine is shared, read timings next to it. Not a pytest test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from analysis import queries  # noqa: E402
+from analysis.loading import clear_cache, load_sweep  # noqa: E402
+from orchestrator.registry import Registry, Run, Sweep, SweepRun  # noqa: E402
+
+LAYERS, HEADS = 6, 12
+TASKS, PIPELINES = ("synthetic-cls", "synthetic-tag"), ("dp", "sp")
+SPARSITIES, LAMBDAS, SEEDS = (0.1, 0.3, 0.5, 0.7, 0.9), tuple(np.geomspace(1e-3, 1.0, 10)), range(50)
+CLIENTS = 20
+
+
+def _emit(figure: str, seconds: float | None, target: str | None, **extra: object) -> None:
+    row: dict[str, object] = {"bench": "analysis", "figure": figure}
+    if seconds is not None:
+        row["seconds"] = round(seconds, 4)
+    if target:
+        row["target"] = target
+    row["load_1m"] = round(os.getloadavg()[0], 2)
+    row.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in extra.items()})
+    print(json.dumps(row), flush=True)
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+def fill(registry: Registry, rng: np.random.Generator) -> str:
+    """One sweep of 10,000 finished runs, inserted in bulk; returns its id."""
+    cells = [(t, p, s, lam, seed) for t in TASKS for p in PIPELINES for s in SPARSITIES
+             for lam in LAMBDAS for seed in SEEDS]
+    profiles = {t: rng.random((LAYERS, HEADS)) for t in TASKS}
+    now = datetime.now()
+    sweep_id = f"sw-bench-{uuid.uuid4().hex[:6]}"
+    runs = []
+    for i, (task, pipeline, sparsity, lam, seed) in enumerate(cells):
+        gates = np.clip(profiles[task] + rng.normal(0, 0.3, (LAYERS, HEADS)), 0, 1).astype(np.float32)
+        accuracy = 0.7 + 0.1 * (task == TASKS[1]) - 0.2 * sparsity + rng.normal(0, 0.01)
+        runs.append({
+            "run_key": f"{i:016x}", "group_key": f"{i // len(SEEDS):016x}", "config": {}, "task": task,
+            "model": "minilm-l6", "method": "head_gates", "pipeline": pipeline, "seed": seed,
+            "sparsity": sparsity, "lambda": float(lam), "status": "finished", "attempts": 1,
+            "created_at": now, "updated_at": now, "finished_at": now,
+            "metrics": {"accuracy": accuracy, "loss": 1 - accuracy, "open_heads": float((gates > 0.5).sum())},
+            "gates": gates.tobytes(), "gates_shape": [LAYERS, HEADS],
+        })
+    with registry._engine.begin() as connection:  # bulk SQL on the registry's own engine
+        connection.execute(Sweep.__table__.insert(), [{
+            "id": sweep_id, "name": "bench", "grid": "name: bench\n", "created_at": now, "updated_at": now,
+            "resources": {"cpus": 1.0}, "max_concurrent": None, "max_failures": 1,
+            "cancel_requested": False, "status": "finished"}])
+        connection.execute(Run.__table__.insert(), runs)
+        connection.execute(SweepRun.__table__.insert(),
+                           [{"sweep_id": sweep_id, "run_key": r["run_key"], "position": i} for i, r in enumerate(runs)])
+    return sweep_id
+
+
+def bench_queries(registry: Registry, sweep_id: str) -> None:
+    clear_cache()
+    data, seconds = _timed(lambda: load_sweep(registry, sweep_id))
+    assert data.gates.shape == (10_000, LAYERS, HEADS) and data.has_gates.all()
+    _emit("load_10000_cold", seconds, "< 2", runs=len(data))
+    again, seconds = _timed(lambda: load_sweep(registry, sweep_id))
+    assert again is data
+    _emit("load_10000_cached", seconds, None, ms=seconds * 1000)
+
+    times = []
+    for _ in range(3):  # the first call also pays for first-touching its 400 MB matrix
+        result, seconds = _timed(lambda: queries.agreement(data, "run", n_perm=0, stem_cell=False))
+        assert result.matrix.shape == (10_000, 10_000)
+        times.append(seconds)
+        del result
+    _emit("pearson_agreement_10000", min(times[1:]), "< 1", cold_seconds=times[0], dtype="float32")
+
+    # not a target: what the stem cell statistic costs at this size (50 seeds per cell)
+    result, seconds = _timed(lambda: queries.agreement(data, "task", n_perm=0))
+    _emit("stem_cell_10000_once", seconds, None, cells=result.n_groups, stem_cell=result.stem_cell,
+          note="200 cells x 50 seeds, no null; the service refuses nulls above 200,000 fits")
+
+    a, b = {"task": [TASKS[0]]}, {"task": [TASKS[1]]}
+    times = []
+    for _ in range(3):  # the first call also first-touches the 100 MB pairwise matrix
+        rho, seconds = _timed(lambda: queries.spearman_overlap(data, a, b, k_frac=0.2, n_perm=1000))
+        assert (rho["n_a"], rho["n_b"]) == (5_000, 5_000)
+        times.append(seconds)
+    _emit("spearman_5000_vs_5000", min(times[1:]), "< 1", cold_seconds=times[0], spearman=rho["spearman"],
+          n_perm=1000, mean_pairwise=rho["mean_pairwise"], jaccard=rho["jaccard"])
+
+    rows, seconds = _timed(lambda: queries.aggregate(data, ["task", "pipeline"], "accuracy"))
+    _emit("aggregate_10000", seconds, None, groups=len(rows))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench_http(url: str, sweep_id: str, requests_per_client: int) -> None:
+    import httpx
+    import ray
+    from ray import serve
+
+    from analysis.service import serve_app
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        base = serve_app(url, "127.0.0.1", _free_port())
+        path = f"/sweeps/{sweep_id}/aggregate?group_by=task,pipeline&metric=accuracy"
+        with httpx.Client(base_url=base, timeout=60) as client:
+            response, seconds = _timed(lambda: client.get(path))
+            assert response.status_code == 200, response.text
+            _emit("http_aggregate_first", seconds, None, note="loads the sweep and computes the answer")
+
+        latencies: list[float] = []
+        lock = threading.Lock()
+
+        def client_thread() -> None:
+            mine = []
+            with httpx.Client(base_url=base, timeout=60) as client:
+                for _ in range(requests_per_client):
+                    start = time.perf_counter()
+                    response = client.get(path)
+                    mine.append(time.perf_counter() - start)
+                    assert response.status_code == 200
+            with lock:
+                latencies.extend(mine)
+
+        threads = [threading.Thread(target=client_thread) for _ in range(CLIENTS)]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        wall = time.perf_counter() - start
+        ms = np.array(latencies) * 1000
+        p50, p99 = np.percentile(ms, [50, 99])
+        _emit("http_aggregate_20_clients", None, "p99 < 200 ms", clients=CLIENTS, requests=len(ms),
+              p50_ms=float(p50), p99_ms=float(p99), max_ms=float(ms.max()), requests_per_s=len(ms) / wall)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests-per-client", type=int, default=25)
+    parser.add_argument("--no-http", action="store_true", help="skip the Ray Serve part")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'registry.db'}"
+        with Registry(url) as registry:
+            sweep_id, seconds = _timed(lambda: fill(registry, np.random.default_rng(0)))
+            _emit("fill_10000", seconds, None, note="bulk insert, not a target")
+            bench_queries(registry, sweep_id)
+        if not args.no_http:
+            bench_http(url, sweep_id, args.requests_per_client)
+
+
+if __name__ == "__main__":
+    main()
