@@ -83,15 +83,22 @@ def submit_driver(dashboard: str, sweep_id: str, env: dict[str, str]) -> str:
 
     client = JobSubmissionClient(dashboard)
     submission_id = f"{sweep_id}-driver-{int(time.time())}"
-    client.submit_job(
-        # the sweep, then its figures logged to the sweep's MLflow parent run; the job's status is the sweep's
-        entrypoint=(
-            f"{sys.executable} -m orchestrator.driver {sweep_id}; rc=$?; "
-            f"[ \"$HEADSWEEP_TRACK\" = 0 ] || {sys.executable} -m analysis.report {sweep_id} || true; exit $rc"
-        ),
-        submission_id=submission_id,
-        runtime_env={"env_vars": env},
-    )
+    for attempt in range(10):  # a just-started node's job agent may not be up yet
+        try:
+            client.submit_job(
+                # the sweep, then its figures logged to the sweep's MLflow parent run; the job's status is the sweep's
+                entrypoint=(
+                    f"{sys.executable} -m orchestrator.driver {sweep_id}; rc=$?; "
+                    f"[ \"$HEADSWEEP_TRACK\" = 0 ] || {sys.executable} -m analysis.report {sweep_id} || true; exit $rc"
+                ),
+                submission_id=submission_id,
+                runtime_env={"env_vars": env},
+            )
+            return submission_id
+        except RuntimeError as err:
+            if "No available agent" not in str(err) or attempt == 9:
+                raise
+            time.sleep(1)
     return submission_id
 
 

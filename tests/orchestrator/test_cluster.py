@@ -1,0 +1,200 @@
+"""A real multi-process Ray cluster on this machine: a head with 4 logical GPUs, a second node,
+detached sweeps as Ray Jobs, a driver killed mid-sweep and resumed; and cluster.yaml's schema."""
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import ray
+import yaml
+
+from experiments.result import RunResult
+from orchestrator import cluster, tracking
+from orchestrator.driver import execute_sweep
+from orchestrator.grid import expand, parse_grid
+from orchestrator.registry import Registry
+
+pytestmark = pytest.mark.ray
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+HEAD_PORT, DASHBOARD_PORT = 6411, 8277
+ENV = os.environ | cluster.LOCAL_ENV
+# ports of its own, so this cluster and a local head (make demo's, on the defaults) can run side by side
+OWN_PORTS = ["--dashboard-agent-listen-port=52411", "--dashboard-agent-grpc-port=52412",
+             "--runtime-env-agent-port=52413", "--metrics-export-port=52414", "--ray-client-server-port=23011"]
+
+
+def _kill_cluster(temp_dir: str) -> None:
+    """Stop only this test's Ray processes (``ray stop`` would stop every cluster on the machine)."""
+    out = subprocess.run(["pgrep", "-f", temp_dir], capture_output=True, text=True).stdout.split()
+    for pid in map(int, out):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    temp_dir = str(tmp_path_factory.mktemp("raytmp"))
+    head = [RAY, "start", "--head", f"--port={HEAD_PORT}", "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={DASHBOARD_PORT}", "--num-cpus=2", "--num-gpus=4", "--disable-usage-stats",
+            f"--temp-dir={temp_dir}", "--resources", json.dumps({"head_node": 1}), *OWN_PORTS]
+    subprocess.run(head, check=True, capture_output=True, env=ENV, timeout=120)
+    yield {"address": f"127.0.0.1:{HEAD_PORT}", "dashboard": f"http://127.0.0.1:{DASHBOARD_PORT}", "temp_dir": temp_dir}
+    ray.shutdown()
+    _kill_cluster(temp_dir)
+    _kill_cluster(f"127.0.0.1:{HEAD_PORT}")  # the second node joined by address
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch, ray_cluster):
+    for name in ("HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
+    monkeypatch.setenv("RAY_ADDRESS", ray_cluster["address"])
+    monkeypatch.setenv("HEADSWEEP_RAY_DASHBOARD", ray_cluster["dashboard"])
+    return tmp_path
+
+
+def _register(grid: dict) -> tuple[Registry, str]:
+    spec = parse_grid(grid)
+    registry = Registry(f"sqlite:///{os.environ['HEADSWEEP_HOME']}/registry.db")
+    sweep_id, _ = registry.create_sweep(spec.name, "", expand(spec), spec.resources.model_dump(),
+                                        spec.max_concurrent, spec.max_failures)
+    return registry, sweep_id
+
+
+def _where(cfg, ctx, seconds: float) -> RunResult:
+    """Records where and when it ran: node, visible GPUs, start/end."""
+    import numpy as np
+
+    start = time.time()
+    time.sleep(seconds)
+    node = ray.get_runtime_context().get_node_id()
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    ones = np.ones((2, 4), dtype=np.float32)
+    metrics = {"start": start, "end": time.time(), "node": int(node[:8], 16), "gpu": float(gpus or -1)}
+    return RunResult(cfg.run_key, cfg.group_key, metrics, ones, None, ones[None], np.array([1]), 1)
+
+
+TRIVIAL = {"name": "where", "base": {"model": "tiny-bert"}, "max_failures": 0}
+
+
+def test_gpu_packing_half_a_gpu_per_run_gives_8_concurrent(home):
+    ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level="WARNING")
+    try:
+        grid = {**TRIVIAL, "axes": {"seed": list(range(16))}, "resources": {"cpus": 0.25, "gpus": 0.5}}
+        registry, sweep_id = _register(grid)
+        counts = execute_sweep(sweep_id, registry_url=f"sqlite:///{home}/registry.db", track=False,
+                               run_fn=functools.partial(_where, seconds=3.0))
+    finally:
+        ray.shutdown()
+    assert counts == {"finished": 16}
+    metrics = registry.results(sweep_id)["metrics"]
+    assert {m["gpu"] for m in metrics} <= {0.0, 1.0, 2.0, 3.0} and len({m["gpu"] for m in metrics}) == 4
+    events = sorted([(m["start"], 1) for m in metrics] + [(m["end"], -1) for m in metrics])
+    running = peak = 0
+    for _, change in events:
+        running += change
+        peak = max(peak, running)
+    assert peak == 8
+
+
+SLOW_GRID = {
+    "name": "detached",
+    "base": {
+        "model": "tiny-bert",
+        "task": {"name": "synthetic-cls", "num_train": 400, "num_eval": 16, "max_length": 24},
+        "train": {"max_steps": 60, "batch_size": 8, "eval_every": 10},
+    },
+    "axes": {"seed": [0, 1, 2, 3]},
+    "resources": {"cpus": 1},
+    "max_concurrent": 2,
+    "max_failures": 1,
+}
+
+
+def _cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                          env=os.environ.copy(), timeout=timeout)
+
+
+def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ray_cluster, tmp_path):
+    grid_file = tmp_path / "grid.yaml"
+    grid_file.write_text(yaml.safe_dump(SLOW_GRID))
+    started = time.time()
+    submitted = _cli("submit", str(grid_file))
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    assert time.time() - started < 60  # returns at once; the sweep runs on Ray
+    registry = Registry(f"sqlite:///{home}/registry.db")
+    (sweep,) = registry.list_sweeps()
+    sweep_id = sweep["id"]
+
+    deadline = time.time() + 180
+    while registry.sweep_counts(sweep_id).get("running", 0) == 0 and time.time() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)  # mid-run
+    driver = registry.get_sweep(sweep_id)["driver"]
+    cluster.stop_driver(ray_cluster["dashboard"], driver)
+    while cluster.driver_status(ray_cluster["dashboard"], driver) in ("PENDING", "RUNNING"):
+        time.sleep(0.5)
+    interrupted = registry.sweep_counts(sweep_id)
+    assert interrupted.get("finished", 0) < 4, interrupted
+
+    resumed = _cli("resume", sweep_id, "--wait")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert registry.sweep_counts(sweep_id) == {"finished": 4}
+    mlflow = tracking.client()
+    runs = mlflow.search_runs([registry.get_sweep(sweep_id)["mlflow_experiment_id"]])
+    children = [r for r in runs if "run_key" in r.data.tags]
+    assert sorted(r.data.tags["run_key"] for r in children) == sorted(registry.results(sweep_id)["run_key"])
+    assert {r.info.status for r in runs} == {"FINISHED"}  # nothing left RUNNING, parent included
+
+    status = _cli("status", sweep_id)
+    assert "finished 4" in status.stdout
+
+
+def test_resources_no_node_can_satisfy_fail_at_submit_and_write_nothing(home, tmp_path):
+    grid_file = tmp_path / "grid.yaml"
+    grid_file.write_text(yaml.safe_dump({**SLOW_GRID, "resources": {"cpus": 1, "gpus": 8}}))
+    result = _cli("submit", str(grid_file))
+    assert result.returncode == 2
+    assert "GPU" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert Registry(f"sqlite:///{home}/registry.db").list_sweeps() == []
+    assert not (home / "mlflow.db").exists()
+
+
+# last in the module: the second node stays until the module's cluster is torn down
+def test_trials_land_on_both_nodes(home, ray_cluster, tmp_path):
+    subprocess.run([RAY, "start", f"--address={ray_cluster['address']}", "--num-cpus=2", "--num-gpus=0",
+                    "--disable-usage-stats", "--dashboard-agent-listen-port=52421", "--dashboard-agent-grpc-port=52422",
+                    "--runtime-env-agent-port=52423", "--metrics-export-port=52424"], check=True, capture_output=True, env=ENV, timeout=120)
+    try:
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level="WARNING")
+        deadline = time.time() + 60
+        while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.time() < deadline:
+            time.sleep(1)
+        grid = {**TRIVIAL, "axes": {"seed": list(range(8))}, "resources": {"cpus": 1}, "max_concurrent": 4}
+        registry, sweep_id = _register(grid)
+        counts = execute_sweep(sweep_id, registry_url=f"sqlite:///{home}/registry.db", track=False,
+                               run_fn=functools.partial(_where, seconds=2.0))
+        assert counts == {"finished": 8}
+        assert len({m["node"] for m in registry.results(sweep_id)["metrics"]}) == 2
+    finally:
+        ray.shutdown()
+
+
+def test_cluster_yaml_is_valid_for_the_ray_launcher():
+    from ray.autoscaler._private.util import fillout_defaults, validate_config
+
+    config = yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "..", "..", "cluster.yaml")))
+    validate_config(fillout_defaults(config))
+    assert config["available_node_types"]["gpu_worker"]["resources"]["GPU"] == 1
+    config["available_node_types"]["head"]["typo"] = 1
+    with pytest.raises(Exception, match="typo"):
+        validate_config(fillout_defaults(config))
