@@ -11,8 +11,6 @@ files, so accuracy here reads higher than published SST-2 dev numbers.
 
 from __future__ import annotations
 
-from torch import Tensor, nn
-
 from experiments.tasks._common import (
     ClassificationDecoder,
     TaskData,
@@ -56,11 +54,7 @@ def load(cfg, tokenizer) -> TaskData:
     )
 
 
-def build_decoder(hidden_size: int, num_labels: int) -> nn.Module:
-    """Dropout + linear on [CLS]: (B, T, Hd) -> (B, C)."""
-    return ClassificationDecoder(hidden_size, num_labels)
+build_decoder = ClassificationDecoder  # (hidden_size, num_labels) -> nn.Module
 
 
-def compute_metrics(logits: Tensor, labels: Tensor) -> dict[str, float]:
-    """Accuracy of (N, C) logits against (N,) labels."""
-    return classification_accuracy(logits, labels)
+compute_metrics = classification_accuracy  # (logits, labels) -> {'accuracy': ...}

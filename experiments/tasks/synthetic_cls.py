@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import random
 
-from torch import Tensor, nn
-
 from experiments.tasks._common import (
     ClassificationDecoder,
     TaskData,
@@ -101,11 +99,7 @@ def load(cfg, tokenizer) -> TaskData:
     )
 
 
-def build_decoder(hidden_size: int, num_labels: int) -> nn.Module:
-    """Dropout + linear on [CLS]: (B, T, Hd) -> (B, C)."""
-    return ClassificationDecoder(hidden_size, num_labels)
+build_decoder = ClassificationDecoder  # (hidden_size, num_labels) -> nn.Module
 
 
-def compute_metrics(logits: Tensor, labels: Tensor) -> dict[str, float]:
-    """Accuracy of (N, C) logits against (N,) labels."""
-    return classification_accuracy(logits, labels)
+compute_metrics = classification_accuracy  # (logits, labels) -> {'accuracy': ...}

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import random
 
-from torch import Tensor, nn
-
 from experiments.tasks._common import (
     TaggingDecoder,
     TaskData,
@@ -108,11 +106,7 @@ def load(cfg, tokenizer) -> TaskData:
     )
 
 
-def build_decoder(hidden_size: int, num_labels: int) -> nn.Module:
-    """Dropout + linear per token: (B, T, Hd) -> (B, T, C)."""
-    return TaggingDecoder(hidden_size, num_labels)
+build_decoder = TaggingDecoder  # (hidden_size, num_labels) -> nn.Module
 
 
-def compute_metrics(logits: Tensor, labels: Tensor) -> dict[str, float]:
-    """Token accuracy over scored positions (labels != -100)."""
-    return tagging_accuracy(logits, labels)
+compute_metrics = tagging_accuracy  # (logits, labels) -> {'accuracy': ...}

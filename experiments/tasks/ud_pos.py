@@ -9,8 +9,6 @@ skipped; each word's first subword carries its tag.
 
 from __future__ import annotations
 
-from torch import Tensor, nn
-
 from experiments.tasks._common import (
     TaggingDecoder,
     TaskData,
@@ -73,11 +71,7 @@ def load(cfg, tokenizer) -> TaskData:
     )
 
 
-def build_decoder(hidden_size: int, num_labels: int) -> nn.Module:
-    """Dropout + linear per token: (B, T, Hd) -> (B, T, C)."""
-    return TaggingDecoder(hidden_size, num_labels)
+build_decoder = TaggingDecoder  # (hidden_size, num_labels) -> nn.Module
 
 
-def compute_metrics(logits: Tensor, labels: Tensor) -> dict[str, float]:
-    """Token accuracy over scored positions (labels != -100)."""
-    return tagging_accuracy(logits, labels)
+compute_metrics = tagging_accuracy  # (logits, labels) -> {'accuracy': ...}

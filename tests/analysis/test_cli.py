@@ -123,10 +123,12 @@ def test_serve_blocks_until_ctrl_c(sweep):
         while True:
             try:
                 response = httpx.get(f"http://127.0.0.1:{port}/sweeps", timeout=5)
-                break
+                if response.status_code != 404:  # 404: Serve's proxy is up, the app not routed yet
+                    break
             except httpx.TransportError:
-                assert process.poll() is None and time.monotonic() < deadline, process.stdout.read().decode()
-                time.sleep(1)
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, process.stdout.read().decode()
+            time.sleep(1)
         assert response.status_code == 200 and sweep.sweep_id in response.text
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0

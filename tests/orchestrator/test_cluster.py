@@ -1,7 +1,6 @@
 """A real multi-process Ray cluster on this machine: a head with 4 logical GPUs, a second node,
 detached sweeps as Ray Jobs, a driver killed mid-sweep and resumed; and cluster.yaml's schema."""
 
-import functools
 import json
 import os
 import signal
@@ -15,7 +14,6 @@ import yaml
 
 from experiments.result import RunResult
 from orchestrator import cluster, tracking
-from orchestrator.driver import execute_sweep
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry import Registry
 
@@ -58,6 +56,10 @@ def home(tmp_path, monkeypatch, ray_cluster):
     monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
     monkeypatch.setenv("RAY_ADDRESS", ray_cluster["address"])
     monkeypatch.setenv("HEADSWEEP_RAY_DASHBOARD", ray_cluster["dashboard"])
+    # ray.init leaves RAY_AUTH_MODE=token in os.environ (seen after Serve tests in this process):
+    # our drivers and CLIs must talk to this cluster the way it was started
+    for key, value in cluster.LOCAL_ENV.items():
+        monkeypatch.setenv(key, value)
     return tmp_path
 
 
@@ -84,16 +86,36 @@ def _where(cfg, ctx, seconds: float) -> RunResult:
 
 TRIVIAL = {"name": "where", "base": {"model": "tiny-bert"}, "max_failures": 0}
 
+DRIVER = """
+import functools, json, sys
+import ray
+from ray import cloudpickle  # Ray pickles with its own vendored cloudpickle
+sys.path.insert(0, {here!r})
+import test_cluster
+cloudpickle.register_pickle_by_value(test_cluster)  # workers get the run function by value
+from orchestrator.driver import execute_sweep
+ray.init(address={address!r}, log_to_driver=False, logging_level="WARNING")
+counts = execute_sweep({sweep!r}, registry_url={url!r}, track=False,
+                       run_fn=functools.partial(test_cluster._where, seconds={seconds}))
+print(json.dumps(counts))
+"""
+
+
+def _drive(sweep_id: str, home, seconds: float) -> dict:
+    """Run the sweep's driver in a process of its own, connected to the cluster, as a real driver is."""
+    code = DRIVER.format(here=os.path.dirname(__file__), address=os.environ["RAY_ADDRESS"], sweep=sweep_id,
+                         url=f"sqlite:///{home}/registry.db", seconds=seconds)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(counts) == {"finished"}, done.stderr[:4000]
+    return counts
+
 
 def test_gpu_packing_half_a_gpu_per_run_gives_8_concurrent(home):
-    ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level="WARNING")
-    try:
-        grid = {**TRIVIAL, "axes": {"seed": list(range(16))}, "resources": {"cpus": 0.25, "gpus": 0.5}}
-        registry, sweep_id = _register(grid)
-        counts = execute_sweep(sweep_id, registry_url=f"sqlite:///{home}/registry.db", track=False,
-                               run_fn=functools.partial(_where, seconds=3.0))
-    finally:
-        ray.shutdown()
+    grid = {**TRIVIAL, "axes": {"seed": list(range(16))}, "resources": {"cpus": 0.25, "gpus": 0.5}}
+    registry, sweep_id = _register(grid)
+    counts = _drive(sweep_id, home, seconds=3.0)
     assert counts == {"finished": 16}
     metrics = registry.results(sweep_id)["metrics"]
     assert {m["gpu"] for m in metrics} <= {0.0, 1.0, 2.0, 3.0} and len({m["gpu"] for m in metrics}) == 4
@@ -174,19 +196,17 @@ def test_trials_land_on_both_nodes(home, ray_cluster, tmp_path):
     subprocess.run([RAY, "start", f"--address={ray_cluster['address']}", "--num-cpus=2", "--num-gpus=0",
                     "--disable-usage-stats", "--dashboard-agent-listen-port=52421", "--dashboard-agent-grpc-port=52422",
                     "--runtime-env-agent-port=52423", "--metrics-export-port=52424"], check=True, capture_output=True, env=ENV, timeout=120)
+    ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level="WARNING")
     try:
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level="WARNING")
         deadline = time.time() + 60
         while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.time() < deadline:
             time.sleep(1)
-        grid = {**TRIVIAL, "axes": {"seed": list(range(8))}, "resources": {"cpus": 1}, "max_concurrent": 4}
-        registry, sweep_id = _register(grid)
-        counts = execute_sweep(sweep_id, registry_url=f"sqlite:///{home}/registry.db", track=False,
-                               run_fn=functools.partial(_where, seconds=2.0))
-        assert counts == {"finished": 8}
-        assert len({m["node"] for m in registry.results(sweep_id)["metrics"]}) == 2
     finally:
         ray.shutdown()
+    grid = {**TRIVIAL, "axes": {"seed": list(range(8))}, "resources": {"cpus": 1}, "max_concurrent": 4}
+    registry, sweep_id = _register(grid)
+    assert _drive(sweep_id, home, seconds=2.0) == {"finished": 8}
+    assert len({m["node"] for m in registry.results(sweep_id)["metrics"]}) == 2
 
 
 def test_cluster_yaml_is_valid_for_the_ray_launcher():
