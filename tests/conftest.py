@@ -6,6 +6,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Every Ray this suite starts or joins runs without token auth. Left unset, ray.init switches the
+# process to RAY_AUTH_MODE=token (a ~/.ray/auth_token exists), and Ray processes started later by
+# this process then refuse clients that were configured before the switch.
+os.environ["RAY_AUTH_MODE"] = "disabled"
 
 from pathlib import Path  # noqa: E402
 
