@@ -276,3 +276,21 @@ def tagging_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, fl
     if num_scored == 0:
         return {"accuracy": float("nan")}
     return {"accuracy": int(correct.sum()) / num_scored}
+
+
+def build_task_data(cfg, tokenizer, read_split, encode, label_names: tuple[str, ...]) -> TaskData:
+    """Both splits of a task: ``read_split(split) -> (inputs, labels)``, a random subset of
+    ``max_train`` / ``max_eval`` drawn from ``data_seed``, then ``encode`` (encode_sentences or
+    encode_words) to ``max_length`` tokens."""
+
+    def one(split: str, limit: int | None) -> Split:
+        inputs, labels = read_split(split)
+        keep = subset_indices(len(inputs), limit, cfg.data_seed, split)
+        return encode(tokenizer, [inputs[i] for i in keep], [labels[i] for i in keep], cfg.max_length)
+
+    return TaskData(
+        train=one("train", cfg.max_train),
+        dev=one("dev", cfg.max_eval),
+        num_labels=len(label_names),
+        label_names=label_names,
+    )

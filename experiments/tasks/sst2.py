@@ -14,11 +14,11 @@ from __future__ import annotations
 from experiments.tasks._common import (
     ClassificationDecoder,
     TaskData,
+    build_task_data,
     classification_accuracy,
     encode_sentences,
     read_glue_tsv,
     require_files,
-    subset_indices,
     task_data_dir,
 )
 
@@ -36,22 +36,15 @@ def check(cfg) -> None:
     require_files(cfg.name, task_data_dir(cfg, _SUBDIR), list(_FILES.values()))
 
 
-def _load_split(cfg, tokenizer, split: str, limit: int | None):
+def _read(cfg, split: str) -> tuple[list[str], list[int]]:
     texts, raw = read_glue_tsv(task_data_dir(cfg, _SUBDIR) / _FILES[split], "sentence", "label")
-    keep = subset_indices(len(texts), limit, cfg.data_seed, split)
-    labels = [int(raw[i]) for i in keep]
-    return encode_sentences(tokenizer, [texts[i] for i in keep], labels, cfg.max_length)
+    return texts, [int(label) for label in raw]
 
 
 def load(cfg, tokenizer) -> TaskData:
     """Read, subset (max_train / max_eval, drawn from data_seed) and tokenise both splits."""
     check(cfg)
-    return TaskData(
-        train=_load_split(cfg, tokenizer, "train", cfg.max_train),
-        dev=_load_split(cfg, tokenizer, "dev", cfg.max_eval),
-        num_labels=len(LABEL_NAMES),
-        label_names=LABEL_NAMES,
-    )
+    return build_task_data(cfg, tokenizer, lambda split: _read(cfg, split), encode_sentences, LABEL_NAMES)
 
 
 build_decoder = ClassificationDecoder  # (hidden_size, num_labels) -> nn.Module

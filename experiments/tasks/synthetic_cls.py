@@ -16,11 +16,11 @@ import random
 from experiments.tasks._common import (
     ClassificationDecoder,
     TaskData,
+    build_task_data,
     check_synthetic_sizes,
     classification_accuracy,
     encode_sentences,
     split_seed,
-    subset_indices,
 )
 
 VERSION = "1"
@@ -80,22 +80,13 @@ def generate(n: int, seed: int) -> tuple[list[str], list[int]]:
     return [make_example(rng, y) for y in labels], labels
 
 
-def _split(cfg, tokenizer, split: str, n: int, limit: int | None):
-    texts, labels = generate(n, split_seed(cfg.data_seed, split))
-    keep = subset_indices(n, limit, cfg.data_seed, split)
-    return encode_sentences(
-        tokenizer, [texts[i] for i in keep], [labels[i] for i in keep], cfg.max_length
-    )
-
-
 def load(cfg, tokenizer) -> TaskData:
     """Generate num_train / num_eval sentences from data_seed, subset, tokenise."""
     check(cfg)
-    return TaskData(
-        train=_split(cfg, tokenizer, "train", cfg.num_train, cfg.max_train),
-        dev=_split(cfg, tokenizer, "dev", cfg.num_eval, cfg.max_eval),
-        num_labels=len(LABEL_NAMES),
-        label_names=LABEL_NAMES,
+    sizes = {"train": cfg.num_train, "dev": cfg.num_eval}
+    return build_task_data(
+        cfg, tokenizer, lambda split: generate(sizes[split], split_seed(cfg.data_seed, split)),
+        encode_sentences, LABEL_NAMES,
     )
 
 

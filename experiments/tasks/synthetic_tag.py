@@ -15,10 +15,10 @@ import random
 from experiments.tasks._common import (
     TaggingDecoder,
     TaskData,
+    build_task_data,
     check_synthetic_sizes,
     encode_words,
     split_seed,
-    subset_indices,
     tagging_accuracy,
 )
 
@@ -87,22 +87,13 @@ def generate(n: int, seed: int) -> tuple[list[list[str]], list[list[int]]]:
     return [w for w, _ in examples], [t for _, t in examples]
 
 
-def _split(cfg, tokenizer, split: str, n: int, limit: int | None):
-    words, tags = generate(n, split_seed(cfg.data_seed, split))
-    keep = subset_indices(n, limit, cfg.data_seed, split)
-    return encode_words(
-        tokenizer, [words[i] for i in keep], [tags[i] for i in keep], cfg.max_length
-    )
-
-
 def load(cfg, tokenizer) -> TaskData:
     """Generate num_train / num_eval sentences from data_seed, subset, tokenise."""
     check(cfg)
-    return TaskData(
-        train=_split(cfg, tokenizer, "train", cfg.num_train, cfg.max_train),
-        dev=_split(cfg, tokenizer, "dev", cfg.num_eval, cfg.max_eval),
-        num_labels=len(LABEL_NAMES),
-        label_names=LABEL_NAMES,
+    sizes = {"train": cfg.num_train, "dev": cfg.num_eval}
+    return build_task_data(
+        cfg, tokenizer, lambda split: generate(sizes[split], split_seed(cfg.data_seed, split)),
+        encode_words, LABEL_NAMES,
     )
 
 

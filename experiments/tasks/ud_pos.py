@@ -12,10 +12,10 @@ from __future__ import annotations
 from experiments.tasks._common import (
     TaggingDecoder,
     TaskData,
+    build_task_data,
     encode_words,
     read_conllu,
     require_files,
-    subset_indices,
     tagging_accuracy,
     task_data_dir,
 )
@@ -52,23 +52,11 @@ def read_upos(path) -> tuple[list[list[str]], list[list[int]]]:
     return words, tags
 
 
-def _load_split(cfg, tokenizer, split: str, limit: int | None):
-    words, tags = read_upos(task_data_dir(cfg, _SUBDIR) / _FILES[split])
-    keep = subset_indices(len(words), limit, cfg.data_seed, split)
-    return encode_words(
-        tokenizer, [words[i] for i in keep], [tags[i] for i in keep], cfg.max_length
-    )
-
-
 def load(cfg, tokenizer) -> TaskData:
     """Read, subset (max_train / max_eval sentences, drawn from data_seed) and tokenise."""
     check(cfg)
-    return TaskData(
-        train=_load_split(cfg, tokenizer, "train", cfg.max_train),
-        dev=_load_split(cfg, tokenizer, "dev", cfg.max_eval),
-        num_labels=len(LABEL_NAMES),
-        label_names=LABEL_NAMES,
-    )
+    read = lambda split: read_upos(task_data_dir(cfg, _SUBDIR) / _FILES[split])  # noqa: E731
+    return build_task_data(cfg, tokenizer, read, encode_words, LABEL_NAMES)
 
 
 build_decoder = TaggingDecoder  # (hidden_size, num_labels) -> nn.Module
