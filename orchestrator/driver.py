@@ -10,6 +10,7 @@ reconciles orphans and launches a new Tuner over what is not finished.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from orchestrator import settings, trial  # noqa: E402
 from orchestrator.registry import Registry  # noqa: E402
 
 STALE_AFTER_S = 4 * trial.HEARTBEAT_S
+# we turned Tune's result files off (the registry holds results); its analysis complains per trial
+logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
 
 class _CancelStopper(tune.Stopper):
