@@ -203,24 +203,3 @@ def metric_curves(
 ) -> bytes:
     """One line per pipeline: ``{name: (x, mean, std)}``, each ``(K,)``; band = mean +- std."""
     return _png(_metric_curves_figure(x_by_pipeline, xlabel, ylabel, title))
-
-
-def _gate_map_figure(gates: np.ndarray, title: str) -> Figure:
-    gates = _check_grid(gates, "gates")  # (L, H)
-    layers, heads = gates.shape
-    fig, ax = _grid_figure(layers, heads, extra_width=1.0)
-    image = ax.imshow(
-        gates, cmap="viridis", vmin=0.0, vmax=1.0, origin="upper", interpolation="nearest"
-    )
-    _label_head_grid(ax, layers, heads, title)
-    fig.colorbar(image, ax=ax, shrink=0.9, label="gate")
-    if layers * heads <= 200:
-        for (i, j), value in np.ndenumerate(gates):
-            colour = "black" if value > 0.6 else "white"
-            ax.text(j, i, f"{value:.1f}", ha="center", va="center", fontsize=7, color=colour)
-    return fig
-
-
-def gate_map(gates: np.ndarray, title: str) -> bytes:
-    """One run's final gates ``(L, H)`` in [0, 1] as a heat map (values written when L*H <= 200)."""
-    return _png(_gate_map_figure(gates, title))

@@ -164,22 +164,6 @@ def test_metric_curves_one_line_and_band_per_pipeline():
     assert image.shape[:2] == (round(fig.bbox.height), round(fig.bbox.width))
 
 
-def test_gate_map_colours_follow_the_gates():
-    gates = np.full((6, 12), 0.5)
-    gates[0, 0], gates[5, 11] = 0.0, 1.0
-    image, ax = _render(figures._gate_map_figure(gates, "run 1"))
-    corner = (0.35, 0.35)
-    cmap = colormaps["viridis"]
-    np.testing.assert_allclose(_pixel(image, ax, 0, 0, corner), cmap(0.0)[:3], atol=0.02)
-    np.testing.assert_allclose(_pixel(image, ax, 5, 11, corner), cmap(1.0)[:3], atol=0.02)
-    np.testing.assert_allclose(_pixel(image, ax, 3, 4, corner), cmap(0.5)[:3], atol=0.02)
-    assert len(ax.texts) == 72
-    png = figures.gate_map(gates, "run 1")
-    assert png[:8] == PNG_MAGIC and _decode(png).shape == image.shape
-    with pytest.raises(ValueError, match="layers, heads"):
-        figures.gate_map(np.zeros(72), "t")
-
-
 def test_figures_never_import_pyplot():
     """pyplot keeps global figure state; the Serve API draws from several threads."""
     import subprocess

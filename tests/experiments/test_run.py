@@ -104,3 +104,18 @@ def test_sparsity_keeps_exactly_the_top_heads_by_log_alpha():
     dropped = result.scores[result.gates == 0].max()
     assert kept >= dropped
     assert "accuracy_gated" in result.metrics
+
+
+def test_gate_map_draws_layer_1_on_top_dark_when_open():
+    from matplotlib.image import imread
+
+    from experiments.plots import gate_map_png
+
+    gates = np.full((2, 4), 0.5, dtype=np.float32)
+    gates[0] = 1.0  # layer 1 open (black), layer 2 half open (grey)
+    image = imread(io.BytesIO(gate_map_png(gates, "t")))[..., :3]  # (rows, cols, RGB)
+    column = image[:, int(image.shape[1] * 0.4)].mean(axis=1)  # through the heat map
+    dark = np.flatnonzero(column < 0.1)
+    grey = np.flatnonzero((column > 0.3) & (column < 0.7))
+    assert len(dark) > 10 and len(grey) > 10
+    assert np.median(dark) < np.median(grey)  # layer 1 above layer 2
