@@ -142,10 +142,47 @@ def adamw(groups: list[tuple[list[torch.nn.Parameter], float]], weight_decay: fl
     return torch.optim.AdamW(param_groups)
 
 
-def rng_state() -> dict[str, Any]:
-    """Global torch RNG (dropout) state, saved with checkpoints so a resumed run is identical."""
-    return {"torch": torch.get_rng_state()}
+@dataclass
+class Setup:
+    """What every method starts from: the task, its data, the encoder and a fresh task decoder."""
+
+    task: Any
+    data: Any  # TaskData
+    encoder: torch.nn.Module
+    decoder: torch.nn.Module
+    num_layers: int
+    num_heads: int
 
 
-def set_rng_state(state: Mapping[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
+def set_up(cfg, device: str) -> Setup:
+    """Load the backbone (seeded 'model_init' stream) and the task data; build the decoder; move to device."""
+    from experiments.models import head_layout, load_backbone
+    from experiments.tasks import TASKS
+
+    task = TASKS[cfg.task.name]
+    encoder, tokenizer = load_backbone(cfg.model, derive_seed(cfg.seed, "model_init"))
+    data = task.load(cfg.task, tokenizer)
+    num_layers, num_heads, _ = head_layout(encoder)
+    decoder = build_decoder(task, encoder.config.hidden_size, data.num_labels, cfg.seed)
+    encoder.to(device), decoder.to(device)
+    return Setup(task, data, encoder, decoder, num_layers, num_heads)
+
+
+def snapshot(step: int, values: Mapping[str, Any], **stateful: Any) -> dict[str, Any]:
+    """A checkpoint: step, plain ``values``, the state of each module/optimiser/generator, and the
+    global torch RNG (dropout), so a resumed run is bit-identical."""
+    state = {"step": step, "values": dict(values), "rng": torch.get_rng_state()}
+    for name, obj in stateful.items():
+        state[name] = obj.get_state() if isinstance(obj, torch.Generator) else obj.state_dict()
+    return state
+
+
+def restore(saved: Mapping[str, Any], **stateful: Any) -> tuple[int, dict[str, Any]]:
+    """Load a :func:`snapshot` into the given objects; return (step, values)."""
+    for name, obj in stateful.items():
+        if isinstance(obj, torch.Generator):
+            obj.set_state(saved[name])
+        else:
+            obj.load_state_dict(saved[name])
+    torch.set_rng_state(saved["rng"])
+    return saved["step"], dict(saved["values"])

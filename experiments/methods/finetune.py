@@ -10,21 +10,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from experiments.models import head_layout, load_backbone
 from experiments.result import RunResult
 from experiments.seeding import derive_seed
-from experiments.tasks import TASKS
 from experiments.training import (
     RunContext,
     adamw,
     batch_indices,
-    build_decoder,
     evaluate,
     forward_logits,
     linear_warmup_decay,
     num_steps,
-    rng_state,
-    set_rng_state,
+    restore,
+    set_up,
+    snapshot,
     take,
     task_loss,
 )
@@ -35,12 +33,9 @@ PIPELINES = ("none",)
 
 def run(cfg, ctx: RunContext) -> RunResult:
     seed, tc = cfg.seed, cfg.train
-    task = TASKS[cfg.task.name]
-    encoder, tokenizer = load_backbone(cfg.model, derive_seed(seed, "model_init"))
-    data = task.load(cfg.task, tokenizer)
-    num_layers, num_heads, _ = head_layout(encoder)
-    decoder = build_decoder(task, encoder.config.hidden_size, data.num_labels, seed)
-    encoder.to(ctx.device), decoder.to(ctx.device)
+    setup = set_up(cfg, ctx.device)
+    task, data, encoder, decoder = setup.task, setup.data, setup.encoder, setup.decoder
+    num_layers, num_heads = setup.num_layers, setup.num_heads
 
     total = num_steps(len(data.train), tc.batch_size, tc.epochs, tc.max_steps)
     params = list(encoder.parameters()) + list(decoder.parameters())
@@ -49,12 +44,11 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     torch.manual_seed(derive_seed(seed, "dropout"))
     step, eval_steps = 0, []
+    stateful = {"encoder": encoder, "decoder": decoder, "optimizer": optimizer, "scheduler": scheduler}
     saved = ctx.checkpointer.load() if ctx.checkpointer else None
     if saved is not None:
-        step, eval_steps = saved["step"], saved["eval_steps"]
-        encoder.load_state_dict(saved["encoder"]), decoder.load_state_dict(saved["decoder"])
-        optimizer.load_state_dict(saved["optimizer"]), scheduler.load_state_dict(saved["scheduler"])
-        set_rng_state(saved["rng"])
+        step, values = restore(saved, **stateful)
+        eval_steps = values["eval_steps"]
 
     encoder.train(), decoder.train()
     metrics: dict[str, float] = {}
@@ -72,11 +66,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
             ctx.tracker.log_metrics(metrics, step)
             eval_steps.append(step)
             if ctx.checkpointer:
-                ctx.checkpointer.save({
-                    "step": step, "encoder": encoder.state_dict(), "decoder": decoder.state_dict(),
-                    "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "eval_steps": eval_steps, "rng": rng_state(),
-                })
+                ctx.checkpointer.save(snapshot(step, {"eval_steps": eval_steps}, **stateful))
         ctx.progress(step, total, {"loss": loss.item(), "open_heads": num_layers * num_heads})
 
     ones = np.ones((num_layers, num_heads), dtype=np.float32)

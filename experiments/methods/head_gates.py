@@ -28,21 +28,19 @@ import torch
 
 from experiments.gates import HeadGates, eval_gates, l0_penalty, open_heads, prob_open
 from experiments.heads import attach_head_gates
-from experiments.models import head_layout, load_backbone
 from experiments.result import RunResult
 from experiments.seeding import derive_seed, generator
-from experiments.tasks import TASKS
 from experiments.training import (
     RunContext,
     adamw,
     batch_indices,
-    build_decoder,
     evaluate,
     forward_logits,
     linear_warmup_decay,
     num_steps,
-    rng_state,
-    set_rng_state,
+    restore,
+    set_up,
+    snapshot,
     take,
     task_loss,
 )
@@ -53,13 +51,10 @@ PIPELINES = ("dp", "sp")
 
 def run(cfg, ctx: RunContext) -> RunResult:
     seed, tc = cfg.seed, cfg.train
-    task = TASKS[cfg.task.name]
-    encoder, tokenizer = load_backbone(cfg.model, derive_seed(seed, "model_init"))
-    data = task.load(cfg.task, tokenizer)
-    num_layers, num_heads, _ = head_layout(encoder)
-    decoder = build_decoder(task, encoder.config.hidden_size, data.num_labels, seed)
-    gates = HeadGates(num_layers, num_heads, generator(seed, "gates"))
-    encoder.to(ctx.device), decoder.to(ctx.device), gates.to(ctx.device)
+    setup = set_up(cfg, ctx.device)
+    task, data, encoder, decoder = setup.task, setup.data, setup.encoder, setup.decoder
+    num_layers, num_heads = setup.num_layers, setup.num_heads
+    gates = HeadGates(num_layers, num_heads, generator(seed, "gates")).to(ctx.device)
 
     gated_steps = num_steps(len(data.train), tc.batch_size, tc.epochs, tc.max_steps)
     ft_steps = 0 if cfg.pipeline == "dp" else (cfg.gates.sp_finetune_steps or gated_steps)
@@ -82,15 +77,14 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     torch.manual_seed(derive_seed(seed, "dropout"))
     step, trajectory, eval_steps = 0, [], []
+    stateful = {
+        "encoder": encoder, "decoder": decoder, "gates": gates, "gate_noise": gates.generator,
+        "optimizer": optimizer, "gate_optimizer": gate_optimizer, "scheduler": scheduler,
+    }
     saved = ctx.checkpointer.load() if ctx.checkpointer else None
     if saved is not None:
-        step = saved["step"]
-        encoder.load_state_dict(saved["encoder"]), decoder.load_state_dict(saved["decoder"])
-        gates.load_state_dict(saved["gates"]), gates.generator.set_state(saved["gate_noise"])
-        optimizer.load_state_dict(saved["optimizer"]), gate_optimizer.load_state_dict(saved["gate_optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        trajectory, eval_steps = saved["trajectory"], saved["eval_steps"]
-        set_rng_state(saved["rng"])
+        step, values = restore(saved, **stateful)
+        trajectory, eval_steps = values["trajectory"], values["eval_steps"]
 
     encoder.train(), decoder.train(), gates.train()
     metrics: dict[str, float] = {}
@@ -127,13 +121,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
             trajectory.append(effective.cpu().numpy().astype(np.float32))
             eval_steps.append(step)
             if ctx.checkpointer:
-                ctx.checkpointer.save({
-                    "step": step, "encoder": encoder.state_dict(), "decoder": decoder.state_dict(),
-                    "gates": gates.state_dict(), "gate_noise": gates.generator.get_state(),
-                    "optimizer": optimizer.state_dict(), "gate_optimizer": gate_optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "trajectory": trajectory,
-                    "eval_steps": eval_steps, "rng": rng_state(),
-                })
+                values = {"trajectory": trajectory, "eval_steps": eval_steps}
+                ctx.checkpointer.save(snapshot(step, values, **stateful))
         ctx.progress(step, total, {"loss": loss.item(), "open_heads": n_open})
 
     log_alpha = gates.log_alpha.detach()
