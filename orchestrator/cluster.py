@@ -55,6 +55,16 @@ def local_head(num_cpus: int | None = None, num_gpus: int | None = None) -> dict
     return default
 
 
+def known_dashboard() -> str:
+    """The dashboard URL of the cluster in use, without checking that it is alive (cheap)."""
+    if os.environ.get("HEADSWEEP_RAY_DASHBOARD"):
+        return os.environ["HEADSWEEP_RAY_DASHBOARD"]
+    state = _state_file()
+    if state.exists():
+        return json.loads(state.read_text())["dashboard"]
+    return f"http://127.0.0.1:{DASHBOARD_PORT}"
+
+
 def stop_local_head() -> None:
     subprocess.run([_ray_bin(), "stop", "--force"], capture_output=True)
     _state_file().unlink(missing_ok=True)

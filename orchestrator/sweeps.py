@@ -91,7 +91,7 @@ def driver_alive(sweep: dict) -> bool:
     driver = sweep.get("driver") or ""
     if not driver or driver.startswith("pid:"):
         return False
-    return cluster.driver_status(_cluster()["dashboard"], driver) in ("PENDING", "RUNNING")
+    return cluster.driver_status(cluster.known_dashboard(), driver) in ("PENDING", "RUNNING")
 
 
 def resume(sweep_id: str, track: bool = True) -> str | None:

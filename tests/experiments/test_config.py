@@ -2,7 +2,14 @@
 
 import pytest
 
-from experiments.config import ConfigError, RunConfig, apply_overrides, flatten, parse_config, valid_keys
+from experiments.config import (
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    flatten,
+    parse_config,
+    valid_keys,
+)
 
 
 def _error(raw, **kw) -> str:
@@ -80,5 +87,7 @@ def test_overrides_and_flatten():
 
 
 def test_config_is_frozen():
-    with pytest.raises(Exception):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="frozen"):
         RunConfig().seed = 3
