@@ -14,6 +14,8 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -154,13 +156,42 @@ def set_dotted(config: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     return out
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that also reads ``1e-4`` as a float (YAML 1.1 wants ``1.0e-4``)."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text -> Python values, the one way configs, grids and ``--set`` values are read."""
+    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Read a YAML file, or raise ConfigError naming the file (and the line for bad YAML)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        return parse_yaml(file.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}:" if mark else ""
+        raise ConfigError(f"{path}:{where} not valid YAML ({getattr(err, 'problem', None) or err})") from None
+
+
 def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``--set key=value`` strings; values are read as YAML (1e-4, true, [1, 2])."""
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set expects key=value, got '{item}'")
-        config = set_dotted(config, key.strip(), yaml.safe_load(raw))
+        config = set_dotted(config, key.strip(), parse_yaml(raw))
     return config
 
 

@@ -6,9 +6,7 @@ import argparse
 import os
 import sys
 import traceback
-from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -20,7 +18,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from experiments.config import ConfigError, apply_overrides, parse_config
+from experiments.config import ConfigError, apply_overrides, parse_config, read_yaml
 from orchestrator import settings
 
 STATUSES = ("pending", "running", "finished", "failed", "cancelled")
@@ -29,16 +27,8 @@ out = Console(width=None if sys.stdout.isatty() else 160)  # tables stay readabl
 
 
 def load_yaml(path: str) -> dict:
-    """Read a YAML mapping, or raise ConfigError naming the file and the line."""
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"{path}: no such file")
-    try:
-        data = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where} not valid YAML ({getattr(err, 'problem', err)})") from None
+    """Read a run config file: a YAML mapping, or ConfigError naming the file."""
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys at the top, got {type(data).__name__}")
     return data

@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import gc
 import itertools
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from experiments.config import (
@@ -42,6 +40,7 @@ from experiments.config import (
     check_data,
     flatten,
     parse_config,
+    read_yaml,
     suggest,
     valid_keys,
 )
@@ -84,28 +83,9 @@ class GridSpec(BaseModel):
 # --------------------------------------------------------------------------- loading
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-4`` as a float (YAML 1.1 wants ``1.0e-4``)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
-
-
 def load_grid(path: str | Path) -> GridSpec:
     """Read and validate a grid file; ConfigError names the file (and the line for bad YAML)."""
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"{path}: no such file")
-    try:
-        data = yaml.load(file.read_text(), Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}:" if mark else ""
-        raise ConfigError(f"{path}:{where} not valid YAML ({getattr(err, 'problem', None) or err})") from None
+    data = read_yaml(path)
     try:
         return parse_grid(data)
     except ConfigError as err:
