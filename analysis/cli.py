@@ -13,6 +13,7 @@ import csv
 import functools
 import io
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +38,7 @@ def _registry(args: argparse.Namespace):
 
 def _load(args: argparse.Namespace):
     """(the sweep's SweepData, the --where filters)."""
-    from analysis import queries
+    from analysis import select
     from analysis.loading import load_sweep
     from orchestrator.registry import NotFound
 
@@ -47,13 +48,13 @@ def _load(args: argparse.Namespace):
     except NotFound:
         known = [s["id"] for s in registry.list_sweeps()]
         raise ConfigError(f"unknown sweep '{args.sweep}'{suggest(args.sweep, known)}") from None
-    return data, queries.parse_filter(args.where or "")
+    return data, select.parse_filter(args.where or "")
 
 
 def _bad_input_is_config_error(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     @functools.wraps(handler)
     def wrapper(args: argparse.Namespace) -> int:
-        from analysis.queries import QueryError
+        from analysis.select import QueryError
 
         try:
             return handler(args)
@@ -98,7 +99,7 @@ def _write_rows(rows: list[dict[str, Any]], fmt: str, path: str | None) -> None:
 @_bad_input_is_config_error
 def cmd_results(args: argparse.Namespace) -> int:
     """Mean, std, n and 95 % CI of a metric per group."""
-    from analysis import queries
+    from analysis import queries, select
 
     if args.format not in FORMATS:
         raise ConfigError(f"--format: unknown format '{args.format}'{suggest(args.format, FORMATS)}")
@@ -106,7 +107,7 @@ def cmd_results(args: argparse.Namespace) -> int:
         raise ConfigError("--format parquet writes a binary file: give --out FILE.parquet")
     data, where = _load(args)
     group_by = [a.strip() for a in (args.group_by or "").split(",") if a.strip()]
-    metric = args.metric or queries.default_metric(data)
+    metric = args.metric or select.default_metric(data)
     rows = queries.aggregate(data, group_by, metric, where)
     if args.format != "table":
         _write_rows(rows, args.format, args.out)
@@ -119,18 +120,19 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 def _results_table(rows: list[dict[str, Any]], title: str) -> Table:
     """Group columns that vary, then mean, std, n, the 95 % CI and runs; constant columns in the caption."""
-    stats_columns = ("mean", "std", "n", "ci_lo", "ci_hi", "runs", "metric")
+    stats_columns = ("mean", "std", "n", "ci_lo", "ci_hi", "ci_method", "runs", "metric")
     groups = [k for k in rows[0] if k not in (*stats_columns, "group_key")] if rows else []  # key: csv/json
     constant = [k for k in groups if len(rows) > 1 and len({str(r[k]) for r in rows}) == 1]
     caption = "  ".join(f"{k}: {_fmt(rows[0][k])}" for k in constant)
-    table = Table(title=title, caption=caption or None, box=box.SIMPLE)
+    caption += "\n95% CI: t interval below 10 runs (t), percentile bootstrap from 10 (bootstrap)"
+    table = Table(title=title, caption=caption.strip(), box=box.SIMPLE)
     shown = [k for k in groups if k not in constant]
     for column in shown:
         table.add_column(column, overflow="fold")
     for column in ("mean", "std", "n", "95% CI", "runs"):
         table.add_column(column, justify="right")
     for row in rows:
-        ci = f"[{_fmt(row['ci_lo'])}, {_fmt(row['ci_hi'])}]"
+        ci = f"[{_fmt(row['ci_lo'])}, {_fmt(row['ci_hi'])}] {row['ci_method']}"
         table.add_row(*(_fmt(row[k]) for k in shown),
                       _fmt(row["mean"]), _fmt(row["std"]), str(row["n"]), ci, str(row["runs"]))
     return table
@@ -141,31 +143,71 @@ def _results_table(rows: list[dict[str, Any]], title: str) -> Table:
 
 @_bad_input_is_config_error
 def cmd_agreement(args: argparse.Namespace) -> int:
-    """The agreement matrix, the stem cell statistic and their permutation bands."""
-    from analysis import queries
+    """The agreement matrix and two tested statistics, each against both permutation nulls."""
+    from analysis import figure_plan, queries
 
     data, where = _load(args)
-    result = queries.agreement(data, args.across, where, n_perm=args.n_perm)
-    table = Table(title=f"gate Pearson r across {args.across}: {args.sweep}", box=box.SIMPLE)
-    table.add_column(args.across)
-    for label in result.labels:
-        table.add_column(label, justify="right")
-    table.add_column("runs", justify="right")
-    for label, row, n in zip(result.labels, result.matrix, result.n_runs, strict=True):
-        table.add_row(label, *(_fmt(queries.py(v)) for v in row), str(n))
-    out.print(table)
-    for name, value in (("mean off-diagonal r", result.mean_offdiag),
-                        (f"stem cell r ({result.n_groups} cells)", result.stem_cell)):
-        s = queries.null_summary(value)
-        line = f"{name}: {_fmt(s['observed'])}"
-        if s["p_value"] is not None:
-            line += f"  (null 95% band [{_fmt(s['band_lo'])}, {_fmt(s['band_hi'])}], p = {s['p_value']:.3g}, " \
-                    f"{args.n_perm} permutations)"
-        out.print(line)
+    pool = [a.strip() for a in (args.pool or "").split(",") if a.strip()]
+    result = queries.agreement(data, args.across, where, n_perm=args.n_perm, map_name=args.map, pool=pool)
+    if args.format == "json":
+        print(json.dumps(queries.agreement_json(result), indent=2))
+    else:
+        _print_agreement(result, args.sweep)
     if args.png:
-        Path(args.png).write_bytes(queries.agreement_png(result, where))
+        Path(args.png).write_bytes(figure_plan.agreement_png(result, where))
         out.print(f"heat map -> {args.png}")
     return 0
+
+
+def _print_agreement(result, sweep: str) -> None:
+    from analysis import queries, select
+
+    table = Table(title=f"{result.map_name}: Pearson r across {result.across} ({sweep})", box=box.SIMPLE)
+    table.add_column(result.across, overflow="fold")
+    for label in result.labels:
+        table.add_column(label, justify="right", overflow="fold")
+    table.add_column("runs", justify="right")
+    for label, row, n in zip(result.labels, result.matrix, result.n_runs, strict=True):
+        table.add_row(label, *(_fmt(select.py(v)) for v in row), str(n))
+    out.print(table)
+    for note in result.notes:
+        out.print(f"note: {note}")
+    if result.matched_on:
+        out.print(f"compared only runs equal on: {', '.join(result.matched_on)}")
+    if result.pooled_axes:
+        out.print(f"pooled (averaged over) on request: {', '.join(result.pooled_axes)}")
+    across = "seeds" if result.across == "seed" else f"{result.across} values"
+    n_perm = next((n["n_perm"] for n in queries.null_summaries(result.mean_offdiag)), 0)
+    tests = Table(title=f"{result.map_name}: is the agreement more than chance? ({n_perm} permutations per null)"
+                  if n_perm else "no permutation test (--n-perm 0)", box=box.SIMPLE, pad_edge=False,
+                  caption="shuffled: each run's units shuffled within each layer (the same units "
+                          "beyond how many each layer keeps?) or across all units (the same units at all?); "
+                          "chance = the null's mean; excess = observed - chance; p one-sided, never below 1/(permutations + 1)")
+    for column, justify in (("statistic", "left"), ("observed", "right"), ("shuffled", "left"),
+                            ("chance", "right"), ("95% of chance", "right"), ("excess", "right"),
+                            ("p", "right")):
+        tests.add_column(column, justify=justify, no_wrap=True)
+    short = f"{result.across} r"
+    for name, t in ((short, result.mean_offdiag), ("stem cell", result.stem_cell)):
+        nulls = queries.null_summaries(t)
+        if not nulls:
+            tests.add_row(name, _fmt3(t.observed), "-", "-", "-", "-", "-")
+        for i, null in enumerate(nulls):
+            where = "in layers" if null["null"] == "within_layers" else "all units"
+            tests.add_row(name if i == 0 else "", _fmt3(t.observed) if i == 0 else "", where,
+                          _fmt3(null["null_mean"]), f"{_fmt3(null['band_lo'])}..{_fmt3(null['band_hi'])}",
+                          _signed(null["excess"]), null["p_text"])
+    out.print(tests)
+    out.print(f"{short}: Pearson r between {across}, {result.mean_offdiag.pooled}")
+    out.print(f"stem cell: He & Choi's multiple correlation of 3 seeds, {result.stem_cell.pooled}")
+
+
+def _fmt3(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.3f}"
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.3f}"
 
 
 # --------------------------------------------------------------------------- figures
@@ -174,16 +216,16 @@ def cmd_agreement(args: argparse.Namespace) -> int:
 @_bad_input_is_config_error
 def cmd_figures(args: argparse.Namespace) -> int:
     """Every figure of the sweep as PNG files under --out; prints their paths."""
-    from analysis import queries
+    from analysis import figure_plan, select
 
     data, where = _load(args)
-    data = queries.select(data, where)
+    data = select.select(data, where)
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
-    plan = queries.figure_plan(data)
+    plan = figure_plan.figure_plan(data)
     for name, kind, params in plan:
         path = folder / name
-        path.write_bytes(queries.figure(data, kind, **params))
+        path.write_bytes(figure_plan.figure(data, kind, **params))
         out.print(str(path))
     if not plan:
         out.print(f"{args.sweep}: no finished runs yet, no figures")
@@ -221,11 +263,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_results)
 
-    p = subparsers.add_parser("agreement", help="gate agreement across seeds, tasks, pipelines or models")
-    p.add_argument("sweep")
-    p.add_argument("--across", required=True, choices=("seed", "task", "pipeline", "model", "run"))
+    p = subparsers.add_parser("agreement", help="do runs keep the same units? (across seeds, tasks, pipelines, ...)")
+    p.add_argument("sweep", help="sweep id, or 'last'")
+    p.add_argument("--across", required=True,
+                   help="seed, run, task, pipeline, model, method, lambda, sparsity or any config key")
+    p.add_argument("--map", default="heads.gate", help="the unit map to compare (default heads.gate; "
+                                                       "e.g. heads.log_alpha)")
+    p.add_argument("--pool", help="comma-separated axes to average over instead of matching on them")
+    p.add_argument("--format", default="table", choices=("table", "json"), help="table (default) or json")
     p.add_argument("--png", help="also write the heat map to this PNG file")
-    p.add_argument("--n-perm", type=int, default=200, help="permutations of the null (0 = none)")
+    p.add_argument("--n-perm", type=int, default=1000,
+                   help="permutations of each null (units shuffled within layers, and across all units); 0 = none")
     p.add_argument("--where", help=where_help)
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_agreement)

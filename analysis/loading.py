@@ -1,18 +1,23 @@
-"""A sweep's runs as numpy arrays, read from the registry once and cached.
+"""A sweep's runs as numpy arrays, read from the registry's read model once and cached.
 
-``load_sweep`` turns ``Registry.results`` (ONE query over every run of the
-sweep, DESIGN.md decision 2) into a frozen :class:`SweepData`. Loads are
-cached in memory, keyed by (registry URL, sweep id); before a cached copy is
-reused, one cheap query checks that nothing changed: ``sweep_version`` (the
-latest ``updated_at`` of the sweep's runs and their count; ~4 ms for 10,000
-runs on SQLite). Any write to a run of the sweep (claim, heartbeat, finish,
-requeue) bumps ``updated_at`` and so invalidates the copy. On a SQLite file
-the check is first ``PRAGMA data_version`` on a connection of our own (it
-changes exactly when another connection commits to the file, ~20 us): while
-it is unchanged nothing at all was written and the version query is skipped.
+``load_sweep`` reads ``Registry.sweep_runs`` (ONE query over every run of the sweep:
+labels, metrics, stored configs; DESIGN.md decision 2) into a frozen :class:`SweepData`.
+Unit maps (``heads.gate``, ``heads.log_alpha``, ``neurons.predictivity``, ...) are loaded
+by name on first use, ONE query per map (``Registry.sweep_map``), and kept with the
+sweep. The stored configs become flattened columns (``data.config["train.lr"]``), so
+analysis can name any config key as an axis.
 
-Cached arrays are shared between callers (and threads of the query
-service): they are made read-only, and query functions return new arrays.
+Loads are cached in memory, keyed by (registry URL, sweep id); before a cached copy is
+reused, one cheap query checks that nothing changed: ``Registry.sweep_version`` (the
+latest ``updated_at`` of the sweep's runs and their count; ~4 ms for 10,000 runs on
+SQLite). Any write to a run of the sweep (claim, heartbeat, finish, requeue) bumps
+``updated_at`` and so invalidates the copy. On a SQLite file the check is first
+``PRAGMA data_version`` on a connection of our own (it changes exactly when another
+connection commits to the file, ~20 us): while it is unchanged nothing at all was
+written and the version query is skipped.
+
+Cached arrays are shared between callers (and threads of the query service): they are
+made read-only, and query functions return new arrays.
 """
 
 from __future__ import annotations
@@ -23,29 +28,58 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
-from orchestrator.registry import Registry, Run, SweepRun
+from orchestrator.registry import MapInfo, Registry, Version
+from orchestrator.status import RunStatus
 
 AXES = ("task", "model", "method", "pipeline", "seed", "sparsity", "lambda",
         "status", "group_key", "run_key")
 """Per-run columns a query can filter or group by (``lambda`` is ``SweepData.lambda_``)."""
 STRING_AXES = frozenset({"task", "model", "method", "pipeline", "status", "group_key", "run_key"})
+_COLUMNS = ("run_key", "group_key", "status", "task", "model", "method", "pipeline", "seed", "sparsity", "lambda_")
+_LEGACY_MAPS = {"gates": "heads.gate", "scores": "heads.log_alpha"}
 
-_CACHE_SIZE = 8  # sweeps kept in memory (a 10,000-run sweep of 144 gates is ~6 MB)
-
-Version = tuple[datetime | None, int]
+_CACHE_SIZE = 8  # sweeps kept in memory (a 10,000-run sweep of 144 gates is ~6 MB; of 6 x 1536 neurons ~370 MB)
 
 
-@dataclass(frozen=True)
-class SweepData:
-    """Every run of one sweep, in cell order, as parallel ``(N,)`` arrays."""
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+class _MapSource:
+    """The maps of one loaded sweep: each loaded on first use (ONE query), then kept.
+
+    A map is read after the run columns, in another transaction: a run counts as having
+    it only where the loaded columns say the run is finished, so maps and statuses agree.
+    """
+
+    def __init__(self, registry: Registry, sweep_id: str, finished: np.ndarray):
+        self.registry, self.sweep_id, self.finished = registry, sweep_id, finished
+        self.loaded: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.lock = threading.Lock()  # concurrent first uses load a map once
+
+    def get(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        with self.lock:
+            if name not in self.loaded:
+                stack = self.registry.sweep_map(self.sweep_id, name)
+                if len(stack.has) != len(self.finished):
+                    raise RuntimeError(f"sweep {self.sweep_id} changed size while loading map {name}")
+                values, has = stack.values, stack.has & self.finished
+                if (stack.has & ~self.finished).any():  # finished after the columns were read
+                    values[stack.has & ~self.finished] = np.nan
+                self.loaded[name] = (_frozen(values), _frozen(has))
+            return self.loaded[name]
+
+
+@dataclass(frozen=True, eq=False)
+class _Runs:
+    """The fields of :class:`SweepData` (see there)."""
 
     sweep_id: str
     version: Version
@@ -64,16 +98,45 @@ class SweepData:
     sparsity: np.ndarray
     """``(N,)`` float64, NaN = unset."""
     lambda_: np.ndarray
-    """``(N,)`` float64, the L0 penalty weight (``gates.lambda``)."""
+    """``(N,)`` float64, the method's penalty weight (``lambda``), NaN = unset."""
     metrics: Mapping[str, np.ndarray] = field(repr=False)
     """name -> ``(N,)`` float64 final value, NaN where a run has none (yet)."""
-    gates: np.ndarray = field(repr=False)
-    """``(N, L, H)`` float32 final gates; NaN rows for runs without gates."""
-    has_gates: np.ndarray = field(repr=False)
-    """``(N,)`` bool: the run is finished with a gate vector."""
-    scores: np.ndarray | None = field(default=None, repr=False)
-    """``(N, L, H)`` float32 per-head scores (log_alpha, importance), NaN where
-    missing; None when the registry does not return them."""
+    config: Mapping[str, np.ndarray] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    """Every dotted key of the stored configs (``train.lr``, ``task.name``) -> ``(N,)`` column:
+    float64 (NaN where a run lacks the key) when every value is a number, else object."""
+    map_info: Mapping[str, MapInfo] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    """The maps of the loaded sweep by name: kind, number of runs with it, largest shape."""
+    _source: _MapSource | None = field(default=None, repr=False)
+    _rows: np.ndarray | None = field(default=None, repr=False)
+    """Indexes of these runs in the loaded sweep (None: all of it, in order)."""
+    _overrides: Mapping[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    """Maps given in place of the stored ones (``replace(data, gates=...)``)."""
+
+
+class SweepData(_Runs):
+    """Every run of one sweep, in cell order, as parallel ``(N,)`` arrays, and its maps by name.
+
+    ``data.map("heads.gate")`` -> (``(N, L, K)`` float32, ``(N,)`` bool has). ``gates``,
+    ``has_gates`` and ``scores`` are the maps ``heads.gate`` / ``heads.log_alpha``, and
+    ``dataclasses.replace(data, gates=...)`` replaces that map.
+    """
+
+    def __init__(self, gates: np.ndarray | None = None, has_gates: np.ndarray | None = None,
+                 scores: np.ndarray | None = None, **fields: Any):
+        super().__init__(**fields)
+        object.__setattr__(self, "_memo", {})
+        overrides = dict(self._overrides)
+        if gates is not None or has_gates is not None:
+            stored_values, stored_has = self._legacy("heads.gate")
+            values = stored_values if gates is None else np.asarray(gates)
+            if has_gates is None:
+                has_gates = stored_has if stored_values.size else _rows_without_nan(values)
+            overrides["heads.gate"] = (values, np.asarray(has_gates, dtype=bool))
+        if scores is not None:
+            overrides["heads.log_alpha"] = (np.asarray(scores), _rows_without_nan(np.asarray(scores)))
+        if overrides != dict(self._overrides):
+            object.__setattr__(self, "_overrides", MappingProxyType(overrides))
+            object.__setattr__(self, "_memo", {})
 
     def __len__(self) -> int:
         return len(self.run_key)
@@ -82,38 +145,83 @@ class SweepData:
         """The ``(N,)`` column of axis ``name`` (one of ``AXES``)."""
         return self.lambda_ if name == "lambda" else getattr(self, name)
 
+    @property
+    def maps(self) -> list[str]:
+        """Names of the maps these runs may have (of the loaded sweep, plus replaced ones)."""
+        return sorted({*self.map_info, *self._overrides})
+
+    def map(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(``(N, L, K)`` float32 values, ``(N,)`` bool: the run has the map) of map ``name``.
+
+        NaN rows where a run has none (not finished, or a method that learns no such map).
+        Loaded with one query on first use and kept with the sweep; read only.
+        """
+        if name in self._overrides:
+            return self._overrides[name]
+        if name not in self._memo:
+            if name not in self.map_info or self._source is None:
+                raise _unknown_map(name, self.maps)
+            values, has = self._source.get(name)
+            if self._rows is not None:
+                values, has = _frozen(values[self._rows]), _frozen(has[self._rows])
+            self._memo[name] = (values, has)
+        return self._memo[name]
+
+    def _legacy(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """``map(name)``, or (N, 0, 0) NaN and all False when no run has it."""
+        if name in self._overrides or name in self.map_info:
+            return self.map(name)
+        return _frozen(np.full((len(self), 0, 0), np.nan, np.float32)), _frozen(np.zeros(len(self), dtype=bool))
+
+    @property
+    def gates(self) -> np.ndarray:
+        """``(N, L, H)`` float32 final gates (map ``heads.gate``); NaN rows for runs without gates."""
+        return self._legacy("heads.gate")[0]
+
+    @property
+    def has_gates(self) -> np.ndarray:
+        """``(N,)`` bool: the run is finished with a gate map."""
+        return self._legacy("heads.gate")[1]
+
+    @property
+    def scores(self) -> np.ndarray | None:
+        """``(N, L, H)`` float32 per-head scores (map ``heads.log_alpha``), NaN where missing;
+        None when no run of the sweep has them."""
+        if "heads.log_alpha" not in self._overrides and "heads.log_alpha" not in self.map_info:
+            return None
+        return self.map("heads.log_alpha")[0]
+
     def subset(self, mask: np.ndarray) -> SweepData:
         """The runs where ``mask`` (``(N,)`` bool or an index array) selects them."""
-        columns = {name: getattr(self, name)[mask] for name in (
-            "run_key", "group_key", "status", "task", "model", "method", "pipeline", "seed",
-            "sparsity", "lambda_", "gates", "has_gates")}
+        index = np.arange(len(self))[mask]
         return replace(
-            self, **columns,
-            metrics=MappingProxyType({k: v[mask] for k, v in self.metrics.items()}),
-            scores=None if self.scores is None else self.scores[mask],
+            self, **{name: getattr(self, name)[index] for name in _COLUMNS},
+            metrics=MappingProxyType({k: v[index] for k, v in self.metrics.items()}),
+            config=MappingProxyType({k: v[index] for k, v in self.config.items()}),
+            _rows=index if self._rows is None else self._rows[index],
+            _overrides=MappingProxyType({k: (v[index], h[index]) for k, (v, h) in self._overrides.items()}),
         )
 
 
+def _rows_without_nan(values: np.ndarray) -> np.ndarray:
+    return ~np.isnan(values).reshape(len(values), -1).any(axis=1) if values.size else np.zeros(len(values), bool)
+
+
+def _unknown_map(name: str, known: list[str]) -> Exception:
+    """The query layer's one-line error (imported here: analysis.select imports this module)."""
+    from analysis.select import QueryError, did_you_mean
+
+    if not known:
+        return QueryError(f"unknown map '{name}': no run of this sweep has stored a map yet")
+    return QueryError(f"unknown map '{name}'{did_you_mean(name, known)} (maps: {', '.join(known)})")
+
+
+# --------------------------------------------------------------------------- building
+
+
 def sweep_version(registry: Registry, sweep_id: str) -> Version:
-    """(latest ``updated_at`` of the sweep's runs, number of runs), in ONE aggregate query.
-
-    Read only, on the registry's own engine (its pool, busy timeout and WAL
-    settings). ``(None, 0)`` both for an empty and for an unknown sweep.
-    """
-    query = (
-        select(func.max(Run.updated_at), func.count())
-        .select_from(SweepRun)
-        .join(Run, Run.run_key == SweepRun.run_key)
-        .where(SweepRun.sweep_id == sweep_id)
-    )
-    with registry._engine.connect() as connection:  # noqa: SLF001 - read only; see module doc
-        latest, count = connection.execute(query).one()
-    return latest, int(count)
-
-
-def _frozen(array: np.ndarray) -> np.ndarray:
-    array.flags.writeable = False
-    return array
+    """(latest ``updated_at`` of the sweep's runs, number of runs): ``Registry.sweep_version``."""
+    return registry.sweep_version(sweep_id)
 
 
 def _metric_columns(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
@@ -129,21 +237,53 @@ def _metric_columns(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     return columns
 
 
-def from_results(results: dict[str, Any], version: Version | None = None) -> SweepData:
-    """``Registry.results(...)`` -> :class:`SweepData` (arrays made read-only)."""
-    n = len(results["run_key"])
-    arrays = {name: _frozen(np.asarray(results[name])) for name in (
-        "run_key", "group_key", "status", "task", "model", "method", "pipeline", "seed",
-        "sparsity", "gates", "has_gates")}
-    scores = results.get("scores")  # not yet returned by Registry.results (see module doc)
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> {"train.lr": 5e-05, ...}; lists become tuples (hashable, comparable)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+    return flat
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def config_columns(configs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Stored configs -> every dotted key -> ``(N,)`` column: float64 (NaN where missing)
+    when every present value is a number, else object (None where missing)."""
+    flat = [_flatten(c) for c in configs]
+    keys = sorted({key for row in flat for key in row})
+    columns = {}
+    for key in keys:
+        values = [row.get(key) for row in flat]
+        if all(v is None or _is_number(v) for v in values):
+            column = np.array([math.nan if v is None else v for v in values], dtype=np.float64)
+        else:
+            column = np.fromiter(values, dtype=object, count=len(values))
+        columns[key] = _frozen(column)
+    return columns
+
+
+def from_runs(runs: dict[str, Any], source: _MapSource | None, version: Version | None = None) -> SweepData:
+    """``Registry.sweep_runs(...)`` (+ where its maps come from) -> :class:`SweepData` (read only)."""
+    arrays = {name: _frozen(np.asarray(runs[name])) for name in _COLUMNS if name != "lambda_"}
     return SweepData(
-        sweep_id=results["sweep_id"],
-        version=version if version is not None else (results["updated_at"], n),
-        lambda_=_frozen(np.asarray(results["lambda"], dtype=np.float64)),
-        metrics=MappingProxyType(_metric_columns(results["metrics"])),
-        scores=None if scores is None else _frozen(np.asarray(scores, dtype=np.float32)),
+        sweep_id=runs["sweep_id"],
+        version=version if version is not None else (runs["updated_at"], len(runs["run_key"])),
+        lambda_=_frozen(np.asarray(runs["lambda"], dtype=np.float64)),
+        metrics=MappingProxyType(_metric_columns(runs["metrics"])),
+        config=MappingProxyType(config_columns(runs["config"])),
+        map_info=MappingProxyType({info.name: info for info in runs["maps"]}),
+        _source=source,
         **arrays,
     )
+
+
+# --------------------------------------------------------------------------- the cache
 
 
 class _CommitCounter:
@@ -224,17 +364,18 @@ def load_sweep(registry: Registry, sweep_id: str) -> SweepData:
     data = _cache.get(key, stamp, None) if stamp is not None else None
     if data is not None:
         return data
-    data = _cache.get(key, stamp, sweep_version(registry, sweep_id))
+    data = _cache.get(key, stamp, registry.sweep_version(sweep_id))
     if data is not None:
         return data
     with _cache.lock(key):
-        data = _cache.get(key, stamp, sweep_version(registry, sweep_id))  # another thread loaded it
+        data = _cache.get(key, stamp, registry.sweep_version(sweep_id))  # another thread loaded it
         if data is not None:
             return data
-        results = registry.results(sweep_id)
+        runs = registry.sweep_runs(sweep_id)
         # The version of the data itself, from the same query: a write that lands
-        # between the check above and results() is either in both or in neither.
-        data = from_results(results, (results["updated_at"], len(results["run_key"])))
+        # between the check above and sweep_runs() is either in both or in neither.
+        finished = runs["status"] == RunStatus.FINISHED.value
+        data = from_runs(runs, _MapSource(registry, sweep_id, finished), (runs["updated_at"], len(runs["run_key"])))
         _cache.put(key, data, stamp)
         return data
 

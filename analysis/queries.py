@@ -1,156 +1,50 @@
-"""What the runs say: pure functions over a loaded :class:`SweepData`.
+"""What the runs say: tables, agreement and overlaps over a loaded :class:`SweepData`.
 
 The CLI and the HTTP service both call these; they translate their input
 into these arguments and the answers into tables, JSON or PNG. No I/O, no
-global RNG: every random answer (bootstrap CIs, permutation nulls) comes
+global RNG: every random answer (CIs, permutation nulls, tie-breaks) comes
 from ``np.random.default_rng(seed)`` with a fixed default ``seed``, so the
-same question on the same data always gets the same answer.
-
-Filters are ``{axis: [values]}`` (a run matches when it has one of the
-values on every axis named); values may be strings as they come from a
-command line or a URL. A bad axis, metric or value raises
-:class:`QueryError`, naming it and the nearest valid one.
+same question on the same data always gets the same answer. Selecting runs
+and naming things is ``analysis.select``; figures are ``analysis.figure_plan``.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from analysis import figures, stats
-from analysis.loading import AXES, STRING_AXES, SweepData
+from analysis import stats
+from analysis.loading import AXES, SweepData
+from analysis.select import (
+    DEFAULT_MAP,
+    Filters,
+    QueryError,
+    as_codes,
+    axis_values,
+    check_axis,
+    check_metric,
+    column,
+    config_columns,
+    config_keys_of,
+    describe,
+    did_you_mean,
+    group_indices,
+    groups_in_cell_order,
+    list_choices,
+    map_runs,
+    nanmean,
+    py,
+    select,
+    value_label,
+    varying_config,
+)
 
 ACROSS = ("seed", "task", "pipeline", "model", "run")
-FIGURE_KINDS = ("rgb", "grey", "agreement", "curves")
-CURVE_X = ("sparsity", "lambda", "open_heads")
-SCORES = ("gates", "scores")
-_NOT_CURVE_METRICS = ("loss", "train_loss", "open_heads")
-
-Filters = Mapping[str, Sequence[Any]]
-
-
-class QueryError(ValueError):
-    """A question the data cannot answer as asked: one line, naming the bad value."""
-
-
-# --------------------------------------------------------------------------- naming
-
-
-def _nearest(word: str, choices: Sequence[str]) -> str:
-    """'; did you mean 'x'?' for the closest choice (always one when there are choices)."""
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.0)
-    return f"; did you mean '{match[0]}'?" if match else ""
-
-
-def _choices(values: Sequence[str], limit: int = 8) -> str:
-    shown = ", ".join(values[:limit])
-    return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
-
-
-def check_axis(name: str) -> str:
-    if name not in AXES:
-        raise QueryError(f"unknown axis '{name}'{_nearest(name, AXES)} (axes: {', '.join(AXES)})")
-    return name
-
-
-def check_metric(data: SweepData, name: str) -> np.ndarray:
-    """The ``(N,)`` metric column, or QueryError naming the nearest metric of this sweep."""
-    if name not in data.metrics:
-        known = sorted(data.metrics)
-        if not known:
-            raise QueryError(f"unknown metric '{name}': no run of this selection has metrics yet")
-        raise QueryError(f"unknown metric '{name}'{_nearest(name, known)} (metrics: {_choices(known)})")
-    return data.metrics[name]
-
-
-def _label(value: Any) -> str:
-    """An axis value as text: 'none' for unset numbers, integers without '.0'."""
-    if value is None:
-        return "none"
-    if isinstance(value, float | np.floating):
-        return "none" if math.isnan(value) else f"{float(value):g}"
-    return str(value)
-
-
-def py(value: Any) -> Any:
-    """numpy scalar -> Python; NaN -> None (for JSON and tables)."""
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def axis_values(data: SweepData, axis: str) -> list[Any]:
-    """Distinct values of ``axis`` in the data, sorted (numbers numerically, unset last)."""
-    column = data.axis(check_axis(axis))
-    if axis in STRING_AXES:
-        return sorted(set(column.tolist()))
-    values = np.unique(column)  # NaNs collapse to one, sorted last
-    return [py(v) for v in values]
-
-
-# --------------------------------------------------------------------------- filters
-
-
-def parse_filter(text: str) -> dict[str, list[str]]:
-    """``"task:sst2,seed:0|1"`` -> ``{"task": ["sst2"], "seed": ["0", "1"]}`` ("" -> ``{}``)."""
-    filters: dict[str, list[str]] = {}
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        axis, sep, values = part.partition(":")
-        if not sep or not axis.strip() or not values.strip():
-            raise QueryError(f"expected axis:value[|value...], got '{part}' (e.g. task:sst2,seed:0|1)")
-        filters.setdefault(check_axis(axis.strip()), []).extend(
-            v.strip() for v in values.split("|") if v.strip())
-    return filters
-
-
-def _match(data: SweepData, axis: str, raw: Any) -> np.ndarray:
-    """``(N,)`` bool: runs whose ``axis`` equals ``raw`` (a value or its text)."""
-    column = data.axis(axis)
-    text = str(raw).strip()
-    if axis in STRING_AXES:
-        mask = column == text
-        if not mask.any():
-            known = axis_values(data, axis)
-            raise QueryError(f"no run with {axis} '{text}'{_nearest(text, known)} ({axis}: {_choices(known)})")
-        return mask
-    try:
-        value = math.nan if text.lower() in ("none", "null", "nan", "") else float(text)
-    except ValueError:
-        raise QueryError(f"{axis}: expected a number, got '{text}'") from None
-    if axis == "seed" and math.isfinite(value) and value != int(value):
-        raise QueryError(f"seed: expected an integer, got '{text}'")
-    mask = np.isnan(column) if math.isnan(value) else np.isclose(column, value, rtol=1e-9, atol=0.0)
-    if not mask.any():
-        known = [v for v in axis_values(data, axis) if v is not None]
-        finite = np.isfinite(value) and known
-        hint = f"; did you mean {known[int(np.argmin([abs(k - value) for k in known]))]}?" if finite else ""
-        raise QueryError(f"no run with {axis} {text}{hint} ({axis}: "
-                         f"{_choices([_label(v) for v in axis_values(data, axis)])})")
-    return mask
-
-
-def select(data: SweepData, filters: Filters | None = None) -> SweepData:
-    """The runs matching every axis of ``filters`` (any of its values); all runs when empty."""
-    if not filters:
-        return data
-    keep = np.ones(len(data), dtype=bool)
-    for axis, values in filters.items():
-        check_axis(axis)
-        values = [values] if isinstance(values, str | int | float) else list(values)
-        if not values:
-            continue
-        keep &= np.logical_or.reduce([_match(data, axis, v) for v in values])
-    return data.subset(keep)
 
 
 def runs(data: SweepData, filters: Filters | None = None, offset: int = 0,
@@ -167,82 +61,71 @@ def runs(data: SweepData, filters: Filters | None = None, offset: int = 0,
     return len(sel), rows
 
 
-# --------------------------------------------------------------------------- aggregate
-
-
-def _groups(data: SweepData, by: Sequence[str]) -> list[np.ndarray]:
-    """Index arrays of the runs sharing every ``by`` value, groups in sorted value order."""
-    if len(data) == 0:
-        return []
-    codes = np.stack([np.unique(data.axis(axis), return_inverse=True)[1].ravel() for axis in by], axis=1)
-    _, inverse = np.unique(codes, axis=0, return_inverse=True)
-    inverse = inverse.ravel()
-    order = np.argsort(inverse, kind="stable")
-    return np.split(order, np.flatnonzero(np.diff(inverse[order])) + 1)
-
-
 def aggregate(data: SweepData, group_by: Sequence[str], metric: str, filters: Filters | None = None,
               n_boot: int = 1000, seed: int = 0) -> list[dict[str, Any]]:
-    """Mean, std, n and 95 % bootstrap CI of ``metric`` per group (``stats.aggregate``).
+    """Mean, std, n and 95 % CI of ``metric`` per group (``stats.aggregate``: a t interval
+    below 10 runs, a bootstrap from 10 on; ``ci_method`` says which).
 
     ``group_by`` = [] groups by cell (``group_key``: the spread is over seeds)
     and each row also names the cell's axes. Runs without the metric (not
     finished) are left out of n; a group with none has n = 0 and NaN stats.
     """
-    by = [check_axis(a) for a in group_by] or ["group_key"]
+    by = [check_axis(a, data) for a in group_by] or ["group_key"]
     sel = select(data, filters)
     values = check_metric(sel, metric)
     shown = by if group_by else ["group_key", "task", "model", "method", "pipeline", "sparsity", "lambda"]
-    rng = np.random.default_rng(seed)
-    groups = _groups(sel, by) if group_by else _groups_in_cell_order(sel)
+    groups = group_indices(sel, by) if group_by else groups_in_cell_order(sel)
     rows = []
     for idx in groups:
+        # one generator per group, seeded by the group's runs: a group's CI does not depend on
+        # which other groups were asked for, or in which order
+        rng = np.random.default_rng([seed, *(int(k[:8], 16) for k in sorted(sel.run_key[idx].tolist()))])
         agg = stats.aggregate(values[idx], rng, n_boot=n_boot, nan_policy="omit")
-        row = {axis: py(sel.axis(axis)[idx[0]]) for axis in shown}
+        row = {axis: py(column(sel, axis)[idx[0]]) for axis in shown}
         row.update(metric=metric, mean=py(agg.mean), std=py(agg.std), n=agg.n,
-                   ci_lo=py(agg.ci_lo), ci_hi=py(agg.ci_hi), runs=len(idx))
+                   ci_lo=py(agg.ci_lo), ci_hi=py(agg.ci_hi), ci_method=agg.ci_method, runs=len(idx))
         rows.append(row)
     return rows
 
 
-# --------------------------------------------------------------------------- agreement
+@dataclass(frozen=True)
+class Tested:
+    """A statistic with its permutation nulls (``stats.NULLS``; empty when n_perm = 0)."""
+
+    observed: float
+    nulls: Mapping[str, stats.NullResult]
+    pooled: str
+    """What was pooled into the number, in words (e.g. "mean over 8 cells of 3 seeds")."""
 
 
 @dataclass(frozen=True)
 class Agreement:
-    """Gate agreement of a selection: a matrix over labels, and two tested statistics."""
+    """Agreement of a selection's unit maps: a matrix over labels, and two tested statistics."""
 
     across: str
+    map_name: str
+    """The unit map compared (e.g. ``heads.gate``); may be the continuous companion of the map
+    asked for, when that one is constant in some run (see ``notes``)."""
     labels: list[str]
     matrix: np.ndarray
-    """``(K, K)`` Pearson r between the labels' gate vectors (see ``agreement``)."""
+    """``(K, K)`` Pearson r between the labels' maps (see ``agreement``)."""
     n_runs: list[int]
     """Runs behind each label."""
-    mean_offdiag: stats.NullResult | float
-    """Mean off-diagonal entry of ``matrix``, with its permutation null (a float when n_perm = 0)."""
-    stem_cell: stats.NullResult | float
-    """He & Choi's statistic: mean over cells of ``stats.mean_multiple_correlation`` of
-    the cell's seeds, with its permutation null (a float when n_perm = 0; NaN when
-    not asked for, when no cell has 2 seeds, or when a cell has as many seeds as
-    there are heads: the adjusted R^2 is then undefined)."""
-    n_groups: int
-    """Cells (group keys) with at least 2 seeds behind ``stem_cell``."""
-
-
-def _gate_runs(data: SweepData, score: str = "gates") -> tuple[SweepData, np.ndarray]:
-    """(the runs with a gate/score vector, their ``(n, L, H)`` float64 stack)."""
-    sel = data.subset(data.has_gates)
-    if score == "scores":
-        if sel.scores is None:
-            raise QueryError("this sweep's runs have no per-head scores in the registry; use score=gates")
-        ok = ~np.isnan(sel.scores).reshape(len(sel), -1).any(axis=1)
-        sel = sel.subset(ok)
-        return sel, np.asarray(sel.scores, dtype=np.float64)
-    x = np.asarray(sel.gates, dtype=np.float64)
-    if np.isnan(x).any():
-        raise QueryError(f"runs of different sizes in the selection (models: "
-                         f"{', '.join(axis_values(sel, 'model'))}); filter by model")
-    return sel, x
+    mean_offdiag: Tested
+    """Mean off-diagonal entry of ``matrix``."""
+    stem_cell: Tested
+    """He & Choi's statistic: mean over cells (3+ seeds) of the mean over every triple of the
+    cell's seeds of the multiple correlation (``stats.stem_cell``); NaN when not asked for or when
+    no cell has 3 seeds."""
+    n_cells: int
+    """Cells (group keys) with at least 3 seeds behind ``stem_cell``."""
+    matched_on: list[str] = field(default_factory=list)
+    """Axes (config keys) on which every compared pair of runs agrees: labels are compared
+    only within runs equal on all of them."""
+    pooled_axes: list[str] = field(default_factory=list)
+    """Axes that vary in the selection but were pooled (averaged over) on request."""
+    notes: list[str] = field(default_factory=list)
+    """One-line remarks a reader must see (a map switched, runs left out)."""
 
 
 def _offdiag_mean(matrix: np.ndarray) -> float:
@@ -258,330 +141,258 @@ def _offdiag_mean(matrix: np.ndarray) -> float:
         return float(np.nanmean(matrix[~np.eye(k, dtype=bool)]))
 
 
-def _nanmean(values: Sequence[float]) -> float:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return float(np.nanmean(values)) if len(values) else math.nan
-
-
-def _stem_cell(x: np.ndarray, cells: list[np.ndarray]) -> float:
-    return _nanmean([stats.mean_multiple_correlation(x[idx]) for idx in cells])
-
-
-def _seed_matrix(x: np.ndarray, seeds: np.ndarray, labels: list[int], cells: list[np.ndarray]) -> np.ndarray:
-    """Seed x seed: mean over cells of Pearson(run of seed i, run of seed j) in the same cell."""
-    pos = {s: i for i, s in enumerate(labels)}
-    total = np.zeros((len(labels), len(labels)))
+def _label_matrix(z: np.ndarray, at: np.ndarray, blocks: list[np.ndarray], k: int) -> np.ndarray:
+    """``(k, k)``: for each block of rows of ``z`` (runs or label means that may be compared),
+    the Pearson r among the block's rows placed at their label positions ``at``, averaged
+    over blocks. Blocks of one size are computed together (``stats.pearson_stack``)."""
+    total = np.zeros((k, k))
     count = np.zeros_like(total)
-    for idx in cells:
-        r = stats.pearson_matrix(x[idx], dtype=np.float64)  # (n, n)
-        at = np.array([pos[s] for s in seeds[idx]])
+    flat = z.reshape(len(z), -1)
+    by_size: dict[int, list[np.ndarray]] = {}
+    for idx in blocks:
+        by_size.setdefault(len(idx), []).append(idx)
+    for members in by_size.values():
+        idx = np.stack(members)  # (C, n)
+        r = stats.pearson_stack(flat[idx])  # (C, n, n)
+        pos = at[idx]  # (C, n)
+        rows, cols = pos[:, :, None], pos[:, None, :]
         ok = ~np.isnan(r)
-        np.add.at(total, np.ix_(at, at), np.where(ok, r, 0.0))
-        np.add.at(count, np.ix_(at, at), ok)
+        np.add.at(total, (rows, cols), np.where(ok, r, 0.0))
+        np.add.at(count, (rows, cols), ok)
     with np.errstate(invalid="ignore"):
         return total / count
 
 
-def _tested(stat_fn: Callable[[np.ndarray], float], x: np.ndarray, n_perm: int,
-            rng: np.random.Generator) -> stats.NullResult | float:
-    return stats.permutation_null(stat_fn, x, n_perm, rng) if n_perm > 0 else float(stat_fn(x))
+def _test(stat_fn: Callable[[np.ndarray], float], x: np.ndarray, n_perm: int, seed: int,
+          pooled: str, batch_fn: Callable[[np.ndarray], np.ndarray] | None = None) -> Tested:
+    if n_perm == 0 or len(x) == 0:
+        return Tested(float(stat_fn(x)) if len(x) else math.nan, {}, pooled)
+    nulls = stats.both_nulls(stat_fn, x, n_perm, np.random.default_rng(seed), batch_fn=batch_fn)
+    return Tested(next(iter(nulls.values())).observed, nulls, pooled)
 
 
-def agreement(data: SweepData, across: str, filters: Filters | None = None, n_perm: int = 200,
-              seed: int = 0, stem_cell: bool = True, max_fits: int | None = None) -> Agreement:
-    """How much the selected runs agree on which heads to keep.
+def check_across(across: str, data: SweepData) -> str:
+    choices = [*ACROSS, *(a for a in AXES if a not in ACROSS and a not in ("status", "run_key", "group_key")),
+               *sorted(config_columns(data))]
+    if across not in choices:
+        raise QueryError(f"unknown across '{across}'{did_you_mean(across, choices)} (one of {list_choices(choices)})")
+    return across
+
+
+def strata(data: SweepData, across: str, pool: Sequence[str] = ()) -> tuple[list[np.ndarray], dict[str, list[str]]]:
+    """Groups of runs that may be compared across ``across``: equal on every other axis.
+
+    The axes are the dotted config keys that vary in ``data`` (from the stored
+    configs, so any hyper-parameter counts, not a fixed list), less ``seed``,
+    less the keys tied to ``across`` (constant within each of its values, so they
+    cannot be matched: e.g. ``task.name`` for tasks, or a method's own keys for
+    methods), less the axes in ``pool`` (averaged over on request) and the keys they
+    decide (pooling ``pipeline`` pools ``init_from.method`` too, which only SP runs set).
+
+    Returns:
+        (the strata as index arrays, ``{"matched": [...], "tied": [...], "pooled": [...]}``).
+    """
+    across_col = column(data, across)
+    varying = {key: col for key, col in varying_config(data).items() if key != "seed"}
+    varying = {key: col for key, col in varying.items() if key not in config_keys_of(data, across)}
+    unknown = [a for a in pool if not config_keys_of(data, a) & set(varying)]
+    if unknown:
+        raise QueryError(f"pool: '{unknown[0]}' is not an axis that varies here"
+                         f"{did_you_mean(unknown[0], list(varying))} (varying: {list_choices(sorted(varying))})")
+    pool_keys = set().union(*(config_keys_of(data, a) for a in pool)) if pool else set()
+    pool_keys = {k for k in pool_keys if k in varying}
+    if pool_keys:  # a key that the pooled axes decide (init_from.method for pipeline) is pooled with them
+        pooled_codes = _joint_codes([varying[k] for k in sorted(pool_keys)])
+        pool_keys |= {k for k, col in varying.items() if _decided_by(as_codes(col), pooled_codes)}
+    _, across_codes = np.unique(as_codes(across_col), return_inverse=True)
+    tied, matched = [], []
+    for key, col in sorted(varying.items()):
+        if key in pool_keys:
+            continue
+        if _decided_by(as_codes(col), across_codes):
+            tied.append(key)
+        else:
+            matched.append(key)
+    if matched:
+        inverse = _joint_codes([varying[k] for k in matched])
+        order = np.argsort(inverse, kind="stable")
+        blocks = np.split(order, np.flatnonzero(np.diff(inverse[order])) + 1)
+    else:
+        blocks = [np.arange(len(data))]
+    return blocks, {"matched": matched, "tied": tied, "pooled": sorted(pool_keys & set(varying))}
+
+
+def _joint_codes(columns: list[np.ndarray]) -> np.ndarray:
+    """``(N,)`` int: one code per distinct combination of the columns' values."""
+    keys = np.stack([np.unique(as_codes(col), return_inverse=True)[1].ravel() for col in columns], axis=1)
+    return np.unique(keys, axis=0, return_inverse=True)[1].ravel()
+
+
+def _decided_by(codes: np.ndarray, by: np.ndarray) -> bool:
+    """Each value of ``by`` goes with one value of ``codes``."""
+    return all(len(np.unique(codes[by == b])) == 1 for b in np.unique(by))
+
+
+def agreement(data: SweepData, across: str, filters: Filters | None = None, n_perm: int = 1000,
+              seed: int = 0, stem_cell: bool = True, max_run_perms: int | None = None,
+              map_name: str = DEFAULT_MAP, pool: Sequence[str] = ()) -> Agreement:
+    """How much the selected runs agree on which units (heads, neurons) they keep.
 
     ``across``:
       - ``seed``: seed x seed, mean over cells of the Pearson r between two seeds'
-        runs of the same cell;
-      - ``task`` / ``pipeline`` / ``model``: Pearson r between the mean gate
-        vectors of each value's runs (He & Choi's task-to-task agreement);
+        runs of the same cell (runs of one cell are equal on every other axis);
+      - any other axis (``task``, ``pipeline``, ``model``, ``lambda`` or a config
+        key): Pearson r between the mean maps of each value's runs (He & Choi's
+        task-to-task agreement), computed only between runs equal on every other
+        axis of the selection (``strata``) and averaged over those strata; the
+        axes matched on, tied to ``across`` and pooled on request are reported;
       - ``run``: run x run Pearson r (``stats.pearson_matrix``, float32).
 
-    Nulls: heads shuffled within layers (``stats.permutation_null``) of every
-    run (seed, run, stem cell) or of every label's mean vector (task,
-    pipeline, model); ``n_perm = 0`` skips them. ``stem_cell=False`` skips the
-    stem cell statistic (NaN): it costs one least-squares fit per run of every
-    cell with 2+ seeds, times ``n_perm + 1`` (~50 us per fit with 3 seeds, ~300 us
-    with 50); above ``max_fits`` fits the question is refused (QueryError).
+    Every statistic is tested against both nulls of ``stats.NULLS`` (units
+    shuffled within layers / across all units) with ``n_perm`` permutations
+    each (0 = none). ``stem_cell=False`` skips the stem cell statistic (NaN).
+    ``max_run_perms`` refuses questions above that many (runs x permutations).
     """
-    if across not in ACROSS:
-        raise QueryError(f"unknown across '{across}'{_nearest(across, ACROSS)} (one of {', '.join(ACROSS)})")
     if n_perm < 0:
         raise QueryError(f"n_perm must be >= 0, got {n_perm}")
-    sel, x = _gate_runs(select(data, filters))
+    check_across(across, data)
+    sel, x, notes, map_used = map_runs(select(data, filters), map_name)
     if len(sel) == 0:
-        raise QueryError("no finished run with gates in the selection")
-    cells = [idx for idx in _groups(sel, ["group_key"]) if len(idx) >= 2]
-    # the adjusted R^2 needs more heads than seeds in every cell (e.g. tiny models, many seeds)
-    stem_cell = stem_cell and bool(cells) and max(len(idx) for idx in cells) < x[0].size
-    fits = sum(len(idx) for idx in cells) * (n_perm + 1) if stem_cell else 0
-    if max_fits is not None and fits > max_fits:
-        runs = sum(len(idx) for idx in cells)
-        raise QueryError(f"the stem cell statistic of {runs} runs with {n_perm} permutations needs {fits:,} "
-                         f"least-squares fits (at most {max_fits:,} here): lower n_perm (to "
-                         f"{max(max_fits // max(runs, 1) - 1, 0)} or less) or filter the runs")
-    rng_matrix, rng_stem = (np.random.default_rng([seed, k]) for k in (0, 1))
+        raise QueryError(f"no finished run with map {map_name} in the selection")
+    if max_run_perms is not None and len(sel) * n_perm > max_run_perms:
+        raise QueryError(f"{len(sel)} runs with {n_perm} permutations is more than this service answers "
+                         f"({max_run_perms:,} runs x permutations): lower n_perm (to "
+                         f"{max(max_run_perms // len(sel), 0)} or less) or filter the runs")
+    cells = group_indices(sel, ["group_key"])
+    seeded = [idx for idx in cells if len(idx) >= 2]
+    triples = [idx for idx in cells if len(idx) >= 3]
+    matched, pooled_axes = [], []
 
     if across == "seed":
-        if not cells:
+        if not seeded:
             raise QueryError("agreement across seed needs a cell with at least 2 finished seeds")
-        labels = sorted(set(sel.seed[np.concatenate(cells)].tolist()))
-        order = np.concatenate(cells)  # the cells' runs, cell after cell
-        xs, seeds = x[order], sel.seed[order]
-        bounds = np.cumsum([0] + [len(idx) for idx in cells])
-        sub_cells = [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        labels = sorted(set(sel.seed[np.concatenate(seeded)].tolist()))
+        pos = {s: i for i, s in enumerate(labels)}
+        at = np.array([pos.get(s, 0) for s in sel.seed.tolist()])
 
         def matrix_of(z: np.ndarray) -> np.ndarray:
-            return _seed_matrix(z, seeds, labels, sub_cells)
+            return _label_matrix(z, at, seeded, len(labels))
 
-        matrix = matrix_of(xs)
-        n_runs = [int((seeds == s).sum()) for s in labels]
-        mean_offdiag = _tested(lambda z: _offdiag_mean(matrix_of(z)), xs, n_perm, rng_matrix)
+        n_runs = [int(sum((sel.seed[idx] == s).sum() for idx in seeded)) for s in labels]
+        stat_x, pooled = x, f"mean over {len(seeded)} cells of their seeds' pairwise r"
     elif across == "run":
-        # float32 (~1e-7 error): 10,000 runs give a 400 MB matrix instead of 800 MB
-        x32 = x.astype(np.float32)
-        labels, matrix = sel.run_key.tolist(), stats.pearson_matrix(x32)
-        n_runs = [1] * len(labels)
-        mean_offdiag = _tested(lambda z: _offdiag_mean(stats.pearson_matrix(z)), x32, n_perm, rng_matrix)
+        x = x.astype(np.float32)  # ~1e-7 error: 10,000 runs give a 400 MB matrix instead of 800 MB
+        labels, n_runs = sel.run_key.tolist(), [1] * len(sel)
+
+        def matrix_of(z: np.ndarray) -> np.ndarray:
+            return stats.pearson_matrix(z)
+
+        stat_x, pooled = x, f"every pair of {len(sel)} runs"
     else:
+        across_col = column(sel, across)
         labels = axis_values(sel, across)
         if len(labels) < 2:
             raise QueryError(f"agreement across {across} needs at least 2 values of {across} in the "
-                             f"selection, found {len(labels)}: {_choices(labels)}")
-        column = sel.axis(across)
-        means = np.stack([x[column == v].mean(axis=0) for v in labels])  # (K, L, H)
-        matrix = stats.task_correlation(means)
-        n_runs = [int((column == v).sum()) for v in labels]
-        mean_offdiag = _tested(lambda z: _offdiag_mean(stats.task_correlation(z)), means, n_perm, rng_matrix)
+                             f"selection, found {len(labels)}: {list_choices([value_label(v) for v in labels])}")
+        blocks, axes = strata(sel, across, pool)
+        matched, pooled_axes = axes["matched"], axes["pooled"]
+        codes, label_codes = as_codes(across_col), [value_label(v) for v in labels]
+        means, at, groups = [], [], []
+        for block in blocks:
+            present = [i for i, c in enumerate(label_codes) if (codes[block] == c).any()]
+            if len(present) < 2:
+                continue
+            groups.append(np.arange(len(means), len(means) + len(present)))
+            for i in present:
+                means.append(x[block[codes[block] == label_codes[i]]].mean(axis=0))
+                at.append(i)
+        if not groups:
+            raise QueryError(f"no two values of {across} share a setting of the other axes "
+                             f"({', '.join(matched)}); pool some with pool=...")
+        left_out = len(blocks) - len(groups)
+        if left_out:
+            notes.append(f"{left_out} of {len(blocks)} settings of {', '.join(matched)} have only one "
+                         f"value of {across} and were left out")
+        at = np.array(at)
+        stat_x = np.stack(means)  # (M, L, K): one mean map per (stratum, label)
+        n_runs = [int((codes == c).sum()) for c in label_codes]
 
-    stem = _tested(lambda z: _stem_cell(z, cells), x, n_perm, rng_stem) if stem_cell else math.nan
-    return Agreement(across, [_label(v) for v in labels], matrix, n_runs, mean_offdiag, stem, len(cells))
+        def matrix_of(z: np.ndarray) -> np.ndarray:
+            return _label_matrix(z, at, groups, len(labels))
+
+        pooled = (f"mean over {len(groups)} settings of {', '.join(matched)}" if matched
+                  else "one setting") + f" of the seed-mean maps of each {across}"
+
+    matrix = matrix_of(stat_x)
+    mean_offdiag = _test(lambda z: _offdiag_mean(matrix_of(z)), stat_x, n_perm, seed, pooled)
+    if stem_cell and triples:
+        sizes = sorted({len(idx) for idx in triples})
+        stem = _test(lambda z: stats.stem_cell(z, triples), x, n_perm, seed + 1,
+                     f"mean over {len(triples)} cells of {'/'.join(map(str, sizes))} seeds "
+                     f"of the mean over their triples")
+    else:
+        why = "not asked for" if not stem_cell else "no cell has 3 finished seeds"
+        stem = Tested(math.nan, {}, why)
+    return Agreement(across, map_used, [value_label(v) for v in labels], matrix, n_runs, mean_offdiag, stem,
+                     len(triples), matched, pooled_axes, notes)
 
 
-# --------------------------------------------------------------------------- spearman
+def spearman_overlap(data: SweepData, a: Filters, b: Filters, map_name: str = DEFAULT_MAP,
+                     k_frac: float = 0.2, filters: Filters | None = None, n_perm: int = 1000,
+                     seed: int = 0) -> dict[str, Any]:
+    """Do two groups of runs rank the units of ``map_name`` alike?
 
-
-def spearman_overlap(data: SweepData, a: Filters, b: Filters, score: str = "gates", k_frac: float = 0.2,
-                     filters: Filters | None = None, n_perm: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """Do two groups of runs rank the heads alike?
-
-    ``spearman``: Spearman rho between the groups' mean score vectors
-    (``stats.spearman_groups``), with a permutation p-value and 95 % band
-    (each mean vector's heads shuffled within layers); ``mean_pairwise``:
-    mean rho over every (run of a, run of b) pair (``stats.spearman_between``,
-    lower: it also counts single-run noise); ``jaccard`` / ``overlap`` / ``k``:
-    agreement of the two mean vectors' top ``k_frac`` heads (``stats.topk_overlap``).
+    ``spearman``: Spearman rho between the groups' mean maps
+    (``stats.spearman_groups``), tested against both nulls (each mean map's
+    units shuffled within layers / across all units): ``nulls`` holds each
+    null's mean, excess, band and p; ``mean_pairwise``: mean rho over every
+    (run of a, run of b) pair (``stats.spearman_between``, lower: it also
+    counts single-run noise); ``jaccard`` / ``overlap`` / ``k``: agreement of
+    the two mean maps' top ``k_frac`` units (``stats.topk_overlap``, ties broken
+    at random), beside ``chance_jaccard`` / ``chance_overlap``.
     """
-    if score not in SCORES:
-        raise QueryError(f"unknown score '{score}'{_nearest(score, SCORES)} (one of {', '.join(SCORES)})")
     if not (isinstance(k_frac, int | float) and 0.0 < k_frac <= 1.0):
         raise QueryError(f"k must be a fraction in (0, 1], got {k_frac}")
     if n_perm < 0:
         raise QueryError(f"n_perm must be >= 0, got {n_perm}")
     base = select(data, filters)
-    stacks = []
+    stacks, notes = [], []
     for name, group in (("a", a), ("b", b)):
-        sel, x = _gate_runs(select(base, group), score)
+        sel, x, _, _ = map_runs(select(base, group), map_name, switch=False)
         if len(sel) == 0:
-            raise QueryError(f"group {name} ({_describe(group)}) has no finished run with {score}")
+            raise QueryError(f"group {name} ({describe(group)}) has no finished run with map {map_name}")
         stacks.append(x)
     xa, xb = stacks
     if xa.shape[1:] != xb.shape[1:]:
-        raise QueryError(f"groups a and b have different gate shapes: {xa.shape[1:]} vs {xb.shape[1:]}")
-    means = np.stack([xa.mean(axis=0), xb.mean(axis=0)])  # (2, L, H)
-    rho = _tested(lambda m: stats.spearman_groups(m[:1], m[1:]), means, n_perm, np.random.default_rng(seed))
+        raise QueryError(f"groups a and b have different map shapes: {xa.shape[1:]} vs {xb.shape[1:]}")
+    means = np.stack([xa.mean(axis=0), xb.mean(axis=0)])  # (2, L, K)
+    # Spearman of the mean maps = Pearson of their ranks; ranks shuffle like the values they rank
+    ranks = stats.rank_rows(means).reshape(means.shape)  # (2, L, K)
+    rho = _test(lambda m: stats.pearson_pairs(m[None])[0], ranks, n_perm, seed, "the two groups' mean maps",
+                batch_fn=stats.pearson_pairs)
     pairwise = stats.spearman_between(xa, xb)  # (Na, Nb)
-    top = stats.topk_overlap(means[0], means[1], float(k_frac))
-    return {"score": score, "n_a": len(xa), "n_b": len(xb), **_null_fields(rho),
-            "mean_pairwise": py(_nanmean(pairwise.ravel())), "k_frac": float(k_frac), **top}
+    top = stats.topk_overlap(means[0], means[1], float(k_frac), np.random.default_rng([seed, 7]))
+    return {"map": map_name, "n_a": len(xa), "n_b": len(xb), "spearman": py(rho.observed),
+            "nulls": null_summaries(rho), "mean_pairwise": py(nanmean(pairwise.ravel())),
+            "k_frac": float(k_frac), **top, "notes": notes}
 
 
-def _describe(filters: Filters | None) -> str:
-    return ",".join(f"{k}:{'|'.join(map(str, v))}" for k, v in (filters or {}).items()) or "all runs"
+def null_summaries(tested: Tested) -> list[dict[str, Any]]:
+    """One dict per null: what it asks, chance (null mean), excess, 95 % band, p and its text."""
+    return [{"null": name, "question": stats.NULLS[name], "observed": py(r.observed),
+             "null_mean": py(r.null_mean), "excess": py(r.excess), "band_lo": py(r.band_lo),
+             "band_hi": py(r.band_hi), "p_value": py(r.p_value), "p_text": r.p_text, "n_perm": r.n_perm}
+            for name, r in tested.nulls.items()]
 
 
-def _null_fields(result: stats.NullResult | float, name: str = "spearman") -> dict[str, Any]:
-    if isinstance(result, stats.NullResult):
-        return {name: py(result.observed), "p_value": py(result.p_value),
-                "band_lo": py(result.band_lo), "band_hi": py(result.band_hi)}
-    return {name: py(result), "p_value": None, "band_lo": None, "band_hi": None}
+def agreement_json(result: Agreement) -> dict[str, Any]:
+    """An ``Agreement`` as plain JSON values (the CLI's --format json and the service share it)."""
 
+    def tested(t: Tested) -> dict[str, Any]:
+        return {"observed": py(t.observed), "pooled": t.pooled, "nulls": null_summaries(t)}
 
-def null_summary(result: stats.NullResult | float) -> dict[str, Any]:
-    """``{observed, p_value, band_lo, band_hi}`` (None for what was not computed)."""
-    return _null_fields(result, "observed")
-
-
-# --------------------------------------------------------------------------- figures
-
-
-def default_metric(data: SweepData) -> str:
-    """``accuracy`` when there is one, else the first metric that is not a loss or a head count."""
-    names = sorted(data.metrics)
-    if "accuracy" in names:
-        return "accuracy"
-    useful = [n for n in names if n not in _NOT_CURVE_METRICS]
-    if not (useful or names):
-        raise QueryError("no run of this selection has metrics yet")
-    return (useful or names)[0]
-
-
-def _title(data: SweepData, filters: Filters | None) -> str:
-    return f"{data.sweep_id}: {_describe(filters)}"
-
-
-def _rgb(data: SweepData, filters: Filters | None) -> bytes:
-    sel, x = _gate_runs(select(data, filters))
-    for idx in _groups_in_cell_order(sel):
-        if len(idx) >= 3:
-            idx = idx[np.argsort(sel.seed[idx], kind="stable")][:3]
-            seeds = ", ".join(str(s) for s in sel.seed[idx])
-            title = (f"{sel.task[idx[0]]} / {sel.pipeline[idx[0]] or sel.method[idx[0]]} / "
-                     f"{sel.model[idx[0]]}: seeds {seeds}")
-            return figures.rgb_seed_map(x[idx[0]], x[idx[1]], x[idx[2]], title)
-    raise QueryError(f"the rgb map needs a cell with 3 finished seeds; none in {_describe(filters)}")
-
-
-def _groups_in_cell_order(sel: SweepData) -> list[np.ndarray]:
-    groups = _groups(sel, ["group_key"])
-    return sorted(groups, key=lambda idx: idx[0])
-
-
-def _grey(data: SweepData, filters: Filters | None) -> bytes:
-    sel, x = _gate_runs(select(data, filters))
-    if len(sel) == 0:
-        raise QueryError(f"no finished run with gates in {_describe(filters)}")
-    return figures.grey_map(x, f"mean gate\n{_title(sel, filters)}")
-
-
-def agreement_png(result: Agreement, filters: Filters | None = None) -> bytes:
-    """``result`` as an annotated heat map; the title gives the stem cell statistic and its null."""
-    stem = null_summary(result.stem_cell)
-    text = f"gate r across {result.across}\n{_describe(filters)}"
-    if stem["observed"] is not None:  # short lines: the heat map of 2 labels is ~4 inches wide
-        text += f"\nstem cell r = {stem['observed']:.2f}"
-        if stem["p_value"] is not None:
-            text += f", p = {stem['p_value']:.2g}\nnull 95%: [{stem['band_lo']:.2f}, {stem['band_hi']:.2f}]"
-    return figures.agreement_heatmap(result.matrix, result.labels, text)
-
-
-def _open_heads(data: SweepData) -> np.ndarray:
-    if "open_heads" in data.metrics:
-        return data.metrics["open_heads"]
-    flat = np.asarray(data.gates, dtype=np.float64).reshape(len(data), -1)
-    with np.errstate(invalid="ignore"):
-        return np.where(data.has_gates, (flat > 0.5).sum(axis=1), np.nan)
-
-
-def curve_points(data: SweepData, metric: str, x: str, filters: Filters | None = None
-                 ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """``{pipeline: (x, mean, std)}`` of ``metric``, over runs that have it.
-
-    ``x = sparsity | lambda``: runs pooled per x value; ``x = open_heads``: one
-    point per cell at its seeds' mean number of open heads.
-    """
-    if x not in CURVE_X:
-        raise QueryError(f"unknown x '{x}'{_nearest(x, CURVE_X)} (one of {', '.join(CURVE_X)})")
-    sel = select(data, filters)
-    y = check_metric(sel, metric)
-    xs = _open_heads(sel) if x == "open_heads" else sel.axis(x)
-    ok = ~np.isnan(y) & ~np.isnan(xs)
-    if not ok.any():
-        raise QueryError(f"no finished run has both {metric} and {x} in {_describe(filters)}")
-    sel, y, xs = sel.subset(ok), y[ok], xs[ok]
-    curves = {}
-    for pipeline in axis_values(sel, "pipeline"):
-        in_p = sel.pipeline == pipeline
-        part = sel.subset(in_p)
-        points = []
-        for idx in _groups(part, ["group_key" if x == "open_heads" else x]):
-            vals = y[in_p][idx]
-            std = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
-            points.append((float(xs[in_p][idx].mean()), float(vals.mean()), std))
-        points.sort()
-        curves[pipeline or "(none)"] = tuple(np.array(col) for col in zip(*points, strict=True))
-    return curves
-
-
-def _curves(data: SweepData, filters: Filters | None, metric: str | None, x: str | None) -> bytes:
-    sel = select(data, filters)
-    metric = metric or default_metric(sel)
-    x = x or _default_x(sel)
-    curves = curve_points(data, metric, x, filters)
-    xlabel = {"open_heads": "open heads", "lambda": "lambda (L0 penalty)"}.get(x, x)
-    return figures.metric_curves(curves, xlabel, metric, f"{metric} vs {xlabel}\n{_title(sel, filters)}")
-
-
-def _default_x(sel: SweepData) -> str:
-    for axis in ("sparsity", "lambda"):
-        if np.unique(sel.axis(axis)[~np.isnan(sel.axis(axis))]).size >= 2:
-            return axis
-    return "open_heads"
-
-
-def figure(data: SweepData, kind: str, filters: Filters | None = None, across: str = "seed",
-           metric: str | None = None, x: str | None = None, n_perm: int = 200,
-           max_fits: int | None = None) -> bytes:
-    """One figure of the selection as PNG bytes.
-
-    ``rgb``: He & Choi's map of the first cell with 3 finished seeds (its 3
-    lowest seeds); ``grey``: mean gate over every selected run;
-    ``agreement``: ``agreement(across)`` as an annotated heat map (title: the
-    stem cell statistic and its null band); ``curves``: ``metric`` vs ``x``
-    (default: sparsity, else lambda, else open heads), mean line and std
-    band per pipeline. ``max_fits``: see ``agreement``.
-    """
-    if kind == "rgb":
-        return _rgb(data, filters)
-    if kind == "grey":
-        return _grey(data, filters)
-    if kind == "agreement":
-        return agreement_png(agreement(data, across, filters, n_perm=n_perm, max_fits=max_fits), filters)
-    if kind == "curves":
-        return _curves(data, filters, metric, x)
-    raise QueryError(f"unknown figure '{kind}'{_nearest(kind, FIGURE_KINDS)} (one of {', '.join(FIGURE_KINDS)})")
-
-
-def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict[str, Any]]]:
-    """Every figure worth drawing for a sweep: ``[(file name, kind, figure() kwargs)]``.
-
-    An rgb map per cell with 3 finished seeds (the first ``max_rgb`` cells), a
-    grey map of all runs and of each task, an agreement heat map across each
-    axis that has 2 values (seed: a cell with 2 seeds), and per task the
-    curves of each metric (not losses or head counts) vs each x that varies.
-    """
-    sel = data.subset(data.has_gates)
-    plan: list[tuple[str, str, dict[str, Any]]] = []
-    cells = [idx for idx in _groups_in_cell_order(sel) if len(idx) >= 3][:max_rgb]
-    for idx in cells:
-        i = idx[0]
-        name = f"rgb_{sel.task[i]}_{sel.pipeline[i] or sel.method[i]}_{sel.group_key[i][:8]}"
-        plan.append((name, "rgb", {"filters": {"group_key": [str(sel.group_key[i])]}}))
-    if len(sel):
-        plan.append(("grey_all", "grey", {}))
-        tasks = axis_values(sel, "task")
-        if len(tasks) > 1:
-            plan += [(f"grey_task-{t}", "grey", {"filters": {"task": [t]}}) for t in tasks]
-        if any(len(idx) >= 2 for idx in _groups(sel, ["group_key"])):
-            plan.append(("agreement_seed", "agreement", {"across": "seed"}))
-        for across in ("task", "pipeline", "model"):
-            if len(axis_values(sel, across)) >= 2:
-                plan.append((f"agreement_{across}", "agreement", {"across": across}))
-    done = data.subset(~np.isnan(_open_heads(data)) | (data.status == "finished"))
-    for task in axis_values(done, "task") if len(done) else []:
-        part = select(done, {"task": [task]})
-        xs = [a for a in ("sparsity", "lambda") if np.unique(part.axis(a)[~np.isnan(part.axis(a))]).size >= 2]
-        xs.append("open_heads")
-        for metric in sorted(m for m in part.metrics if m not in _NOT_CURVE_METRICS):
-            if np.isnan(part.metrics[metric]).all():
-                continue
-            for x in xs:
-                plan.append((f"curves_{task}_{metric}_vs_{x}", "curves",
-                             {"filters": {"task": [task]}, "metric": metric, "x": x}))
-    return [(_safe_name(name) + ".png", kind, params) for name, kind, params in plan]
-
-
-def _safe_name(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
+    return {"across": result.across, "map": result.map_name, "labels": result.labels,
+            "matrix": [[py(v) for v in row] for row in result.matrix], "n_runs": result.n_runs,
+            "mean_offdiag": tested(result.mean_offdiag), "stem_cell": tested(result.stem_cell),
+            "n_cells": result.n_cells, "matched_on": result.matched_on, "pooled_axes": result.pooled_axes,
+            "notes": result.notes}

@@ -15,7 +15,6 @@ question is a lookup.
 
 from __future__ import annotations
 
-import difflib
 import os
 import threading
 from collections import OrderedDict
@@ -29,16 +28,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from analysis import queries
+from analysis import figure_plan, queries, select
 from analysis.loading import AXES, SweepData, load_sweep
-from analysis.queries import QueryError
+from analysis.select import QueryError
+from experiments.naming import suggest
 from orchestrator.registry import NotFound, Registry
+from orchestrator.status import RUN_DONE
 
 APP_NAME = "headsweep-analysis"
 MAX_RUN_MATRIX = 500  # across=run answers an N x N matrix: larger selections must be filtered
-MAX_FITS = 200_000  # least-squares fits of one stem cell answer (~10 s with 3 seeds per cell)
+MAX_RUN_PERMS = 2_000_000  # runs x permutations of one agreement answer (2,000 runs at 1,000 permutations)
 _MEMO_SIZE = 256
-_FINISHED = ("finished", "failed", "cancelled")
 
 
 # --------------------------------------------------------------------------- models (the edge)
@@ -96,8 +96,9 @@ class AggregateRow(BaseModel):
     mean: float | None
     std: float | None
     n: int = Field(description="Runs with the metric (finished).")
-    ci_lo: float | None = Field(description="2.5th percentile of the bootstrap means.")
+    ci_lo: float | None = Field(description="Lower end of the 95 % CI of the mean.")
     ci_hi: float | None
+    ci_method: str = Field(description="t (a t interval, below 10 runs), bootstrap (from 10) or none (n < 2).")
     runs: int = Field(description="Runs in the group, finished or not.")
 
 
@@ -108,38 +109,57 @@ class AggregateOut(BaseModel):
 
 
 class NullOut(BaseModel):
+    null: str = Field(description="within_layers: units shuffled within each layer (the same units beyond "
+                                  "the per-layer profile?); all_units: shuffled across all units (at all?).")
+    question: str = Field(description="What this null asks, in words.")
     observed: float | None
-    p_value: float | None = Field(description="Permutation p-value (heads shuffled within layers).")
+    null_mean: float | None = Field(description="What chance gives: the mean of the null distribution.")
+    excess: float | None = Field(description="observed - null_mean.")
     band_lo: float | None = Field(description="2.5th percentile of the null.")
     band_hi: float | None = Field(description="97.5th percentile of the null.")
+    p_value: float | None = Field(description="One-sided permutation p; never below 1 / (n_perm + 1).")
+    p_text: str = Field(description="'p = 0.03', or 'p < 0.001' when no permutation reached the observed value.")
+    n_perm: int
+
+
+class TestedOut(BaseModel):
+    observed: float | None
+    pooled: str = Field(description="What was pooled into the number.")
+    nulls: list[NullOut] = Field(description="The statistic against each permutation null (empty: n_perm = 0).")
 
 
 class AgreementOut(BaseModel):
     across: str
+    map: str = Field(description="The unit map compared (the continuous companion when the asked map is "
+                                 "constant in some run: see notes).")
     labels: list[str]
     matrix: list[list[float | None]]
     n_runs: list[int]
-    mean_offdiag: NullOut
-    stem_cell: NullOut = Field(description="Mean multiple correlation of seeds within each cell.")
-    n_groups: int
-    n_perm: int
+    mean_offdiag: TestedOut
+    stem_cell: TestedOut = Field(description="Mean over cells of the mean over triples of seeds of He & Choi's "
+                                             "multiple correlation.")
+    n_cells: int = Field(description="Cells with 3+ finished seeds behind stem_cell.")
+    matched_on: list[str] = Field(description="Axes every compared pair of runs agrees on.")
+    pooled_axes: list[str] = Field(description="Axes averaged over on request.")
+    notes: list[str]
 
 
 class SpearmanOut(BaseModel):
     a: str
     b: str
-    score: str
+    map: str
     n_a: int
     n_b: int
-    spearman: float | None = Field(description="Spearman rho of the two groups' mean score vectors.")
-    p_value: float | None
-    band_lo: float | None
-    band_hi: float | None
+    spearman: float | None = Field(description="Spearman rho of the two groups' mean maps.")
+    nulls: list[NullOut]
     mean_pairwise: float | None = Field(description="Mean rho over every (run of a, run of b) pair.")
     k_frac: float
     k: int
     jaccard: float
     overlap: float
+    chance_jaccard: float = Field(description="Expected Jaccard of two independent random top-k sets.")
+    chance_overlap: float = Field(description="Expected overlap of two independent random top-k sets (k / P).")
+    notes: list[str]
 
 
 # --------------------------------------------------------------------------- state
@@ -174,8 +194,7 @@ class _State:
             return load_sweep(self.registry, sweep_id)
         except NotFound:
             known = [s["id"] for s in self.registry.list_sweeps()]
-            match = difflib.get_close_matches(sweep_id, known, n=1, cutoff=0.0)
-            hint = f"; did you mean '{match[0]}'?" if match else " (the registry has no sweeps)"
+            hint = suggest(sweep_id, known, cutoff=0.0) or " (the registry has no sweeps)"
             raise HTTPException(404, f"unknown sweep '{sweep_id}'{hint}") from None
 
     def answer(self, sweep_id: str, question: tuple, compute: Callable[[SweepData], Response]) -> Response:
@@ -189,13 +208,12 @@ class _State:
 
 def _check_params(request: Request, *names: str, axes: bool = True) -> None:
     """400 for a query parameter this endpoint does not take (a typo would be ignored silently)."""
-    allowed = (*(AXES if axes else ()), *names)
+    allowed = (*(AXES if axes else ()), *(("where",) if axes else ()), *names)
     for key in request.query_params:
         if key not in allowed:
             if not allowed:
                 raise QueryError(f"unknown query parameter '{key}': this endpoint takes none")
-            match = difflib.get_close_matches(key, allowed, n=1, cutoff=0.0)
-            raise QueryError(f"unknown query parameter '{key}'; did you mean '{match[0]}'? "
+            raise QueryError(f"unknown query parameter '{key}'{suggest(key, allowed, cutoff=0.0)} "
                              f"(this endpoint takes: {', '.join(allowed)})")
 
 
@@ -214,6 +232,8 @@ def axis_filters(
     status: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
     group_key: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
     run_key: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
+    where: Annotated[str | None, Query(description="Filters on any config key, as the CLI's --where: "
+                                                   "e.g. head_gates.lr:0.001,task.max_train:500|1000")] = None,
 ) -> dict[str, list[str]]:
     """The axis filters of the request (declared above for the OpenAPI document; a
     repeated parameter, ``seed=0&seed=1``, adds values)."""
@@ -221,6 +241,8 @@ def axis_filters(
     for axis in AXES:
         for raw in request.query_params.getlist(axis):
             filters.setdefault(axis, []).extend(v.strip() for v in raw.split(","))
+    for key, values in select.parse_filter(where or "").items():
+        filters.setdefault(key, []).extend(values)
     return filters
 
 
@@ -236,18 +258,14 @@ def _json(model: BaseModel) -> Response:
     return Response(model.model_dump_json(by_alias=True), media_type="application/json")
 
 
-def _null(result: Any) -> NullOut:
-    return NullOut(**queries.null_summary(result))
-
-
 def _matrix(matrix: np.ndarray) -> list[list[float | None]]:
-    return [[queries.py(v) for v in row] for row in np.asarray(matrix, dtype=np.float64)]
+    return [[select.py(v) for v in row] for row in np.asarray(matrix, dtype=np.float64)]
 
 
 def _sweep_out(sweep: dict[str, Any], model: type[SweepOut] = SweepOut, **extra: Any) -> SweepOut:
     counts = sweep["counts"]
     total = sum(counts.values())
-    done = sum(counts.get(s, 0) for s in _FINISHED)
+    done = sum(counts.get(s, 0) for s in RUN_DONE)
     fields = {k: sweep.get(k) for k in model.model_fields if k in sweep}
     return model(**fields, total=total, progress=done / total if total else 0.0, **extra)
 
@@ -284,7 +302,7 @@ def build_app(registry_url: str) -> FastAPI:
         _check_params(request, axes=False)
         data = state.data(sweep_id)
         sweep = state.registry.get_sweep(sweep_id)
-        axes = {axis: queries.axis_values(data, axis) for axis in AXES if axis not in ("run_key", "group_key")}
+        axes = {axis: select.axis_values(data, axis) for axis in AXES if axis not in ("run_key", "group_key")}
         return _sweep_out(sweep, SweepDetailOut, axes=axes, metrics=sorted(data.metrics))
 
     @app.get("/sweeps/{sweep_id}/runs", response_model=RunsPage, summary="Runs, filtered by any axis")
@@ -302,7 +320,7 @@ def build_app(registry_url: str) -> FastAPI:
         return state.answer(sweep_id, ("runs", _frozen(filters), offset, limit), compute)
 
     @app.get("/sweeps/{sweep_id}/aggregate", response_model=AggregateOut,
-             summary="Mean, std, n and 95 % bootstrap CI of a metric per group")
+             summary="Mean, std, n and 95 % CI of a metric per group")
     def aggregate(
         sweep_id: str, request: Request, filters: Filters,
         metric: Annotated[str, Query(min_length=1, description="e.g. accuracy")] = "accuracy",
@@ -310,7 +328,7 @@ def build_app(registry_url: str) -> FastAPI:
     ) -> Response:
         _check_params(request, "metric", "group_by")
         by = [a.strip() for a in group_by.split(",") if a.strip()]
-        stat_keys = ("metric", "mean", "std", "n", "ci_lo", "ci_hi", "runs")
+        stat_keys = ("metric", "mean", "std", "n", "ci_lo", "ci_hi", "ci_method", "runs")
 
         def compute(data: SweepData) -> Response:
             rows = queries.aggregate(data, by, metric, filters)
@@ -322,42 +340,44 @@ def build_app(registry_url: str) -> FastAPI:
         return state.answer(sweep_id, ("aggregate", _frozen(filters), metric, tuple(by)), compute)
 
     @app.get("/sweeps/{sweep_id}/agreement", response_model=AgreementOut,
-             summary="Gate agreement matrix with permutation nulls")
+             summary="Agreement of a unit map across seeds, tasks, ... with both permutation nulls")
     def agreement(
         sweep_id: str, request: Request, filters: Filters,
-        across: Literal["seed", "task", "pipeline", "model", "run"] = "seed",
-        n_perm: Annotated[int, Query(ge=0, le=2000, description="Permutations (0 = none).")] = 200,
+        across: Annotated[str, Query(description="seed, run, task, pipeline, model, method, lambda, "
+                                                 "sparsity or a config key.")] = "seed",
+        map: Annotated[str, Query(description="Unit map, e.g. heads.gate, heads.log_alpha.")] = "heads.gate",
+        pool: Annotated[str, Query(description="Comma-separated axes to average over.")] = "",
+        n_perm: Annotated[int, Query(ge=0, le=2000, description="Permutations per null (0 = none).")] = 1000,
     ) -> Response:
-        _check_params(request, "across", "n_perm")
+        _check_params(request, "across", "map", "pool", "n_perm")
+        pooled = tuple(a.strip() for a in pool.split(",") if a.strip())
 
         def compute(data: SweepData) -> Response:
-            if across == "run" and (n := int(queries.select(data, filters).has_gates.sum())) > MAX_RUN_MATRIX:
+            if across == "run" and (n := len(select.map_runs(select.select(data, filters), map)[0])) > MAX_RUN_MATRIX:
                 raise QueryError(f"across=run answers an N x N matrix: {n} runs selected, at most "
                                  f"{MAX_RUN_MATRIX}; filter them (e.g. task=..., seed=...)")
-            result = queries.agreement(data, across, filters, n_perm=n_perm, max_fits=MAX_FITS)
-            return _json(AgreementOut(
-                across=across, labels=result.labels, matrix=_matrix(result.matrix), n_runs=result.n_runs,
-                mean_offdiag=_null(result.mean_offdiag), stem_cell=_null(result.stem_cell),
-                n_groups=result.n_groups, n_perm=n_perm))
+            result = queries.agreement(data, across, filters, n_perm=n_perm, max_run_perms=MAX_RUN_PERMS,
+                                       map_name=map, pool=pooled)
+            return _json(AgreementOut(**queries.agreement_json(result)))
 
-        return state.answer(sweep_id, ("agreement", _frozen(filters), across, n_perm), compute)
+        return state.answer(sweep_id, ("agreement", _frozen(filters), across, map, pooled, n_perm), compute)
 
     @app.get("/sweeps/{sweep_id}/spearman", response_model=SpearmanOut,
-             summary="Spearman and top-k overlap of two groups' head scores")
+             summary="Spearman and top-k overlap of two groups' unit maps, with chance levels")
     def spearman(
         sweep_id: str, request: Request, filters: Filters,
         a: Annotated[str, Query(description="Group a, e.g. task:sst2,pipeline:dp (values joined by |).")],
         b: Annotated[str, Query(description="Group b, e.g. task:ud-pos.")],
-        k: Annotated[float, Query(gt=0, le=1, description="Top-k as a fraction of the heads.")] = 0.2,
-        score: Literal["gates", "scores"] = "gates",
+        k: Annotated[float, Query(gt=0, le=1, description="Top-k as a fraction of the units.")] = 0.2,
+        map: Annotated[str, Query(description="Unit map, e.g. heads.gate, heads.log_alpha.")] = "heads.gate",
         n_perm: Annotated[int, Query(ge=0, le=5000)] = 1000,
     ) -> Response:
-        _check_params(request, "a", "b", "k", "score", "n_perm")
-        group_a, group_b = queries.parse_filter(a), queries.parse_filter(b)
+        _check_params(request, "a", "b", "k", "map", "n_perm")
+        group_a, group_b = select.parse_filter(a), select.parse_filter(b)
         return state.answer(
-            sweep_id, ("spearman", _frozen(filters), _frozen(group_a), _frozen(group_b), k, score, n_perm),
+            sweep_id, ("spearman", _frozen(filters), _frozen(group_a), _frozen(group_b), k, map, n_perm),
             lambda data: _json(SpearmanOut(
-                a=a, b=b, **queries.spearman_overlap(data, group_a, group_b, score, k, filters, n_perm))))
+                a=a, b=b, **queries.spearman_overlap(data, group_a, group_b, map, k, filters, n_perm))))
 
     @app.get("/sweeps/{sweep_id}/figures/{kind}.png", response_class=Response,
              responses={200: {"content": {"image/png": {}}, "description": "A PNG image."}},
@@ -365,17 +385,18 @@ def build_app(registry_url: str) -> FastAPI:
     def figure(
         sweep_id: str, kind: Literal["rgb", "grey", "agreement", "curves"], request: Request,
         filters: Filters,
-        across: Literal["seed", "task", "pipeline", "model"] = "seed",
+        across: str = "seed",
         metric: Annotated[str | None, Query(min_length=1)] = None,
         x: Literal["sparsity", "lambda", "open_heads"] | None = None,
-        n_perm: Annotated[int, Query(ge=0, le=2000)] = 200,
+        map: Annotated[str, Query(description="Unit map of rgb, grey and agreement figures.")] = "heads.gate",
+        n_perm: Annotated[int, Query(ge=0, le=2000)] = 1000,
     ) -> Response:
-        _check_params(request, "across", "metric", "x", "n_perm")
+        _check_params(request, "across", "metric", "x", "map", "n_perm")
         return state.answer(
-            sweep_id, ("figure", kind, _frozen(filters), across, metric, x, n_perm),
+            sweep_id, ("figure", kind, _frozen(filters), across, metric, x, map, n_perm),
             lambda data: Response(
-                queries.figure(data, kind, filters, across=across, metric=metric, x=x, n_perm=n_perm,
-                               max_fits=MAX_FITS),
+                figure_plan.figure(data, kind, filters, across=across, metric=metric, x=x, n_perm=n_perm,
+                               max_run_perms=MAX_RUN_PERMS, map_name=map),
                 media_type="image/png"))
 
     return app
@@ -401,6 +422,15 @@ def _deployment():
     return AnalysisService
 
 
+def _replica_grpc_on_loopback() -> None:
+    """Serve 2.60 replicas open their inter-deployment gRPC server on ``[::]:0``, every interface, with
+    no option to change it: in a private (single-machine) Ray, put it on 127.0.0.1 (a worker setup hook)."""
+    from ray.serve._private import replica
+
+    add_port = replica.add_port_to_grpc_server
+    replica.add_port_to_grpc_server = lambda server, address: add_port(server, address.replace("[::]:", "127.0.0.1:", 1))
+
+
 def serve_app(registry_url: str, host: str = "127.0.0.1", port: int = 8000, blocking: bool = False) -> str:
     """Run the app on Ray Serve at ``http://host:port/`` and return that URL.
 
@@ -411,18 +441,39 @@ def serve_app(registry_url: str, host: str = "127.0.0.1", port: int = 8000, bloc
     import ray
     from ray import serve
 
+    address = os.environ.get("RAY_ADDRESS") or "local"
+    private = not ray.is_initialized() and address == "local"
+    if private:
+        # Ray's single-machine mode: node IP 127.0.0.1, so the private Ray (GCS, raylet, workers)
+        # listens on loopback only, as the local head does (orchestrator/cluster.py); read at call
+        # time, and inherited by the processes it starts.
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+        # Serve's controller kills a proxy that is not ready within 5 s, and serve.start() then fails:
+        # starting a worker takes longer than that on a loaded 2-core machine.
+        os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+        os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
     started = not ray.is_initialized()
     if started:
-        ray.init(address=os.environ.get("RAY_ADDRESS") or "local", include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 runtime_env={"worker_process_setup_hook": _replica_grpc_on_loopback} if private else None)
     # No access log: one line per request in the proxy and the replica costs ~10 % of a cached answer.
     quiet = {"enable_access_log": False, "log_level": "WARNING"}
-    serve.start(http_options={"host": host, "port": port}, logging_config=quiet)
     try:
+        serve.start(http_options={"host": host, "port": port}, logging_config=quiet)
         serve.run(_deployment().bind(registry_url), name=APP_NAME, route_prefix="/", blocking=blocking,
                   logging_config=quiet)
     except KeyboardInterrupt:
-        serve.shutdown()
+        # Ctrl-C. A private Ray goes with Serve in it: serve.shutdown() first would wait for the
+        # controller to drain each proxy and replica, tens of seconds on a loaded machine. Whatever
+        # happens, `headsweep serve` ends within 10 s: the processes of a private Ray die with this one
+        # (Ray starts them with the kernel's parent-death signal).
+        if blocking:
+            watchdog = threading.Timer(8.0, os._exit, args=(0,))
+            watchdog.daemon = True
+            watchdog.start()
+        if not private:
+            serve.shutdown()
         if started:
             ray.shutdown()
     return f"http://{host}:{port}"

@@ -11,7 +11,7 @@ _EXPORTS = {
     "RunConfig": "experiments.config",
     "parse_config": "experiments.config",
     "RunResult": "experiments.result",
-    "RunContext": "experiments.training",
+    "RunContext": "experiments.context",
     "run": "experiments.runner",
 }
 __all__ = list(_EXPORTS)

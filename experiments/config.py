@@ -1,25 +1,42 @@
 """One run's configuration: typed, frozen, validated once at the edge.
 
-A run is content-addressed (DESIGN.md, decision 1): ``run_key`` hashes the
-canonical config (seed included) together with the VERSION of its task and
-method, so a result is reused only while the code that made it is the same;
-``group_key`` is the same hash without the seed (the unit for mean +- std).
+A run config is the shared sections (``seed``, ``model``, ``task``, ``train``,
+``method``) plus the method's own section, named after it
+(``method: head_gates`` + ``head_gates: {lambda: 0.05}``): each method module
+declares its ``Config`` (DESIGN.md decision 8); :func:`config_class` joins them.
+
+A run is content-addressed (decision 1): ``run_key`` hashes what the run reads
+(see experiments/run_keys.py), seed included; ``group_key`` is the same hash
+without the seed (the unit for mean +- std).
 
 Every mistake is a :class:`ConfigError` whose one-line message names the key
-and, for a misspelt key or name, the nearest valid one.
+and, for a misspelt key or name, the nearest valid one. :func:`parse_config`
+is the one validation path: ``headsweep run``, ``--set`` and every grid cell.
 """
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import json
+import os
 import re
+from collections.abc import Mapping
+from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+
+from experiments.naming import suggest
 
 
 class ConfigError(ValueError):
@@ -43,6 +60,76 @@ class TaskConfig(_Frozen):
     )
     num_train: int = Field(2000, gt=0, description="Size of a generated (synthetic) training set.")
     num_eval: int = Field(500, gt=0, description="Size of a generated (synthetic) evaluation set.")
+    # The file tasks (classification, tagging): experiments/tasks/classification.py and tagging.py.
+    train: str | None = Field(
+        None, description="File tasks: the training file (or hf folder); a relative path is resolved "
+        "at validation against data_dir, else the current directory."
+    )
+    dev: str | None = Field(None, description="File tasks: the evaluation file; its metrics keep plain names.")
+    eval_sets: tuple[tuple[str, str], ...] = Field(
+        (), description="File tasks: more evaluation files by name, {ood: path}; metrics get '/<name>' (accuracy/ood)."
+    )
+    format: str | None = Field(
+        None, description="File tasks: tsv, csv, jsonl, conllu, bio or hf; None = from each file's extension."
+    )
+    text: str | tuple[str, ...] | None = Field(
+        None, description="classification: the text column, or two for a pair ([premise, hypothesis]); "
+        "None = text. tagging, hf folders: the tokens column (None = tokens)."
+    )
+    label: str | None = Field(None, description="classification: the label column; None = label.")
+    labels: tuple[str, ...] | None = Field(
+        None, description="File tasks: the label set in id order; None = the train file's labels, sorted "
+        "(numerically when all are integers)."
+    )
+    column: str | None = Field(
+        None, description="tagging: the tag column: upos (default), xpos, deprel (CoNLL-U), or an hf column (None = tags)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absolute_paths(cls, data: Any) -> Any:
+        """Resolve relative train/dev/eval_sets paths once, here, against data_dir (else the current
+        directory), so a Ray worker running in another folder reads the same files. Idempotent."""
+        if not isinstance(data, dict):
+            return data
+        base = Path(data["data_dir"]).expanduser() if isinstance(data.get("data_dir"), str) else Path(".")
+        absolute = lambda p: os.path.abspath(base / Path(p).expanduser()) if isinstance(p, str) else p  # noqa: E731
+        out = {k: absolute(v) if k in ("train", "dev") else v for k, v in data.items()}
+        if isinstance(out.get("eval_sets"), dict):
+            out["eval_sets"] = {name: absolute(path) for name, path in out["eval_sets"].items()}
+        return out
+
+    @field_validator("eval_sets", mode="before")
+    @classmethod
+    def _eval_sets_as_pairs(cls, value: Any) -> Any:
+        """{name: path} -> sorted (name, path) pairs: hashable, so configs dedup by value."""
+        if isinstance(value, dict):
+            for name in value:
+                if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+                    raise ValueError(f"eval set name {name!r} must be letters, digits, '_', '-' or '.' (it ends metric names)")
+            return tuple(sorted(value.items()))
+        return value
+
+    @field_serializer("eval_sets")
+    def _eval_sets_as_dict(self, value: tuple[tuple[str, str], ...]) -> dict[str, str]:
+        return dict(value)
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels_as_text(cls, value: Any) -> Any:
+        """Labels as the data's strings: 1 -> '1', true -> 'true' (as JSON writes them)."""
+        if isinstance(value, list | tuple):
+            return tuple(v if isinstance(v, str) else json.dumps(v) for v in value)
+        return value
+
+    @field_validator("text")
+    @classmethod
+    def _one_or_two_columns(cls, value: Any) -> Any:
+        if isinstance(value, tuple):
+            if len(value) not in (1, 2):
+                raise ValueError(f"one text column or two (a pair), got {list(value)}")
+            return value[0] if len(value) == 1 else value
+        return value
 
 
 class TrainConfig(_Frozen):
@@ -57,58 +144,155 @@ class TrainConfig(_Frozen):
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
 
 
-class GateConfig(_Frozen):
-    lambda_: float = Field(
-        0.01, alias="lambda", ge=0, le=100,
-        description="Weight of the L0 penalty (mean over layers of expected open heads per layer).",
-    )
-    lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of log_alpha (no schedule).")
-    sp_finetune_steps: int | None = Field(
-        None, gt=0,
-        description="SP only: fine-tuning steps before gating starts (None = as many as the gated phase).",
-    )
+class Section(_Frozen):
+    """Base of a method's own section: frozen, unknown keys rejected, ``lambda`` for ``lambda_``.
+
+    A method module declares ``class Config(Section)`` with a default and a
+    description per key; a run config holds it under the method's name
+    (``method: head_gates`` + ``head_gates: {lambda: 0.05}``, DESIGN.md decision 8).
+    """
+
+
+CONFIG_VERSION = "1"
+"""Version of the shared sections' defaults (seed, model, task, train). A run key leaves out
+keys at their default, so changing a default's value changes what those runs mean: bump this
+(or the method's VERSION for a key of its section); tests/experiments/config_defaults.json checks."""
+
+DEFAULT_METHOD = "head_gates"
+
+STAGE_ROLES = {
+    "init_from": "start from that run's final weights (encoder and task decoder)",
+    "teacher": "learn from that run's predictions (e.g. confidence regularisation)",
+    "bias_model": "weigh examples by that run's predictions of the label (debiasing losses)",
+}
+"""Upstream runs a run may start from or use (DESIGN.md decision 10). Each is a partial run
+config: the dependant's ``seed``, ``model``, ``task`` and ``train`` with the keys it sets on
+top (``init_from: {method: finetune}`` = fine-tune the same model on the same task with the
+same seed and training settings). Grid expansion turns them into a DAG."""
 
 
 class RunConfig(_Frozen):
+    """The shared part of every run config; :func:`config_class` adds the method's own section.
+
+    Build one with :func:`parse_config` (or ``config_class(method).model_validate``):
+    a bare ``RunConfig`` has no method section. Keys are computed once per instance.
+    """
+
     seed: int = Field(0, ge=0, description="The run's seed; every random stream derives from it.")
     model: str = Field("minilm-l6", description="Model name (experiments.models), random:<name>, hub id or path.")
-    method: str = Field("head_gates", description="Method name, a key of experiments.methods.METHODS.")
-    pipeline: str | None = Field(None, description="Pipeline of the method; None = the method's first.")
-    sparsity: float | None = Field(
-        None, ge=0, lt=1, description="Target fraction of heads removed (methods that take one)."
-    )
-    task: TaskConfig = Field(default_factory=TaskConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    gates: GateConfig = Field(default_factory=GateConfig)
+    method: str = Field(DEFAULT_METHOD, description="Method name, a key of experiments.methods.METHODS.")
+    task: TaskConfig = Field(default_factory=TaskConfig, description="The task and its data.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Optimisation every method shares.")
+    init_from: dict[str, Any] | None = Field(None, description="Upstream run: " + STAGE_ROLES["init_from"] + ".")
+    teacher: dict[str, Any] | None = Field(None, description="Upstream run: " + STAGE_ROLES["teacher"] + ".")
+    bias_model: dict[str, Any] | None = Field(None, description="Upstream run: " + STAGE_ROLES["bias_model"] + ".")
+
+    def __hash__(self) -> int:  # the stage sections are dicts: hash the canonical JSON instead
+        return hash(json.dumps(self.to_dict(), sort_keys=True))
+
+    @cached_property
+    def upstreams(self) -> dict[str, RunConfig]:
+        """``{role: the upstream run's full config}`` for every stage this run names (``STAGE_ROLES``)."""
+        return {role: resolve_stage(self, role) for role in STAGE_ROLES if getattr(self, role) is not None}
+
+    @property
+    def section(self) -> Section:
+        """The method's own section (``cfg.section.lambda_`` for ``head_gates: {lambda: ...}``)."""
+        return getattr(self, self.method)
+
+    def labels(self) -> dict[str, Any]:
+        """The run's searchable labels: task, model, method, pipeline, seed, sparsity, lambda.
+
+        The one place that says where each label lives in the config: MLflow tags, registry
+        columns and run names all read it (None where the method has no such key).
+        """
+        section = self.section
+        return {
+            "task": self.task.name,
+            "model": self.model,
+            "method": self.method,
+            "pipeline": section_value(section, "pipeline"),
+            "seed": self.seed,
+            "sparsity": section_value(section, "sparsity"),
+            "lambda": section_value(section, "lambda"),
+        }
+
+    def run_name(self, sep: str = "-") -> str:
+        """``synthetic-tag-head_gates-dp-seed0``: task, method, pipeline (if it has one), seed."""
+        labels = self.labels()
+        parts = (labels["task"], labels["method"], labels["pipeline"], f"seed{labels['seed']}")
+        return sep.join(str(part) for part in parts if part is not None)
 
     def to_dict(self) -> dict[str, Any]:
-        """The canonical nested dict (aliases as users write them, every default filled)."""
-        return self.model_dump(by_alias=True, mode="json")
+        """The canonical nested dict (aliases as users write them, every default filled; a stage
+        only when the run has it)."""
+        unset = {role for role in STAGE_ROLES if getattr(self, role) is None}
+        return self.model_dump(by_alias=True, mode="json", exclude=unset)
 
     @property
     def run_key(self) -> str:
-        return _hash(self._key_material())
+        """16 hex: the hash of what this run reads (experiments.run_keys), seed included."""
+        return self._keys[0]
 
     @property
     def group_key(self) -> str:
-        material = self._key_material()
-        material["config"].pop("seed")
-        return _hash(material)
+        """The run key without the seed: runs that differ only by seed (mean +- std)."""
+        return self._keys[1]
 
-    def _key_material(self) -> dict[str, Any]:
-        from experiments.methods import METHODS
-        from experiments.tasks import TASKS
+    @cached_property
+    def _keys(self) -> tuple[str, str]:
+        from experiments.run_keys import run_and_group_key
 
-        return {
-            "config": self.to_dict(),
-            "task_version": TASKS[self.task.name].VERSION,
-            "method_version": METHODS[self.method].VERSION,
-        }
+        return run_and_group_key(self)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> RunConfig:
+        """A copy without the cached keys (they would be stale after ``update``)."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("_keys", None)
+        copy.__dict__.pop("upstreams", None)
+        return copy
+
+    def __reduce__(self):  # the class is made per method at run time: pickle the dict instead
+        return (_rebuild, (self.to_dict(),))
 
 
-def _hash(material: dict[str, Any]) -> str:
-    text = json.dumps(material, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def _rebuild(raw: dict[str, Any]) -> RunConfig:
+    return config_class(raw["method"]).model_validate(raw)
+
+
+def section_value(section: BaseModel, key: str, default: Any = None) -> Any:
+    """The value of ``key`` as users write it (``lambda``, not ``lambda_``), or ``default``."""
+    for name, field in type(section).model_fields.items():
+        if key in (name, field.alias):
+            return getattr(section, name)
+    return default
+
+
+_CLASSES: dict[tuple[str, type[BaseModel]], type[RunConfig]] = {}
+
+
+def config_class(method: str) -> type[RunConfig]:
+    """RunConfig plus the method's section as a field named after it (``head_gates: {...}``).
+
+    One class per method (made on first use, after checking the method module's contract),
+    so pydantic validates shared keys and the section in one call, and an error's location
+    is the dotted key the user wrote (``head_gates.lambda``).
+    """
+    from experiments.methods import METHODS, check_method
+
+    module = METHODS[method]
+    cls = _CLASSES.get((method, module.Config))
+    if cls is None:
+        check_method(method, module)
+        cls = create_model(
+            f"RunConfig_{method}",
+            __base__=RunConfig,
+            __module__=__name__,
+            method=(Literal[method], Field(method, description="Method name, a key of experiments.methods.METHODS.")),
+            **{method: (module.Config, Field(default_factory=module.Config, description=f"The keys of {method}."))},
+        )
+        _CLASSES[(method, module.Config)] = cls
+    return cls
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -121,25 +305,6 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[path] = value
     return flat
-
-
-def valid_keys(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:
-    """Every dotted key a config accepts, e.g. ``train.lr`` and ``gates.lambda``."""
-    keys = []
-    for name, field in model.model_fields.items():
-        key = prefix + (field.alias or name)
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            keys.extend(valid_keys(annotation, f"{key}."))
-        else:
-            keys.append(key)
-    return keys
-
-
-def suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    """'; did you mean 'x'?' for the nearest choice, or '' when nothing is close."""
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
-    return f"; did you mean '{match[0]}'?" if match else ""
 
 
 def set_dotted(config: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
@@ -186,55 +351,140 @@ def read_yaml(path: str | Path) -> Any:
 
 
 def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``--set key=value`` strings; values are read as YAML (1e-4, true, [1, 2])."""
+    """Apply ``--set key=value`` strings; values are read as YAML (1e-4, true, [1, 2]).
+
+    A key is dotted (``train.lr``, ``head_gates.lr``), ``task`` for ``task.name``, or a short
+    name of the run's method (``lambda`` -> ``head_gates.lambda``), the method being the one
+    the overrides leave (``--set method=finetune`` counts). Unknown keys fail in parse_config.
+    """
+    from experiments.config_keys import resolve
+
+    pairs = []
     for item in overrides:
         key, sep, raw = item.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise ConfigError(f"--set expects key=value, got '{item}'")
-        config = set_dotted(config, key.strip(), parse_yaml(raw))
+        pairs.append((key.strip(), parse_yaml(raw)))
+    method = next((v for k, v in reversed(pairs) if k == "method"), config.get("method", DEFAULT_METHOD))
+    for key, value in pairs:
+        target = key if key == "task" and isinstance(value, dict) else resolve(key, method)
+        config = set_dotted(config, target, value)
     return config
+
+
+def upgrade_legacy(raw: dict[str, Any]) -> dict[str, Any]:
+    """A config in the shape registries of revision 0001 stored (a ``gates`` section, top-level
+    ``pipeline`` and ``sparsity``) in today's shape: head_gates' keys move into its section,
+    and methods without them (finetune) drop them. A config already in today's shape is returned as is.
+    """
+    out = {k: v for k, v in raw.items() if k not in ("gates", "pipeline", "sparsity")}
+    if out.get("method", DEFAULT_METHOD) == "head_gates":
+        moved = dict(raw.get("gates") or {})
+        moved |= {k: raw[k] for k in ("pipeline", "sparsity") if raw.get(k) is not None}
+        if moved:
+            out["head_gates"] = moved | dict(raw.get("head_gates") or {})
+    return out
+
+
+def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def resolve_stage(cfg: RunConfig, role: str, *, check_files: bool = False) -> RunConfig:
+    """The full config of ``cfg``'s upstream ``role``: its seed, model, task and train, with the
+    stage's own keys on top (a ConfigError names the role: ``init_from.finetune.lr: ...``)."""
+    partial = getattr(cfg, role)
+    if not isinstance(partial.get("method"), str):
+        raise ConfigError(f"{role}.method: name the upstream run's method (e.g. {role}: {{method: finetune}})")
+    shared = {"seed": cfg.seed, "model": cfg.model, "task": cfg.task.model_dump(by_alias=True, mode="json"),
+              "train": cfg.train.model_dump(by_alias=True, mode="json")}
+    try:
+        return _parse_stage(json.dumps(_deep_merge(shared, partial), sort_keys=True), check_files)
+    except ConfigError as err:
+        raise ConfigError(f"{role}.{err}" if not str(err).startswith(role) else str(err)) from None
+
+
+@lru_cache(maxsize=4096)
+def _parse_stage(text: str, check_files: bool) -> RunConfig:
+    """An upstream config from its canonical JSON, parsed once: the 24 cells of a grid that start
+    from one fine-tune share one (frozen) config object and its cached run key."""
+    return parse_config(json.loads(text), check_files=check_files)
+
+
+def _with_default_stages(cfg: RunConfig) -> RunConfig:
+    """Fill the stages the method asks for by default (``stages(section)`` in its module), e.g.
+    head_gates' sp pipeline starts from a fine-tuned model; stages the config sets win."""
+    from experiments.methods import METHODS
+
+    defaults = getattr(METHODS[cfg.method], "stages", None)
+    wanted = {role: partial for role, partial in (defaults(cfg.section) if defaults else {}).items()
+              if getattr(cfg, role) is None}
+    return cfg.model_copy(update=wanted) if wanted else cfg
 
 
 def parse_config(raw: dict[str, Any], *, check_files: bool = True) -> RunConfig:
     """Validate a nested dict into a RunConfig, or raise a one-line ConfigError.
 
-    Checks keys and types, then names (model, task, method, pipeline), then,
-    unless ``check_files`` is False, that the task's data files exist.
+    The one validation path (``headsweep run``, ``--set``, every grid cell): the method
+    first (it says which section is allowed), then keys and types, then names (task,
+    model, pipeline), then, unless ``check_files`` is False, the task's data.
     """
     if not isinstance(raw, dict):
         raise ConfigError(f"a run config must be a mapping of keys, got {type(raw).__name__}")
+    method = _method_of(raw)
     try:
-        cfg = RunConfig.model_validate(raw)
+        cfg = config_class(method).model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_describe(err)) from None
-    cfg = _check_names(cfg)
+        raise ConfigError(_describe(err, method)) from None
+    check_names(cfg)
+    return with_stages(cfg, check_files=check_files)
+
+
+def with_stages(cfg: RunConfig, *, check_files: bool = True) -> RunConfig:
+    """The last step of validation, after keys, types and names: the method's default stages
+    filled in, every upstream resolved (so a typo in a stage fails at submit too) and, unless
+    ``check_files`` is False, the data of the run and of its upstreams checked."""
+    cfg = _with_default_stages(cfg)
+    for upstream in cfg.upstreams.values():
+        if check_files:
+            check_data(upstream)
     if check_files:
         check_data(cfg)
     return cfg
 
 
-def _check_names(cfg: RunConfig) -> RunConfig:
+def _method_of(raw: dict[str, Any]) -> str:
+    from experiments.methods import METHODS
+
+    method = raw.get("method", DEFAULT_METHOD)
+    if not isinstance(method, str) or method not in METHODS:
+        hint = suggest(str(method), METHODS) or f" (methods: {', '.join(METHODS)})"
+        raise ConfigError(f"method: unknown method '{method}'{hint}")
+    return method
+
+
+def check_names(cfg: RunConfig) -> None:
+    """Raise ConfigError for an unknown task or model, or a pipeline its method does not have."""
     from experiments.methods import METHODS
     from experiments.models import check_model_name
     from experiments.tasks import TASKS
 
     if cfg.task.name not in TASKS:
-        raise ConfigError(f"task.name: unknown task '{cfg.task.name}'{suggest(cfg.task.name, list(TASKS))}")
-    if cfg.method not in METHODS:
-        raise ConfigError(f"method: unknown method '{cfg.method}'{suggest(cfg.method, list(METHODS))}")
+        raise ConfigError(f"task.name: unknown task '{cfg.task.name}'{suggest(cfg.task.name, TASKS)}")
     try:
         check_model_name(cfg.model)
     except ValueError as err:
         raise ConfigError(f"model: {err}") from None
-    method = METHODS[cfg.method]
-    if cfg.pipeline is None:
-        cfg = cfg.model_copy(update={"pipeline": method.PIPELINES[0]})
-    if cfg.pipeline not in method.PIPELINES:
+    pipelines = METHODS[cfg.method].PIPELINES
+    pipeline = section_value(cfg.section, "pipeline")
+    if pipeline is not None and pipeline not in pipelines:
         raise ConfigError(
-            f"pipeline: method '{cfg.method}' has no pipeline '{cfg.pipeline}' "
-            f"(it has {', '.join(method.PIPELINES)}){suggest(cfg.pipeline, method.PIPELINES)}"
+            f"{cfg.method}.pipeline: method '{cfg.method}' has no pipeline '{pipeline}' "
+            f"(it has {', '.join(pipelines)}){suggest(pipeline, pipelines)}"
         )
-    return cfg
 
 
 def check_data(cfg: RunConfig) -> None:
@@ -247,15 +497,13 @@ def check_data(cfg: RunConfig) -> None:
         raise ConfigError(f"task '{cfg.task.name}': {err}") from None
 
 
-def _describe(err: ValidationError) -> str:
+def _describe(err: ValidationError, method: str) -> str:
+    """The first error as one line: the dotted key, what is wrong, and a suggestion."""
+    from experiments.config_keys import unknown_key, wrong_section
+
     first = err.errors()[0]
-    loc = [str(part) for part in first["loc"]]
-    key = ".".join(loc)
+    key = ".".join(str(part) for part in first["loc"])
     if first["type"] == "extra_forbidden":
-        keys = valid_keys()
-        keys += sorted({k.rsplit(".", 1)[0] for k in keys if "." in k})  # sections: task, train, gates
-        same_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == loc[-1]]  # right key, wrong section
-        hint = f"; did you mean '{same_leaf[0]}'?" if same_leaf else suggest(key, keys)
-        return f"unknown key '{key}'{hint}"
+        return wrong_section(key, method) or unknown_key(key, method)
     more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
     return f"{key}: {first['msg']} (got {first.get('input')!r}){more}"

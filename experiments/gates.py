@@ -18,6 +18,8 @@ import math
 
 import torch
 
+from experiments.units import OPEN_THRESHOLD  # one definition, shared with analysis
+
 BETA = 0.33
 """Temperature of the Hard Concrete distribution."""
 LIMIT_L = -0.1
@@ -26,8 +28,6 @@ LIMIT_R = 1.1
 """Right end ``r`` of the stretched interval (``r > 1``)."""
 EPS = 1e-6
 """Uniform noise is drawn from ``U(EPS, 1 - EPS)`` so that ``log u`` is finite."""
-OPEN_THRESHOLD = 1e-3
-"""A head is open when its test-time gate is above this value."""
 
 
 def init_log_alpha(num_layers: int, num_heads: int, generator: torch.Generator) -> torch.Tensor:

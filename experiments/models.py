@@ -18,7 +18,6 @@ come from pretraining?" control); or a hub id / local path.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -27,6 +26,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from experiments.naming import closest
 
 RANDOM_PREFIX = "random:"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -155,8 +156,8 @@ def check_model_name(name: str) -> None:
     if base in MODELS or os.path.isdir(base) or _HUB_ID.match(base):
         return
     known = list(MODELS) + [RANDOM_PREFIX + key for key in MODELS]
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    hint = f" did you mean {close[0]!r}?" if close else ""
+    close = closest(name, known, cutoff=0.6)
+    hint = f" did you mean {close!r}?" if close else ""
     raise ValueError(
         f"unknown model {name!r}:{hint} (known: {', '.join(MODELS)}; or random:<name>, "
         "a local directory, or a hub id org/name)"

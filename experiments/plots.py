@@ -1,4 +1,4 @@
-"""The one figure a single run draws: its final gate map (layers x heads), as PNG bytes.
+"""The figures a single run draws: its final gate map (layers x heads) and any other unit map, as PNG bytes.
 
 Uses ``matplotlib.figure.Figure`` directly (no pyplot, no global state), so it
 is safe inside Ray workers and threads.
@@ -25,6 +25,25 @@ def gate_map_png(gates: np.ndarray, title: str) -> bytes:
     open_count = int((gates > 1e-3).sum())
     ax.set_title(f"{title}\n{open_count}/{gates.size} heads open", fontsize=9)
     fig.colorbar(image, ax=ax, label="gate")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def map_png(values: np.ndarray, title: str, label: str) -> bytes:
+    """Heat map of any (L, K) map, layer 1 at the top, on the map's own value range."""
+    num_layers, num_units = values.shape
+    fig = Figure(figsize=(min(16.0, max(4.0, 0.45 * num_units + 1.5)), max(2.5, 0.4 * num_layers + 1.2)), dpi=100)
+    ax = fig.subplots()
+    image = ax.imshow(values, cmap="viridis", aspect="auto", interpolation="nearest")
+    ax.set_yticks(range(num_layers), [str(layer + 1) for layer in range(num_layers)])
+    if num_units <= 32:  # numbered from 1, like the layers and the gate map's heads
+        ax.set_xticks(range(num_units), [str(unit + 1) for unit in range(num_units)])
+    ax.set_xlabel("unit")
+    ax.set_ylabel("layer")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, label=label)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from experiments.config import RunConfig, flatten
+from experiments.context import RunContext
 from experiments.methods import METHODS
-from experiments.plots import gate_map_png
+from experiments.plots import gate_map_png, map_png
 from experiments.result import RunResult
 from experiments.seeding import sub_seeds
 from experiments.tasks import TASKS
-from experiments.training import RunContext
+from experiments.tracking import Tracker
 
 
 def run(cfg: RunConfig, ctx: RunContext | None = None) -> RunResult:
-    """Run the config's method; log tags, params, metrics and the gate artifacts to ``ctx.tracker``."""
+    """Run the config's method; log tags, params, metrics and the map artifacts to ``ctx.tracker``."""
     ctx = ctx or RunContext()
     ctx.tracker.set_tags(run_tags(cfg))
     ctx.tracker.log_params(flatten(cfg.to_dict()) | {f"seeds.{k}": v for k, v in sub_seeds(cfg.seed).items()})
@@ -26,24 +29,35 @@ def run(cfg: RunConfig, ctx: RunContext | None = None) -> RunResult:
     result = METHODS[cfg.method].run(cfg, ctx)
     result = replace(result, seconds=time.perf_counter() - started)
     ctx.tracker.log_metrics({"run_seconds": result.seconds}, result.steps)
-    ctx.tracker.log_artifact("gates.npz", result.gates_npz())
-    title = f"{cfg.method}/{cfg.pipeline} {cfg.task.name} {cfg.model} seed {cfg.seed}"
-    ctx.tracker.log_artifact("gate_map.png", gate_map_png(result.gates, title))
+    log_maps(ctx.tracker, result, cfg.labels())
     return result
+
+
+def log_maps(tracker: Tracker, result: RunResult, labels: dict) -> None:
+    """``maps.npz`` (every map and trajectory) and one heat map ``<name>.png`` per ``heads.*`` map.
+
+    A run without maps (plain fine-tuning learns no gates) logs only the (empty) ``maps.npz``.
+    """
+    tracker.log_artifact("maps.npz", result.maps_npz())
+    method = "/".join(str(labels[k]) for k in ("method", "pipeline") if labels.get(k) is not None)
+    title = f"{method} {labels['task']} {labels['model']} seed {labels['seed']}"
+    for name, unit_map in result.maps.items():
+        if unit_map.kind != "heads":
+            continue
+        if name == "heads.gate":
+            png = gate_map_png(unit_map.values, title)
+        else:
+            png = map_png(unit_map.values, f"{title}\n{name}: {unit_map.meaning}", name)
+        tracker.log_artifact(f"{name}.png", png)
 
 
 def run_tags(cfg: RunConfig) -> dict[str, str]:
     """The searchable labels of a run (MLflow tags; also what the registry indexes)."""
+    labels = {k: "" if v is None else str(v) for k, v in cfg.labels().items()}
     return {
         "run_key": cfg.run_key,
         "group_key": cfg.group_key,
-        "task": cfg.task.name,
-        "model": cfg.model,
-        "method": cfg.method,
-        "pipeline": str(cfg.pipeline),
-        "seed": str(cfg.seed),
-        "sparsity": "" if cfg.sparsity is None else str(cfg.sparsity),
-        "lambda": str(cfg.gates.lambda_),
+        **labels,
         "task_version": TASKS[cfg.task.name].VERSION,
         "method_version": METHODS[cfg.method].VERSION,
         "git_commit": code_version(),
@@ -52,11 +66,35 @@ def run_tags(cfg: RunConfig) -> dict[str, str]:
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
-    """The git commit of this checkout ('+dirty' with local changes), or 'unknown'."""
+    """The code this process runs: ``'<commit>[+dirty] src:<source_hash()>'``.
+
+    The commit is the git checkout's that holds this file; code shipped to a Ray cluster has no
+    ``.git``, and then ``HEADSWEEP_CODE_COMMIT`` (set by the submitter) or 'unknown'. The source
+    hash is what tells two versions apart, committed or not.
+    """
     root = Path(__file__).resolve().parents[1]
+    sha = os.environ.get("HEADSWEEP_CODE_COMMIT") or "unknown"
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True).stdout.strip()
-        return sha + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+        if Path(top[0]).resolve() == root:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True).stdout.strip()
+            sha = top[1] + ("+dirty" if dirty else "")
+    except (OSError, IndexError, subprocess.CalledProcessError):
+        pass
+    return f"{sha} src:{source_hash()}"
+
+
+def source_hash() -> str:
+    """sha256 (12 hex) of every .py file of experiments/, orchestrator/ and analysis/ as this process imports them."""
+    import importlib.util
+
+    digest = hashlib.sha256()
+    for package in ("experiments", "orchestrator", "analysis"):
+        spec = importlib.util.find_spec(package)  # finds, does not import
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        folder = Path(spec.submodule_search_locations[0])
+        for file in sorted(folder.rglob("*.py")):
+            if "__pycache__" not in file.parts:
+                digest.update(f"{package}/{file.relative_to(folder).as_posix()}\0".encode() + file.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]

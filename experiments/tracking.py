@@ -22,7 +22,7 @@ class Tracker(Protocol):
         """Metrics of one evaluation step."""
 
     def log_artifact(self, name: str, data: bytes) -> None:
-        """A file of the run (``gates.npz``, ``gate_map.png``), given as its bytes."""
+        """A file of the run (``maps.npz``, ``heads.gate.png``), given as its bytes."""
 
 
 class MemoryTracker:

@@ -19,9 +19,11 @@ from rich.progress import (
 from rich.table import Table
 
 from experiments.config import ConfigError, apply_overrides, parse_config, read_yaml
+from experiments.naming import suggest
 from orchestrator import settings
+from orchestrator.status import RUN_DONE, SWEEP_DONE, RunStatus
 
-STATUSES = ("pending", "running", "finished", "failed", "cancelled")
+STATUSES = tuple(RunStatus)
 console = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 160)  # tables stay readable in logs and pipes
 
@@ -43,44 +45,28 @@ def _threads(requested: int | None) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """One run, no Ray: validate, train with a progress bar, record in MLflow."""
+    """One run, no Ray: validate, train with a progress bar, record in MLflow.
+
+    A run that starts from other runs (stages: ``init_from``, SP's default fine-tune) runs
+    them first, each once: their final weights go to the checkpoint store under their run
+    keys, where a later run (or sweep) finds and reuses them."""
     cfg = parse_config(apply_overrides(load_yaml(args.config), args.set or []))
     _threads(args.threads)
-    from experiments.runner import run
-    from experiments.tracking import MemoryTracker
-    from experiments.training import RunContext
+    from orchestrator.checkpoints import CheckpointStore
+    from orchestrator.registry.stages import with_upstreams
 
-    tracker, finish = MemoryTracker(), None
-    if not args.no_track:
-        from orchestrator import tracking
-
-        mlflow = tracking.client(args.tracking_uri)
-        experiment_id = tracking.ensure_experiment(mlflow, args.experiment)
-        run_name = f"{cfg.task.name}-{cfg.method}-{cfg.pipeline}-seed{cfg.seed}"
-        tracker = tracking.MlflowTracker(mlflow, tracking.start_run(mlflow, experiment_id, run_name))
-        finish = tracker.finish
-
-    columns = [
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.3f}  open heads {task.fields[open_heads]}"),
-        TimeElapsedColumn(), TimeRemainingColumn(),
-    ]
-    with Progress(*columns, console=console, transient=False) as progress:
-        bar = progress.add_task(f"{cfg.method}/{cfg.pipeline} {cfg.task.name}", total=None, loss=float("nan"), open_heads="-")
-
-        def on_progress(step, total, metrics):
-            progress.update(bar, completed=step, total=total, loss=metrics["loss"], open_heads=metrics["open_heads"])
-
-        try:
-            result = run(cfg, RunContext(tracker=tracker, on_progress=on_progress))
-        except BaseException as err:
-            if finish is not None:
-                tracker.set_tags({"error": "".join(traceback.format_exception_only(err)).strip()[:4000]})
-                finish("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
-            raise
-    if finish is not None:
-        finish("FINISHED")
-
+    store = CheckpointStore()
+    chain, edges = with_upstreams([cfg])
+    needed = {up for _, _, up in edges}
+    for key, step in chain.items():
+        if key == cfg.run_key:
+            break
+        if store.exists(key):
+            out.print(f"{step.run_name(' ')}: its weights are in the checkpoint store (run {key}), reused")
+            continue
+        out.print(f"first the run it starts from: {step.method} {step.run_name(' ')} (run {key})")
+        _run_tracked(step, args, store, save=key in needed)
+    result, tracker = _run_tracked(cfg, args, store, save=False)
     out.print(f"run {cfg.run_key}: {result.steps} steps in {result.seconds:.1f} s")
     table = Table()
     table.add_column("metric")
@@ -88,9 +74,89 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name, value in sorted(result.metrics.items()):
         table.add_row(name, f"{value:.4f}")
     out.print(table)
-    if finish is not None:
-        out.print(f"MLflow run {tracker.run_id} in experiment '{args.experiment}' at {mlflow.tracking_uri}")
+    if not args.no_track:
+        out.print(f"MLflow run {tracker.run_id} in experiment '{args.experiment}' at {tracker.mlflow.tracking_uri}")
         out.print("Look at it with: [bold]headsweep ui[/bold]")
+    return 0
+
+
+def _run_tracked(cfg, args: argparse.Namespace, store, save: bool):
+    """``experiments.run`` of one config with a progress bar and (unless --no-track) an MLflow run;
+    its upstreams' weights from ``store``, its own saved there when ``save``."""
+    from experiments.context import RunContext
+    from experiments.runner import run
+    from experiments.tracking import MemoryTracker
+
+    tracker, finish = MemoryTracker(), None
+    if not args.no_track:
+        from orchestrator import tracking
+
+        mlflow = tracking.client(args.tracking_uri)
+        experiment_id = tracking.ensure_experiment(mlflow, args.experiment)
+        tracker = tracking.MlflowTracker(mlflow, tracking.start_run(mlflow, experiment_id, cfg.run_name()))
+        finish = tracker.finish
+    hooks = {}
+    if cfg.upstreams:
+        hooks["load_upstream"] = lambda role: store.load(cfg.upstreams[role].run_key)
+    if save:
+        hooks["save_weights"] = lambda weights: store.save(cfg.run_key, weights)
+
+    columns = [
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}  open heads {task.fields[open_heads]}"),
+        TimeElapsedColumn(), TimeRemainingColumn(),
+    ]
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task(cfg.run_name(" "), total=None, loss=float("nan"), open_heads="-")
+
+        def on_progress(step, total, metrics):
+            progress.update(bar, completed=step, total=total, loss=metrics["loss"],
+                            open_heads=metrics.get("open_heads", "-"))
+
+        try:
+            result = run(cfg, RunContext(tracker=tracker, on_progress=on_progress, **hooks))
+        except BaseException as err:
+            if finish is not None:
+                tracker.set_tags({"error": "".join(traceback.format_exception_only(err)).strip()[:4000]})
+                finish("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+            raise
+    if finish is not None:
+        finish("FINISHED")
+    return result, tracker
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    """Every method (or one): VERSION, pipelines, short names, and its keys with defaults and meaning."""
+    from experiments import config_keys as keys
+    from experiments.config import RunConfig
+    from experiments.methods import METHODS
+
+    if args.method is not None and args.method not in METHODS:
+        raise ConfigError(f"unknown method '{args.method}'{suggest(args.method, METHODS)}")
+    for name in [args.method] if args.method else list(METHODS):
+        module = METHODS[name]
+        shorts = keys.short_names(name)
+        table = Table(title=f"[bold]{name}[/bold]  VERSION {module.VERSION}  pipelines: {', '.join(module.PIPELINES)}",
+                      caption=(module.__doc__ or "").strip().splitlines()[0], title_justify="left")
+        for column in ("key", "short name", "default", "meaning"):
+            table.add_column(column, overflow="fold")
+        rows = keys.describe(module.Config, f"{name}.")
+        for key, default, meaning in rows:
+            leaf = key.split(".", 1)[1]
+            table.add_row(key, leaf if leaf in shorts else "", default, meaning)
+        if not rows:
+            table.add_row("(none)", "", "", "no keys of its own: it reads the shared sections")
+        out.print(table)
+    if args.shared:
+        table = Table(title="[bold]shared keys[/bold] (every run)", title_justify="left")
+        for column in ("key", "default", "meaning"):
+            table.add_column(column, overflow="fold")
+        for key, default, meaning in keys.describe(RunConfig):
+            table.add_row(key, default, meaning)
+        out.print(table)
+    else:
+        out.print("A run config: seed, model, task, train, method, and the method's section "
+                  "(method: head_gates + head_gates: {lambda: 0.05}). Shared keys: headsweep methods --shared")
     return 0
 
 
@@ -126,7 +192,7 @@ def follow(sweep_id: str) -> int:
         bar = progress.add_task(sweep_id, total=None, counts="")
 
         def update(sweep, counts):
-            done = sum(counts.get(s, 0) for s in ("finished", "failed", "cancelled"))
+            done = sum(counts.get(s, 0) for s in RUN_DONE)
             progress.update(bar, completed=done, total=sum(counts.values()), counts=_count_text(counts))
 
         sweep = sweeps.wait(sweep_id, update)
@@ -139,16 +205,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     if args.dry_run:
         name, configs, counts = sweeps.plan(args.grid)
+        from orchestrator.registry.stages import describe_dag
+
+        dag = describe_dag(counts["dag"])
         out.print(
             f"grid '{name}': {counts['total']} runs, {counts['new']} new, {counts['finished']} already finished"
             + (f", {counts['other']} known but not finished" if counts.get("other") else "")
         )
+        if dag:
+            out.print(f"stages: {len(configs)} cells + {dag}; each upstream runs once, before them")
         table = Table(title="first cells")
-        for column in ("run_key", "task", "model", "method", "pipeline", "seed", "lambda", "sparsity"):
+        columns = ("run_key", "task", "model", "method", "pipeline", "seed", "lambda", "sparsity")
+        for column in columns:
             table.add_column(column)
         for cfg in configs[:10]:
-            table.add_row(cfg.run_key, cfg.task.name, cfg.model, cfg.method, str(cfg.pipeline), str(cfg.seed),
-                          str(cfg.gates.lambda_), str(cfg.sparsity))
+            labels = cfg.labels()
+            table.add_row(cfg.run_key, *("-" if labels[c] is None else str(labels[c]) for c in columns[1:]))
         out.print(table)
         return 0
     submitted = sweeps.submit(args.grid, force=args.force, rerun_failed=args.rerun_failed, track=not args.no_track)
@@ -171,23 +243,28 @@ def show_status(sweep_id: str) -> None:
     sweep = registry.get_sweep(sweep_id)
     counts = registry.sweep_counts(sweep_id)
     total = sum(counts.values())
-    done = sum(counts.get(s, 0) for s in ("finished", "failed", "cancelled"))
+    done = sum(counts.get(s, 0) for s in RUN_DONE)
     from rich.progress_bar import ProgressBar
 
     out.print(f"[bold]{sweep_id}[/bold] ({sweep['name']}): {sweep['status']}  {_count_text(counts)}")
     out.print(ProgressBar(total=max(total, 1), completed=done, width=60), f"{done}/{total}")
+    dag = registry.sweep_dag(sweep_id)
+    if dag["upstream"]:
+        out.print(f"stages: {dag['upstream']} upstream runs that {dag['dependants']} runs start from "
+                  "(each runs once, before them; a failed one blocks its dependants)")
     eta = registry.eta_seconds(sweep_id)
-    if eta is not None and sweep["status"] not in ("finished", "failed", "cancelled"):
+    if eta is not None and sweep["status"] not in SWEEP_DONE:
         out.print(f"ETA about {eta / 60:.1f} min")
     failures = registry.failures(sweep_id)
     if failures:
-        table = Table(title=f"failed runs ({len(failures)})")
+        table = Table(title=f"failed and blocked runs ({len(failures)})")
         table.add_column("run_key")
+        table.add_column("status")
         table.add_column("attempts", justify="right")
         table.add_column("error")
         for failure in failures[:20]:
             last_line = (failure["error"] or "").strip().splitlines()[-1:] or [""]
-            table.add_row(failure["run_key"], str(failure["attempts"]), last_line[0][:160])
+            table.add_row(failure["run_key"], failure["status"], str(failure["attempts"]), last_line[0][:160])
         out.print(table)
 
 
@@ -204,8 +281,6 @@ def _known_sweep(sweep_id: str) -> None:
 
     known = [s["id"] for s in Registry(settings.registry_url()).list_sweeps()]
     if sweep_id not in known:
-        from experiments.config import suggest
-
         raise ConfigError(f"unknown sweep '{sweep_id}'{suggest(sweep_id, known)}")
 
 
@@ -228,7 +303,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     for sweep in Registry(settings.registry_url()).list_sweeps():
         counts = sweep["counts"]
         total = sum(counts.values())
-        done = sum(counts.get(s, 0) for s in ("finished", "failed", "cancelled"))
+        done = sum(counts.get(s, 0) for s in RUN_DONE)
         table.add_row(sweep["id"], sweep["name"], str(sweep["created_at"])[:19], sweep["status"], str(total),
                       str(counts.get("finished", 0)), str(counts.get("failed", 0)), str(counts.get("running", 0)),
                       f"{100 * done / max(total, 1):.0f}%")
@@ -269,6 +344,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-track", action="store_true", help="do not record in MLflow")
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("methods", help="every method: pipelines, config keys with defaults and meaning")
+    p.add_argument("method", nargs="?", help="show only this method")
+    p.add_argument("--shared", action="store_true", help="also list the shared keys (seed, model, task.*, train.*)")
+    p.set_defaults(func=cmd_methods)
 
     p = sub.add_parser("submit", help="submit a grid as a sweep on Ray")
     p.add_argument("grid", help="grid YAML (see examples/grid_*.yaml)")

@@ -1,9 +1,11 @@
-"""The sweep driver: one Tune run over the sweep's unfinished run keys.
+"""The sweep driver: Tune runs over the sweep's unfinished run keys, in waves of ready runs.
 
 Runs wherever Ray runs it: as a Ray Job on the cluster (``submit``), or in
 the calling process (``submit --wait --local`` and tests). Resume does not use
 ``Tuner.restore`` (it cannot add or drop trials): every start of the driver
-reconciles orphans and launches a new Tuner over what is not finished.
+reconciles orphans and launches a new Tuner over what is not finished. Runs that
+start from other runs (stages) wait for them: each wave is the runs whose upstream
+runs have finished (``Registry.next_wave``).
 
     python -m orchestrator.driver SWEEP_ID
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +63,47 @@ def reconcile(registry: Registry, sweep_id: str, stale_after_s: float, tracking_
     return [orphan["run_key"] for orphan in orphans]
 
 
+def _await_running(registry: Registry, sweep_id: str, stale_after_s: float, tracking_uri: str | None) -> bool:
+    """Wait while runs of the sweep are RUNNING outside this driver's Tuner: a killed driver's
+    trials (their heartbeats stop, so within ``stale_after_s`` they are orphans, pending again)
+    or another sweep's trials of a shared run. True when one of them changed; False when none runs."""
+    running = registry.sweep_counts(sweep_id).get("running", 0)
+    while running and not registry.cancel_requested(sweep_id):
+        time.sleep(min(trial.HEARTBEAT_S, stale_after_s / 4))
+        if reconcile(registry, sweep_id, stale_after_s, tracking_uri):
+            return True
+        if registry.sweep_counts(sweep_id).get("running", 0) < running:
+            return True
+    return False
+
+
+def _run_wave(sweep: dict[str, Any], keys: list[str], env: dict[str, Any], run_fn: Callable | None,
+              registry: Registry) -> None:
+    """One Tune run over ``keys`` (a trial per run key), with the sweep's resources and retries."""
+    resources = sweep["resources"]
+    trainable = tune.with_resources(
+        tune.with_parameters(trial.trial, run_fn=run_fn),
+        {"cpu": resources.get("cpus", 1), "gpu": resources.get("gpus", 0)},
+    )
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"run_key": tune.grid_search(keys), "sweep_id": sweep["id"], "env": env},
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=sweep["max_concurrent"], reuse_actors=True,
+            trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,
+        ),
+        run_config=tune.RunConfig(
+            name=f"{sweep['id']}-{os.getpid()}-{keys[0][:8]}",  # one Tune experiment per wave
+            storage_path=str(settings.home() / "ray_results"),
+            failure_config=tune.FailureConfig(max_failures=sweep["max_failures"]),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            stop=_CancelStopper(registry, sweep["id"]),
+            verbose=0,
+        ),
+    )
+    tuner.fit()
+
+
 def execute_sweep(
     sweep_id: str,
     *,
@@ -76,7 +120,7 @@ def execute_sweep(
     registry = Registry(registry_url)
     sweep = registry.get_sweep(sweep_id)
     reconcile(registry, sweep_id, stale_after_s, tracking_uri)
-    keys = registry.unfinished(sweep_id)
+    registry.unblock(sweep_id)  # a new driver retries what an upstream's failure blocked
     registry.set_sweep(sweep_id, status="running")
     mlflow = None
     if tracking_uri:
@@ -85,34 +129,23 @@ def execute_sweep(
         mlflow = tracking.client(tracking_uri)
         mlflow.update_run(sweep["mlflow_parent_run_id"], status="RUNNING")
 
-    if keys:
-        env = {
-            "registry_url": registry_url, "tracking_uri": tracking_uri,
-            "experiment_id": sweep["mlflow_experiment_id"], "parent_run_id": sweep["mlflow_parent_run_id"],
-            "checkpoint_every_s": checkpoint_every_s, "stale_after_s": stale_after_s,
-        }
-        resources = sweep["resources"]
-        trainable = tune.with_resources(
-            tune.with_parameters(trial.trial, run_fn=run_fn),
-            {"cpu": resources.get("cpus", 1), "gpu": resources.get("gpus", 0)},
-        )
-        tuner = tune.Tuner(
-            trainable,
-            param_space={"run_key": tune.grid_search(keys), "sweep_id": sweep_id, "env": env},
-            tune_config=tune.TuneConfig(
-                max_concurrent_trials=sweep["max_concurrent"], reuse_actors=True,
-                trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,
-            ),
-            run_config=tune.RunConfig(
-                name=f"{sweep_id}-{os.getpid()}",
-                storage_path=str(settings.home() / "ray_results"),
-                failure_config=tune.FailureConfig(max_failures=sweep["max_failures"]),
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-                stop=_CancelStopper(registry, sweep_id),
-                verbose=0,
-            ),
-        )
-        tuner.fit()
+    env = {
+        "registry_url": registry_url, "tracking_uri": tracking_uri,
+        "experiment_id": sweep["mlflow_experiment_id"], "parent_run_id": sweep["mlflow_parent_run_id"],
+        "checkpoint_every_s": checkpoint_every_s, "stale_after_s": stale_after_s,
+        "checkpoints": settings.checkpoint_root(),
+    }
+    attempted: set[str] = set()
+    # Waves (DESIGN.md decision 10): the runs whose upstream runs have all finished, until none is
+    # left; a run whose upstream failed is blocked, not run. Without stages this is one wave.
+    while not registry.cancel_requested(sweep_id):
+        keys = registry.next_wave(sweep_id, attempted)
+        if not keys:
+            if _await_running(registry, sweep_id, stale_after_s, tracking_uri):
+                continue  # some finished (their dependants may be ready) or were orphans: pending again
+            break
+        attempted.update(keys)
+        _run_wave(sweep, keys, env, run_fn, registry)
 
     counts = registry.sweep_counts(sweep_id)
     if registry.cancel_requested(sweep_id):

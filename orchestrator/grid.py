@@ -3,24 +3,39 @@
 A grid file::
 
     name: stem-cells            # the sweep family (MLflow experiment name)
-    base:                       # a partial run config, nested like RunConfig
+    base:                       # a partial run config, nested like a run config
       method: head_gates
       train: {max_steps: 200}
-    axes:                       # dotted keys (or `task`, `lambda`); first axis varies slowest
+      head_gates: {lr: 0.05}
+    axes:                       # any key; first axis varies slowest
       task: [synthetic-cls, sst2]
       lambda: [0.01, 0.1]
       seed: [0, 1, 2]
     exclude:                    # drop product cells matching every key/value of an entry
-      - {task: sst2, gates.lambda: 0.1}
+      - {task: sst2, lambda: 0.1}
     include:                    # extra cells merged onto base (dotted or nested keys)
       - {task: ud-pos, seed: 0, train: {lr: 1.0e-4}}
     resources: {cpus: 1, gpus: 0.25}
     max_concurrent: 8
     max_failures: 1
 
+Keys (in base, axes, include and exclude) are the dotted keys of a run config
+(``seed``, ``train.lr``, ``task.max_train``, ``head_gates.lr``), ``task`` for
+``task.name``, and the short names a method declares (``lambda``,
+``sparsity``, ``pipeline`` of head_gates), which resolve through each cell's
+own method.
+
+Several methods in one grid: a method's keys (its section, its short names)
+apply to the cells of that method only. With ``method: [head_gates,
+finetune]`` and ``lambda: [0.01, 0.1]``, the head_gates cells vary lambda and
+the finetune cells do not: their cells that become equal are one run. A key
+that applies to no cell at all is an error, and so is an include that sets a
+key its own method does not have.
+
 :func:`load_grid` / :func:`parse_grid` check the spec's shape and keys;
-:func:`expand` validates every cell like ``headsweep run`` would, so a typo in a
-10,000-run grid fails at submit, naming the cell and its axis values.
+:func:`expand` validates every cell with ``parse_config`` (the path ``headsweep
+run`` takes), so a typo in a 10,000-run grid fails at submit, naming the cell
+and its axis values.
 """
 
 from __future__ import annotations
@@ -34,19 +49,21 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from experiments import config_keys as keys
 from experiments.config import (
+    DEFAULT_METHOD,
     ConfigError,
     RunConfig,
     check_data,
+    check_names,
+    config_class,
     flatten,
     parse_config,
     read_yaml,
-    suggest,
-    valid_keys,
+    with_stages,
 )
-
-SHORTHANDS = {"task": "task.name", "lambda": "gates.lambda"}
-"""Axis (and include/exclude) keys that stand for a longer dotted key."""
+from experiments.naming import suggest
+from experiments.run_keys import fingerprints_memoised
 
 
 class Resources(BaseModel):
@@ -59,13 +76,14 @@ class Resources(BaseModel):
 
 
 class GridSpec(BaseModel):
-    """A validated grid file; axes, include and exclude hold canonical dotted keys."""
+    """A validated grid file; base, axes, include and exclude hold flat grid keys
+    (dotted keys, ``task.name`` for ``task``, and short names as written)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=r"^[a-z0-9_-]+$", description="Sweep family, the MLflow experiment name.")
     base: dict[str, Any] = Field(default_factory=dict, description="Partial run config under every cell.")
-    axes: dict[str, list[Any]] = Field(default_factory=dict, description="Dotted key -> values.")
+    axes: dict[str, list[Any]] = Field(default_factory=dict, description="Key -> values.")
     include: list[dict[str, Any]] = Field(default_factory=list, description="Extra cells onto base.")
     exclude: list[dict[str, Any]] = Field(default_factory=list, description="Product cells to drop.")
     resources: Resources = Field(default_factory=Resources, description="Per-trial Ray resources.")
@@ -93,20 +111,20 @@ def load_grid(path: str | Path) -> GridSpec:
 
 
 def parse_grid(data: Any) -> GridSpec:
-    """Validate a grid mapping into a GridSpec with canonical dotted keys."""
+    """Validate a grid mapping into a GridSpec with flat, known keys."""
     if not isinstance(data, dict):
         raise ConfigError(f"a grid must be a mapping of keys, got {type(data).__name__}")
     try:
         spec = GridSpec.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_describe(err)) from None
-    base = _assign_all({}, _canonical_keys("base", spec.base))
-    axes = _canonical_keys("axes", spec.axes)
+    base = _grid_keys("base", spec.base)
+    axes = _grid_keys("axes", spec.axes)
     for key, values in axes.items():
         if not values:
             raise ConfigError(f"axes.{key}: empty list (an axis needs at least one value)")
-    include = [_canonical_keys(f"include[{i}]", entry) for i, entry in enumerate(spec.include)]
-    exclude = [_canonical_keys(f"exclude[{i}]", entry) for i, entry in enumerate(spec.exclude)]
+    include = [_grid_keys(f"include[{i}]", entry) for i, entry in enumerate(spec.include)]
+    exclude = [_grid_keys(f"exclude[{i}]", entry) for i, entry in enumerate(spec.exclude)]
     return spec.model_copy(update={"base": base, "axes": axes, "include": include, "exclude": exclude})
 
 
@@ -114,37 +132,34 @@ def _describe(err: ValidationError) -> str:
     first = err.errors()[0]
     loc = ".".join(str(part) for part in first["loc"])
     if first["type"] == "extra_forbidden" and len(first["loc"]) == 1:
-        return f"unknown key '{loc}'{suggest(loc, list(GridSpec.model_fields))}"
+        return f"unknown key '{loc}'{suggest(loc, GridSpec.model_fields)}"
     if first["type"] == "extra_forbidden":
         key = str(first["loc"][-1])
-        return f"resources: unknown key '{key}'{suggest(key, list(Resources.model_fields))}"
+        return f"resources: unknown key '{key}'{suggest(key, Resources.model_fields)}"
     more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
     return f"{loc}: {first['msg']} (got {first.get('input')!r}){more}"
 
 
-def _config_keys() -> tuple[frozenset[str], list[str]]:
-    keys = valid_keys()
-    return frozenset(keys), keys + list(SHORTHANDS)
+def _flat(entry: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested sections -> dotted keys; a dict under a key that takes one stays whole (task.eval_sets)."""
+    out: dict[str, Any] = {}
+    for key, value in entry.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and (path in keys.ALIASES or not keys.is_known(path)):
+            out.update(_flat(value, f"{path}."))
+        else:
+            out[path] = value
+    return out
 
 
-def _check_key(where: str, key: str) -> str:
-    """The canonical dotted key for ``key``, or ConfigError with the nearest valid one."""
-    key = SHORTHANDS.get(key, key)
-    known, choices = _config_keys()
-    if key in known:
-        return key
-    leaf = key.rsplit(".", 1)[-1]
-    same_leaf = [k for k in choices if k.rsplit(".", 1)[-1] == leaf]  # right key, wrong section
-    hint = f"; did you mean '{same_leaf[0]}'?" if same_leaf else suggest(key, choices)
-    raise ConfigError(f"{where}: unknown key '{key}'{hint}")
-
-
-def _canonical_keys(where: str, entry: Mapping[str, Any]) -> dict[str, Any]:
-    """Flatten nested sections, expand shorthands, reject unknown and repeated keys."""
+def _grid_keys(where: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """Flatten nested sections, expand ``task``, reject unknown and repeated keys."""
     out: dict[str, Any] = {}
     written: dict[str, str] = {}
-    for raw_key, value in flatten(dict(entry)).items():
-        key = _check_key(where, raw_key)
+    for raw_key, value in _flat(entry).items():
+        key = keys.ALIASES.get(raw_key, raw_key)
+        if not keys.is_known(key):
+            raise ConfigError(f"{where}: {keys.unknown_key(key)}")
         if key in out:
             raise ConfigError(f"{where}: '{written[key]}' and '{raw_key}' are the same key '{key}'")
         out[key], written[key] = value, raw_key
@@ -158,23 +173,33 @@ def expand(spec: GridSpec) -> list[RunConfig]:
     """Every distinct cell as a validated RunConfig, in grid order (product, then includes).
 
     Each cell is checked like ``parse_config(cell, check_files=False)``; the
-    task's data is checked once per distinct (task.name, task.data_dir).
-    Cells with the same config (hence the same run_key) are kept once.
+    task's data is checked once per distinct task section. Cells with the same
+    run key are kept once (keys are computed here, each task's data hashed once).
     """
-    validate = _CellValidator()
-    configs: dict[RunConfig, None] = {}  # frozen configs hash by value: dedup == same run_key
-    data_checked: set[tuple[str, str | None]] = set()
-    with gc_paused():
-        for index, (prefix, values, cell) in enumerate(_cells(spec)):
+    validate, resolver = _CellValidator(), _Resolver()
+    configs: dict[str, RunConfig] = {}
+    data_checked: set[Any] = set()
+    applied: set[tuple[str, str]] = set()  # (base | axes, key) of grid keys some cell used
+    methods: set[str] = set()
+    index = 0
+    with gc_paused(), fingerprints_memoised():
+        for prefix, values, is_include in _candidates(spec):
             try:
-                cfg = validate(cell)
-                if (cfg.task.name, cfg.task.data_dir) not in data_checked:
+                flat, method, used = resolver.cell(spec.base, values, strict=is_include)
+                applied.update(used)
+                if not is_include and resolver.excluded(flat, method, spec.exclude):
+                    continue
+                cfg = validate(_nest(flat))
+                if cfg.task not in data_checked:
                     check_data(cfg)
-                    data_checked.add((cfg.task.name, cfg.task.data_dir))
+                    data_checked.add(cfg.task)
+                configs.setdefault(cfg.run_key, cfg)
             except ConfigError as err:
                 raise ConfigError(f"cell {index} ({prefix}{_label(values)}): {err}") from None
-            configs.setdefault(cfg)
-    return list(configs)
+            methods.add(cfg.method)
+            index += 1
+    _check_applied(spec, applied, methods)
+    return list(configs.values())
 
 
 @contextmanager
@@ -194,32 +219,103 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _cells(spec: GridSpec) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """(label prefix, its dotted values, raw nested config) of every product cell not
-    excluded, then of every include."""
-    keys = list(spec.axes)
-    excludes = _live_excludes(spec)
+def _candidates(spec: GridSpec) -> Iterator[tuple[str, dict[str, Any], bool]]:
+    """(label prefix, grid values, is an include) of every product cell, then every include."""
+    names = list(spec.axes)
     for combo in itertools.product(*spec.axes.values()):
-        values = dict(zip(keys, combo, strict=True))
-        if any(all(_same(values[k], v) for k, v in entry.items()) for entry in excludes):
-            continue
-        yield "", values, _assign_all(spec.base, values)
+        yield "", dict(zip(names, combo, strict=True)), False
     for i, entry in enumerate(spec.include):
-        yield f"include[{i}]: ", entry, _assign_all(spec.base, entry)
+        yield f"include[{i}]: ", entry, True
 
 
-def _live_excludes(spec: GridSpec) -> list[dict[str, Any]]:
-    """Exclude entries reduced to their axis keys; entries the base already rules out are dropped.
+class _Resolver:
+    """Grid keys -> a cell's dotted keys, through the cell's method (memoised per key and method)."""
 
-    A key that is not an axis is compared with the base's value (or the
-    config's default when the base leaves it unset).
-    """
-    fixed = {**flatten(RunConfig().to_dict()), **flatten(spec.base)}
-    live = []
-    for entry in spec.exclude:
-        if all(_same(fixed.get(k), v) for k, v in entry.items() if k not in spec.axes):
-            live.append({k: v for k, v in entry.items() if k in spec.axes})
-    return live
+    def __init__(self) -> None:
+        self._keys: dict[tuple[str, Any], tuple[str, bool]] = {}
+        self._defaults: dict[Any, dict[str, Any]] = {}
+
+    def key(self, key: str, method: Any) -> tuple[str, bool]:
+        """(dotted key, whether it applies to a run of ``method``)."""
+        memo = (key, method if isinstance(method, str) else None)
+        if memo not in self._keys:
+            full = keys.resolve(key, memo[1]) if memo[1] else keys.ALIASES.get(key, key)
+            self._keys[memo] = (full, keys.applies(full, memo[1]))
+        return self._keys[memo]
+
+    def cell(self, base: dict[str, Any], values: dict[str, Any], strict: bool) -> tuple[dict[str, Any], Any, list]:
+        """(flat dotted config, its method, the (base | axes, key) that applied) of one cell.
+
+        Keys of another method are left out of the cell (see the module docstring),
+        except in an include (``strict``), where they are an error.
+        """
+        method = values.get("method", base.get("method", DEFAULT_METHOD))
+        flat: dict[str, Any] = {}
+        used = []
+        for where, layer in (("base", base), ("include" if strict else "axes", values)):
+            written: dict[str, str] = {}
+            for key, value in layer.items():
+                full, applies = self.key(key, method)
+                if not applies:
+                    if where == "include":
+                        raise ConfigError(_not_applicable(key, full, method))
+                    continue
+                if full in written:
+                    raise ConfigError(f"'{written[full]}' and '{key}' are the same key '{full}'")
+                written[full], flat[full] = key, value
+                used.append((where, key))
+        return flat, method, used
+
+    def excluded(self, flat: dict[str, Any], method: Any, exclude: list[dict[str, Any]]) -> bool:
+        """Whether an exclude entry matches: each of its keys equals the cell's value (or the
+        default when the cell leaves it unset); an entry with a key the method lacks never does."""
+        for entry in exclude:
+            for key, value in entry.items():
+                full, applies = self.key(key, method)
+                if not applies or not _same(flat.get(full, self.default(full, method)), value):
+                    break
+            else:
+                return True
+        return False
+
+    def default(self, full: str, method: Any) -> Any:
+        memo = method if isinstance(method, str) else None
+        if memo not in self._defaults:
+            try:
+                self._defaults[memo] = flatten(config_class(memo).model_validate({}).to_dict())
+            except (KeyError, ConfigError, ValidationError):
+                self._defaults[memo] = {}
+        return self._defaults[memo].get(full)
+
+
+def _not_applicable(key: str, full: str, method: Any) -> str:
+    owners = [keys.owner(full)] if keys.owner(full) else keys.owners_of(full)
+    return f"'{key}' is not a key of method '{method}' (it is a key of {', '.join(o for o in owners if o)})"
+
+
+def _check_applied(spec: GridSpec, applied: set[tuple[str, str]], methods: set[str]) -> None:
+    """Raise when a base or axes key applied to no cell (a key of a method no cell runs)."""
+    for where, entries in (("axes", spec.axes), ("base", spec.base)):
+        for key in entries:
+            if (where, key) not in applied:
+                owner = keys.owner(key)
+                owners = [owner] if owner else keys.owners_of(key)
+                raise ConfigError(
+                    f"{where}: '{key}' applies to no cell: it is a key of {', '.join(owners)}, "
+                    f"and this grid's cells run {', '.join(sorted(methods)) or 'nothing'}"
+                )
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """{"train.lr": 1e-4} -> {"train": {"lr": 1e-4}}."""
+    root: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, last = key.split(".")
+        node = root
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return root
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -233,37 +329,13 @@ def _label(values: Mapping[str, Any]) -> str:
     return ", ".join(f"{key}={value}" for key, value in values.items())
 
 
-def _assign_all(base: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
-    """``base`` with each dotted key set, copying only the dicts on the way (base is shared)."""
-    root = dict(base)
-    copied: set[tuple[str, ...]] = set()
-    for key, value in values.items():
-        *parents, last = key.split(".")
-        node = root
-        for depth, part in enumerate(parents):
-            child = node.get(part)
-            if child is None:
-                child = {}
-            elif not isinstance(child, dict):
-                raise ConfigError(f"'{key}': '{part}' is a value, not a section")
-            path = tuple(parents[: depth + 1])
-            if path not in copied:
-                child = dict(child)
-                node[part] = child
-                copied.add(path)
-            node = child
-        node[last] = value
-    return root
-
-
 class _CellValidator:
     """``parse_config(cell, check_files=False)`` with the name checks cached.
 
-    Valid cells take the fast path: the method's default pipeline is filled
-    in before pydantic sees the cell (a ``model_copy`` afterwards costs more
-    than the validation), then the names are looked up in a cache. A cell
-    that fails is re-run through ``parse_config``, so its message is exactly
-    the one ``headsweep run`` would print.
+    Valid cells take the fast path: one pydantic validation with the method's
+    config class, then the names (task, model, pipeline) looked up in a cache.
+    A cell that fails is re-run through ``parse_config``, so its message is
+    exactly the one ``headsweep run`` would print.
     """
 
     def __init__(self) -> None:
@@ -271,36 +343,23 @@ class _CellValidator:
 
     def __call__(self, cell: dict[str, Any]) -> RunConfig:
         try:
-            cfg = RunConfig.model_validate(self._with_pipeline(cell))
+            cfg = config_class(cell.get("method", DEFAULT_METHOD)).model_validate(cell)
             self._check_names(cfg)
-        except (ValidationError, ConfigError):
+            return with_stages(cfg, check_files=False)
+        except (KeyError, TypeError, ValidationError, ConfigError):
             return parse_config(cell, check_files=False)
-        return cfg
-
-    @staticmethod
-    def _with_pipeline(cell: dict[str, Any]) -> dict[str, Any]:
-        from experiments.methods import METHODS
-
-        method = cell.get("method", _DEFAULT_METHOD)
-        if cell.get("pipeline") is not None or not isinstance(method, str) or method not in METHODS:
-            return cell
-        return {**cell, "pipeline": METHODS[method].PIPELINES[0]}  # the method's default
 
     def _check_names(self, cfg: RunConfig) -> None:
-        names = (cfg.task.name, cfg.method, cfg.model, cfg.pipeline)
+        names = (cfg.task.name, cfg.model, cfg.method, cfg.labels()["pipeline"])
         if names not in self._names:
-            minimal = {"task": {"name": names[0]}, "method": names[1], "model": names[2], "pipeline": names[3]}
             try:
-                parse_config(minimal, check_files=False)
+                check_names(cfg)
                 self._names[names] = None
             except ConfigError as err:
                 self._names[names] = err
         error = self._names[names]
         if error is not None:
             raise error
-
-
-_DEFAULT_METHOD = RunConfig.model_fields["method"].default
 
 
 # --------------------------------------------------------------------------- resources

@@ -1,6 +1,8 @@
 """Where things live: one data directory (HEADSWEEP_HOME) with embedded defaults.
 
 - registry: ``HEADSWEEP_DB`` (any SQLAlchemy URL) or ``sqlite:///$HOME/registry.db``
+- checkpoints of upstream runs (stages): ``HEADSWEEP_CHECKPOINTS`` (any fsspec URI) or
+  ``$HOME/checkpoints``
 - MLflow: ``HEADSWEEP_TRACKING_URI`` / ``MLFLOW_TRACKING_URI`` or ``sqlite:///$HOME/mlflow.db``,
   artifacts under ``$HOME/mlartifacts``
 """
@@ -25,6 +27,11 @@ def tracking_uri() -> str:
 def artifact_root() -> str:
     """Where new MLflow experiments put artifacts (a local folder unless overridden)."""
     return os.environ.get("HEADSWEEP_ARTIFACT_ROOT") or (home() / "mlartifacts").as_uri()
+
+
+def checkpoint_root() -> str:
+    """Where upstream runs keep their final weights (any fsspec URI; a local folder by default)."""
+    return os.environ.get("HEADSWEEP_CHECKPOINTS") or (home() / "checkpoints").as_uri()
 
 
 def registry_url() -> str:

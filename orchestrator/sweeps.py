@@ -16,8 +16,9 @@ from experiments.config import ConfigError
 from orchestrator import cluster, settings
 from orchestrator.grid import check_resources, expand, load_grid
 from orchestrator.registry import Registry
+from orchestrator.status import SWEEP_DONE
 
-DONE = ("finished", "failed", "cancelled")
+DONE = SWEEP_DONE  # a sweep whose driver has ended
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,21 @@ def plan(grid_path: str) -> tuple[str, list, dict[str, int]]:
     spec = load_grid(grid_path)
     configs = expand(spec)
     return spec.name, configs, Registry(settings.registry_url()).plan(configs)
+
+
+def upstreams_without_weights(registry: Registry, configs: list) -> list[str]:
+    """Finished upstream runs whose weights are not in the checkpoint store (it finished when
+    nothing started from it, or the store was cleaned): they run again, once, for their dependants."""
+    from orchestrator.checkpoints import CheckpointStore
+    from orchestrator.registry.stages import with_upstreams
+
+    _, edges = with_upstreams(configs)
+    upstream = sorted({up for _, _, up in edges})
+    if not upstream:
+        return []
+    store = CheckpointStore()
+    finished = registry.finished_among(upstream)
+    return [key for key in finished if not store.exists(key)]
 
 
 def _cluster() -> dict[str, str]:
@@ -60,11 +76,12 @@ def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, t
     configs = expand(spec)
     head = _cluster()
     resources = spec.resources.model_dump()
-    check_resources(resources, cluster.cluster_nodes(head["address"]))
+    check_resources(resources, cluster.cluster_nodes(head["dashboard"]))
     registry = Registry(settings.registry_url())
     sweep_id, counts = registry.create_sweep(
         spec.name, Path(grid_path).read_text(), configs, resources,
         spec.max_concurrent, spec.max_failures, force=force, rerun_failed=rerun_failed,
+        rerun=upstreams_without_weights(registry, configs),
     )
     if track:
         from orchestrator import tracking
@@ -73,6 +90,10 @@ def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, t
         experiment_id = tracking.ensure_experiment(mlflow, spec.name)
         parent = tracking.start_run(mlflow, experiment_id, sweep_id, tags={"sweep": sweep_id, "grid": Path(grid_path).name})
         registry.set_sweep(sweep_id, mlflow_experiment_id=experiment_id, mlflow_parent_run_id=parent)
+        dag = registry.sweep_dag(sweep_id)  # the DAG at a glance in the parent run's parameters
+        tracking.MlflowTracker(mlflow, parent).log_params({
+            "runs": counts["total"], "cells": len(configs), "upstream_runs": dag["upstream"],
+            "runs_with_stages": dag["dependants"]})
     return Submitted(sweep_id, counts, start_driver(registry, sweep_id, head, track))
 
 

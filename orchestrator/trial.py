@@ -22,10 +22,11 @@ import torch
 from ray import tune
 
 from experiments.config import parse_config
+from experiments.context import RunCancelled, RunContext
 from experiments.result import RunResult
 from experiments.tracking import MemoryTracker
-from experiments.training import RunCancelled, RunContext
 from orchestrator.registry import Registry
+from orchestrator.status import RunStatus
 
 HEARTBEAT_S = 5.0
 CANCEL_POLL_S = 2.0
@@ -99,13 +100,29 @@ def claim_when_free(registry: Registry, run_key: str, worker: str, stale_after_s
         if claimed is not None:
             return claimed
         run = registry.get_run(run_key)
-        if run["status"] in ("finished", "cancelled"):
+        if run["status"] in (RunStatus.FINISHED, RunStatus.CANCELLED):
             return None
-        if run["status"] == "running" and (run["worker"] or "").split("@", 1)[0] == trial_id:
+        if run["status"] == RunStatus.RUNNING and (run["worker"] or "").split("@", 1)[0] == trial_id:
             claimed = registry.claim(run_key, worker, stale_after_s=0)
             if claimed is not None:
                 return claimed
         time.sleep(HEARTBEAT_S / 2)
+
+
+def stage_hooks(registry: Registry, run_key: str, checkpoints: str | None) -> dict[str, Any]:
+    """``load_upstream`` / ``save_weights`` of a run's context (DESIGN.md decision 10): its upstream
+    runs' weights come from the checkpoint store, by the run keys the registry recorded at submit;
+    it keeps its own final weights there only when some run starts from it."""
+    from orchestrator.checkpoints import CheckpointStore
+
+    store = CheckpointStore(checkpoints)
+    upstreams = registry.upstreams_of(run_key)
+    hooks: dict[str, Any] = {}
+    if upstreams:
+        hooks["load_upstream"] = lambda role: store.load(upstreams[role])
+    if registry.has_dependants(run_key):
+        hooks["save_weights"] = lambda weights: store.save(run_key, weights)
+    return hooks
 
 
 def _default_run(cfg, ctx) -> RunResult:
@@ -134,7 +151,7 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
 
         mlflow = tracking.client(env["tracking_uri"])
         run_id = claimed.get("mlflow_run_id") or tracking.start_run(
-            mlflow, env["experiment_id"], f"{cfg.task.name}-{cfg.method}-{cfg.pipeline}-seed{cfg.seed}",
+            mlflow, env["experiment_id"], cfg.run_name(),
             tags={"sweep": sweep_id}, parent_run_id=env.get("parent_run_id"),
         )
         registry.set_mlflow_run(run_key, run_id)
@@ -145,6 +162,7 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
     ctx = RunContext(
         tracker=tracker, checkpointer=TuneCheckpointer(env["checkpoint_every_s"]),
         should_stop=_cancel_poll(registry, sweep_id), device=device,
+        **stage_hooks(registry, run_key, env.get("checkpoints")),
     )
     beat = _Heartbeat(registry, run_key, worker)
     beat.start()
@@ -165,7 +183,7 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
         raise  # Tune retries it (FailureConfig.max_failures), from the last checkpoint
     finally:
         beat.stopped.set()
-    registry.finish(run_key, result.metrics, result.gates, result.scores, worker)
+    registry.finish(run_key, result.metrics, worker=worker, maps=result.maps)
     if mlflow_run:
         mlflow_run.finish("FINISHED")
     tune.report({"outcome": "finished", **{k: float(v) for k, v in result.metrics.items()}})

@@ -11,6 +11,29 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # this process then refuse clients that were configured before the switch.
 os.environ["RAY_AUTH_MODE"] = "disabled"
 
+# Isolation from whatever else runs on this machine: a Ray head started by another checkout (Ray's
+# /tmp/ray/ray_current_cluster, RAY_ADDRESS) or a user's HEADSWEEP_HOME, registry or MLflow store.
+# A ray.init() without an address, Tune's implicit one included, starts a private local Ray; every
+# test that wants a home, a cluster or a store sets its own; the rest get this session's temp home.
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+os.environ["RAY_ADDRESS"] = "local"
+# ... and listens on 127.0.0.1 only (Ray's single-machine mode; read when ray is first imported)
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+for _name in ("HEADSWEEP_RAY_DASHBOARD", "HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI",
+              "HEADSWEEP_RAY_PORT", "HEADSWEEP_DASHBOARD_PORT", "HEADSWEEP_ARTIFACT_ROOT"):
+    os.environ.pop(_name, None)
+SESSION_HOME = tempfile.mkdtemp(prefix="headsweep-test-home-")
+os.environ["HEADSWEEP_HOME"] = SESSION_HOME
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from orchestrator import cluster
+
+    cluster.stop_local_head(home=SESSION_HOME)  # a local head some test's CLI started in the session home
+    shutil.rmtree(SESSION_HOME, ignore_errors=True)
+
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402

@@ -1,12 +1,124 @@
 """The methods: one readable file each, a plain dict to find them (no decorator registry).
 
-Each module exposes ``VERSION`` (bump when its results would change),
-``PIPELINES`` (the first is the default) and ``run(cfg, ctx) -> RunResult``.
+A method module is the whole of a method (DESIGN.md decision 8); adding one is
+one file plus one line here, or one file named in ``HEADSWEEP_METHODS`` (below). It exposes:
+
+- ``VERSION``: bump it when its results, or a default of its ``Config``, would change;
+- ``PIPELINES``: its pipelines, the first the default (a method with more than one has
+  a ``pipeline`` key in its ``Config``, defaulting to the first);
+- ``Config``: its own section, a subclass of ``experiments.config.Section`` with a default
+  and a description per key; a run config holds it under the method's name
+  (``method: head_gates`` + ``head_gates: {lambda: 0.05}``);
+- ``SHORT_NAMES``: keys of its ``Config`` that grids and ``--set`` may write without the
+  section (``lambda`` for ``head_gates.lambda``);
+- ``run(cfg, ctx) -> RunResult``, reading its keys from ``cfg.section``;
+- ``NAME`` (optional, for methods outside this package): its name in ``METHODS``.
+
+Validation, "did you mean", ``--set``, grid axes and ``headsweep methods`` read these,
+so nothing else changes when a method is added.
+
+Methods outside this package: name their modules in the environment variable
+``HEADSWEEP_METHODS`` (comma-separated import paths, importable where headsweep runs,
+e.g. through ``PYTHONPATH``)::
+
+    HEADSWEEP_METHODS=mylab.methods.probe,my_method headsweep methods
+
+Each is imported when this package is, checked like the built-in ones, and added to
+``METHODS`` under its ``NAME`` attribute, else the last part of its dotted path
+(``probe``, ``my_method``). Ray workers import this package afresh: they must see the
+same variable and modules (a local Ray started by a process that has both passes them
+on; on a cluster, set them on every node). A module that cannot be imported, fails the
+checks or reuses a method's name is a one-line ``ConfigError`` naming the variable and
+the module.
 """
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
 
 from experiments.methods import finetune, head_gates
 
-METHODS = {
+METHODS: dict[str, ModuleType] = {
     "head_gates": head_gates,
     "finetune": finetune,
 }
+
+_RESERVED = ("seed", "model", "method", "task", "train", "init_from", "teacher", "bias_model")
+"""Top-level keys of every run config: neither a method's name nor a short name may be one."""
+
+
+def check_method(name: str, module: ModuleType) -> None:
+    """Raise TypeError naming what a method module lacks (a programming error, found at first use)."""
+    from pydantic import BaseModel
+
+    def fail(what: str) -> None:
+        raise TypeError(f"method '{name}' ({module.__name__}): {what}")
+
+    if not name.isidentifier() or name in _RESERVED:
+        fail(f"a method's name must be an identifier other than {', '.join(_RESERVED)}")
+    for attr in ("VERSION", "PIPELINES", "Config", "run"):
+        if not hasattr(module, attr):
+            fail(f"has no {attr} (a method module exposes VERSION, PIPELINES, Config, SHORT_NAMES and run)")
+    if not isinstance(module.VERSION, str) or not module.PIPELINES:
+        fail("VERSION must be a string and PIPELINES a non-empty tuple")
+    config = module.Config
+    if not (isinstance(config, type) and issubclass(config, BaseModel)):
+        fail("Config must be a pydantic model (subclass experiments.config.Section)")
+    if config.model_config.get("extra") != "forbid" or not config.model_config.get("frozen"):
+        fail("Config must be frozen and forbid unknown keys (subclass experiments.config.Section)")
+    keys = {field.alias or key: field for key, field in config.model_fields.items()}
+    for short in getattr(module, "SHORT_NAMES", ()):
+        if short not in keys or short in _RESERVED:
+            fail(f"short name '{short}' must be a key of its Config and not one of {', '.join(_RESERVED)}")
+    if len(module.PIPELINES) > 1 and ("pipeline" not in keys or keys["pipeline"].default != module.PIPELINES[0]):
+        fail(f"with several pipelines, Config needs a key 'pipeline' defaulting to '{module.PIPELINES[0]}'")
+
+
+ENV_VAR = "HEADSWEEP_METHODS"
+"""Comma-separated import paths of method modules outside this package."""
+
+
+def from_env(environ: dict[str, str] | None = None) -> dict[str, ModuleType]:
+    """The method modules named in ``HEADSWEEP_METHODS``, by method name, imported and checked.
+
+    Raises ``ConfigError`` (one line, naming the variable and the module) when one cannot
+    be imported, fails ``check_method``, or takes a name already used.
+    """
+    from experiments.config import ConfigError
+
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    found: dict[str, ModuleType] = {}
+    for path in (p.strip() for p in value.split(",")):
+        if not path:
+            continue
+
+        def fail(what: str, path: str = path) -> ConfigError:
+            return ConfigError(f"{ENV_VAR}: module '{path}' {' '.join(what.split())}")
+
+        try:
+            module = importlib.import_module(path)
+        except ModuleNotFoundError as err:
+            if err.name is not None and (path == err.name or path.startswith(err.name + ".")):
+                raise fail(f"cannot be imported: no module named '{err.name}' (is its folder on PYTHONPATH?)") from err
+            raise fail(f"cannot be imported: {type(err).__name__}: {err}") from err
+        except Exception as err:  # its own code failed: a syntax error, a failed import inside it, ...
+            raise fail(f"cannot be imported: {type(err).__name__}: {err}") from err
+        name = getattr(module, "NAME", path.rsplit(".", 1)[-1])
+        if not isinstance(name, str):
+            raise fail(f"has NAME {name!r}, which is not a string")
+        owner = METHODS.get(name) or found.get(name)
+        if owner is module:  # listed twice, or a built-in one: nothing to add
+            continue
+        if owner is not None:
+            raise fail(f"is method '{name}', a name {owner.__name__} already has (set NAME in it to another)")
+        try:
+            check_method(name, module)
+        except TypeError as err:
+            raise fail(f"is not a method module: {err}") from err
+        found[name] = module
+    return found
+
+
+METHODS.update(from_env())

@@ -9,14 +9,25 @@ schedule); the encoder and decoder use AdamW with linear warm-up and decay.
 Pipelines (He & Choi 2021):
 - ``dp`` (dynamic pruning): gates train from the first step together with
   encoder and decoder.
-- ``sp`` (static pruning): first fine-tune without gates for
-  ``gates.sp_finetune_steps`` steps, then freeze the task decoder and train
-  encoder + gates.
+- ``sp`` (static pruning): start from a fine-tuned model, freeze its task
+  decoder, train encoder + gates. The fine-tuned model is a stage (``stages``):
+  an ``init_from`` finetune run, trained once and shared by every SP cell of the
+  same model, task, seed and training settings, instead of fine-tuning inside
+  every SP run.
 
-With ``sparsity`` set, the final model keeps exactly the top (1 - sparsity)
-of heads by log_alpha as a fixed 0/1 mask and is evaluated with it (Voita's
-"fixed number of heads" comparison); ``accuracy_gated`` keeps the score with
-the test-time gates.
+Its keys live in its own section (``head_gates: {lambda: 0.05, pipeline: sp}``,
+see ``Config``).
+
+With ``head_gates.sparsity`` set (Voita's "fixed number of heads" comparison),
+the final model keeps the top (1 - sparsity) of heads by log_alpha and removes
+the rest: it is evaluated with gates ``z * keep``, the learned test-time gate
+values on the kept heads and 0 elsewhere. A hard 0/1 mask would reopen kept
+heads that trained at z ~ 0 to 1, a model that was never trained; Voita
+fine-tunes with the fixed mask instead, which costs a training phase per
+sparsity. So at most ``k`` heads are open (fewer when some of the top k had
+closed). ``accuracy`` is that model's; ``<metric>_gated`` keeps the score with
+every learned gate. The run's ``heads.gate`` map stays the learned gates; the
+kept set is its own map, ``heads.kept`` (0/1).
 """
 
 from __future__ import annotations
@@ -25,127 +36,125 @@ import math
 
 import numpy as np
 import torch
+from pydantic import Field
 
+from experiments.config import Section
+from experiments.context import RunContext
 from experiments.gates import HeadGates, eval_gates, l0_penalty, open_heads, prob_open
 from experiments.heads import attach_head_gates
-from experiments.result import RunResult
-from experiments.seeding import derive_seed, generator
-from experiments.training import (
-    RunContext,
-    adamw,
-    batch_indices,
-    evaluate,
-    forward_logits,
-    linear_warmup_decay,
-    num_steps,
-    restore,
-    set_up,
-    snapshot,
-    take,
-    task_loss,
-)
+from experiments.loop import evaluate_all, forward_logits, num_steps, train_steps
+from experiments.maths.losses import task_loss
+from experiments.maths.schedules import linear_warmup_decay
+from experiments.result import RunResult, UnitMap
+from experiments.seeding import generator
+from experiments.state import adamw, set_up
 
-VERSION = "1"
+VERSION = "2"  # 2: sparsity evaluates z * keep (learned gates stay heads.gate); SP starts from a finetune stage
 PIPELINES = ("dp", "sp")
+SHORT_NAMES = ("lambda", "sparsity", "pipeline")  # grid axes and --set: lambda = head_gates.lambda
+
+
+class Config(Section):
+    """head_gates' own keys: ``head_gates: {lambda: 0.05, pipeline: sp}``."""
+
+    pipeline: str = Field(
+        PIPELINES[0], description="dp: gates train with the model from the first step; "
+        "sp: start from a fine-tuned model (the init_from stage), gate with its decoder frozen.",
+    )
+    lambda_: float = Field(
+        0.01, alias="lambda", ge=0, le=100,
+        description="Weight of the L0 penalty (mean over layers of expected open heads per layer).",
+    )
+    lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of log_alpha (no schedule).")
+    sparsity: float | None = Field(
+        None, ge=0, lt=1, description="Fraction of heads removed at the end: keep exactly the top "
+        "(1 - sparsity) by log_alpha as a 0/1 mask; None = the test-time gates.",
+    )
+    sp_finetune_steps: int | None = Field(
+        None, gt=0,
+        description="sp only: training steps of the fine-tune it starts from (None = the same train settings).",
+    )
+
+
+def stages(section: Config) -> dict[str, dict]:
+    """The upstream runs this method starts from by default (DESIGN.md decision 10): SP starts
+    from a fine-tuned model, a ``finetune`` run of the same model, task, seed and training
+    settings (``sp_finetune_steps`` steps if set), shared by every SP cell that differs only in
+    head_gates' keys (lambda, lr, sparsity). A config's own ``init_from`` wins."""
+    if section.pipeline != "sp":
+        return {}
+    upstream = {"method": "finetune"}
+    if section.sp_finetune_steps is not None:
+        upstream["train"] = {"max_steps": section.sp_finetune_steps}
+    return {"init_from": upstream}
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
-    seed, tc = cfg.seed, cfg.train
-    setup = set_up(cfg, ctx.device)
-    task, data, encoder, decoder = setup.task, setup.data, setup.encoder, setup.decoder
-    num_layers, num_heads = setup.num_layers, setup.num_heads
-    gates = HeadGates(num_layers, num_heads, generator(seed, "gates")).to(ctx.device)
+    tc, hp = cfg.train, cfg.section  # hp: this method's Config
+    state = set_up(cfg, ctx)  # with init_from (always for SP): the upstream's encoder and decoder
+    encoder, decoder, task = state.encoder, state.decoder, state.task
+    gates = HeadGates(state.num_layers, state.num_heads, generator(cfg.seed, "gates")).to(ctx.device)
+    handle = attach_head_gates(encoder, gates)  # a fresh noise sample per forward pass in training
+    decoder.requires_grad_(hp.pipeline == "dp")  # SP: the fine-tuned decoder stays frozen
 
-    gated_steps = num_steps(len(data.train), tc.batch_size, tc.epochs, tc.max_steps)
-    ft_steps = 0 if cfg.pipeline == "dp" else (cfg.gates.sp_finetune_steps or gated_steps)
-    total = ft_steps + gated_steps
+    total = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
+    model_params = list(encoder.parameters()) + list(decoder.parameters())
+    optimizer = adamw([(list(encoder.parameters()), tc.lr), (list(decoder.parameters()), tc.decoder_lr)], tc.weight_decay)
+    gate_optimizer = torch.optim.Adam(gates.parameters(), lr=hp.lr)  # no schedule
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_warmup_decay(s, total, tc.warmup_ratio))
+    state.interventions["gates"], state.generators["gate_noise"] = gates, gates.generator
+    state.optimizers |= {"model": optimizer, "gates": gate_optimizer}
+    state.schedulers["model"] = scheduler
+    state.values["trajectory"] = []  # (L, H) test-time gates at each evaluation
 
-    ones = torch.ones(num_layers, num_heads, device=ctx.device)
-    gating = {"on": ft_steps == 0}  # SP fine-tunes with every head open, then gates
-    handle = attach_head_gates(encoder, lambda: gates() if gating["on"] else ones)
-
-    model_params = list(encoder.parameters())
-    optimizer = adamw([(model_params, tc.lr), (list(decoder.parameters()), tc.decoder_lr)], tc.weight_decay)
-    gate_optimizer = torch.optim.Adam(gates.parameters(), lr=cfg.gates.lr)
-
-    def lr_scale(step: int) -> float:  # one warm-up/decay per phase
-        if step < ft_steps:
-            return linear_warmup_decay(step, ft_steps, tc.warmup_ratio)
-        return linear_warmup_decay(step - ft_steps, gated_steps, tc.warmup_ratio)
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_scale)
-
-    torch.manual_seed(derive_seed(seed, "dropout"))
-    step, trajectory, eval_steps = 0, [], []
-    stateful = {
-        "encoder": encoder, "decoder": decoder, "gates": gates, "gate_noise": gates.generator,
-        "optimizer": optimizer, "gate_optimizer": gate_optimizer, "scheduler": scheduler,
-    }
-    saved = ctx.checkpointer.load() if ctx.checkpointer else None
-    if saved is not None:
-        step, values = restore(saved, **stateful)
-        trajectory, eval_steps = values["trajectory"], values["eval_steps"]
-
-    encoder.train(), decoder.train(), gates.train()
-    metrics: dict[str, float] = {}
-    while step < total:
-        gating["on"] = step >= ft_steps
-        if gating["on"]:
-            decoder.requires_grad_(cfg.pipeline == "dp")  # SP: decoder frozen while gating
-        ids, mask, labels = take(data.train, batch_indices(step, len(data.train), tc.batch_size, seed), ctx.device)
+    # The loop body; train_steps does the batches, evaluations, checkpoints and progress.
+    def step(state, batch) -> dict[str, float]:
+        ids, mask, labels = batch
         loss = task_loss(forward_logits(encoder, decoder, ids, mask), labels)
         penalty = l0_penalty(gates.log_alpha)
-        total_loss = loss + cfg.gates.lambda_ * penalty if gating["on"] else loss
         optimizer.zero_grad(set_to_none=True), gate_optimizer.zero_grad(set_to_none=True)
-        total_loss.backward()
-        torch.nn.utils.clip_grad_norm_(model_params + list(decoder.parameters()), tc.grad_clip)
-        optimizer.step(), scheduler.step()
-        if gating["on"]:
-            gate_optimizer.step()
-        step += 1
-
+        (loss + hp.lambda_ * penalty).backward()
+        torch.nn.utils.clip_grad_norm_(model_params, tc.grad_clip)
+        optimizer.step(), scheduler.step(), gate_optimizer.step()
         with torch.no_grad():
-            n_open = int(open_heads(eval_gates(gates.log_alpha)).sum()) if gating["on"] else num_layers * num_heads
-        if step % tc.eval_every == 0 or step == total:
-            gates.eval()
-            metrics = evaluate(encoder, decoder, data.dev, task, tc.batch_size, ctx.device)
-            gates.train()
-            effective = eval_gates(gates.log_alpha).detach() if gating["on"] else ones
-            metrics |= {
-                "train_loss": loss.item(),
-                "l0_penalty": penalty.item(),
-                "expected_open_heads": prob_open(gates.log_alpha).sum().item(),
-                "open_heads": float(n_open),
-            }
-            ctx.tracker.log_metrics(metrics, step)
-            trajectory.append(effective.cpu().numpy().astype(np.float32))
-            eval_steps.append(step)
-            if ctx.checkpointer:
-                values = {"trajectory": trajectory, "eval_steps": eval_steps}
-                ctx.checkpointer.save(snapshot(step, values, **stateful))
-        ctx.progress(step, total, {"loss": loss.item(), "open_heads": n_open})
+            n_open = int(open_heads(eval_gates(gates.log_alpha)).sum())
+            expected = prob_open(gates.log_alpha).sum().item()
+        return {"loss": loss.item(), "l0_penalty": penalty.item(), "expected_open_heads": expected, "open_heads": n_open}
 
+    def evaluate(state) -> dict[str, float]:
+        metrics = evaluate_all(state)  # gates in eval mode: the test-time gates
+        state.values["trajectory"].append(eval_gates(gates.log_alpha).detach().cpu().numpy().astype(np.float32))
+        return metrics
+
+    metrics = train_steps(state, ctx, total, step, evaluate)
+
+    # Report: the learned gates as maps; with sparsity, the fixed-count model's metrics.
     log_alpha = gates.log_alpha.detach()
-    final_gates = eval_gates(log_alpha)
+    learned = eval_gates(log_alpha)  # (L, H) test-time gates
     final = dict(metrics)
-    if cfg.sparsity is not None:
-        keep = _top_heads(log_alpha, cfg.sparsity)
+    maps = {
+        "heads.gate": UnitMap(learned.cpu().numpy(), "heads", "test-time gate of each head, 0 = removed, 1 = fully open"),
+        "heads.log_alpha": UnitMap(log_alpha.cpu().numpy(), "heads", "Hard Concrete log_alpha: larger = more likely open"),
+    }
+    if hp.sparsity is not None:
+        keep = _top_heads(log_alpha, hp.sparsity)
+        pruned = learned * keep  # the learned gate values on the kept heads, 0 elsewhere
         handle.remove()
-        handle = attach_head_gates(encoder, lambda: keep)
-        final[f"{task.METRIC}_gated"] = final[task.METRIC]
-        final |= evaluate(encoder, decoder, data.dev, task, tc.batch_size, ctx.device)
-        final["open_heads"] = float(keep.sum())
-        final_gates = keep
+        handle = attach_head_gates(encoder, lambda: pruned)
+        final |= {f"{name}_gated": value for name, value in metrics.items() if name in (task.METRIC, "loss")}
+        final |= evaluate_all(state)
+        final |= {"open_heads": float(open_heads(pruned).sum()), "heads_kept": float(keep.sum())}
+        maps["heads.kept"] = UnitMap(keep.cpu().numpy(), "heads",
+                                     f"1 = among the top {int(keep.sum())} heads by log_alpha (sparsity {hp.sparsity})")
     handle.remove()
     return RunResult(
         run_key=cfg.run_key,
         group_key=cfg.group_key,
         metrics=final,
-        gates=final_gates.cpu().numpy().astype(np.float32),
-        scores=log_alpha.cpu().numpy().astype(np.float32),
-        trajectory=np.stack(trajectory),
-        eval_steps=np.asarray(eval_steps),
-        steps=step,
+        maps=maps,
+        trajectories={"heads.gate": np.stack(state.values["trajectory"])},  # (E, L, H)
+        eval_steps=np.asarray(state.values["eval_steps"]),
+        steps=state.step,
     )
 
 

@@ -11,11 +11,13 @@ import csv
 import os
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from experiments.tasks.sources import read_conllu  # noqa: F401 (re-exported: readers live in sources)
 
 IGNORE_INDEX = -100
 """Label of a token that is not scored (special tokens, padding, non-first subwords)."""
@@ -64,12 +66,14 @@ class Split:
 
 @dataclass(frozen=True)
 class TaskData:
-    """What a task's `load` returns: two splits and the label set."""
+    """What a task's `load` returns: train and dev splits, the label set, and any extra
+    named evaluation splits (their metrics are reported as ``<metric>/<name>``)."""
 
     train: Split
     dev: Split
     num_labels: int
     label_names: tuple[str, ...]
+    eval_sets: dict[str, Split] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- data location
@@ -99,10 +103,10 @@ def require_files(task: str, directory: Path, names: Sequence[str]) -> None:
 
 def check_synthetic_sizes(cfg) -> None:
     """Validate the sizes of a generated task (cheap, for submit time)."""
-    for field in ("num_train", "num_eval"):
-        value = getattr(cfg, field)
+    for key in ("num_train", "num_eval"):
+        value = getattr(cfg, key)
         if not isinstance(value, int) or value < 1:
-            raise ValueError(f"task '{cfg.name}': {field} must be a positive int, got {value!r}")
+            raise ValueError(f"task '{cfg.name}': {key} must be a positive int, got {value!r}")
 
 
 # --------------------------------------------------------------------------- readers
@@ -126,33 +130,6 @@ def read_glue_tsv(path: Path, text_column: str, label_column: str) -> tuple[list
             texts.append(row[text_column].strip())
             labels.append(row[label_column].strip())
     return texts, labels
-
-
-def read_conllu(path: Path) -> list[list[list[str]]]:
-    """Read a CoNLL-U file into sentences of word rows (the 10 columns as strings).
-
-    Comment lines, multiword-token ranges (id `3-4`) and empty nodes (id `8.1`)
-    are skipped, so row i of a sentence is word id i + 1 and HEAD indices stay valid.
-    """
-    sentences: list[list[list[str]]] = []
-    words: list[list[str]] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.rstrip("\n")
-            if not line:
-                if words:
-                    sentences.append(words)
-                    words = []
-                continue
-            if line.startswith("#"):
-                continue
-            cols = line.split("\t")
-            if "-" in cols[0] or "." in cols[0]:
-                continue
-            words.append(cols)
-    if words:
-        sentences.append(words)
-    return sentences
 
 
 # --------------------------------------------------------------------------- subsets
@@ -181,12 +158,22 @@ def subset_indices(n: int, limit: int | None, data_seed: int, split: str) -> lis
 
 
 def encode_sentences(
-    tokenizer, texts: Sequence[str], labels: Sequence[int], max_length: int
+    tokenizer, texts: Sequence[str] | Sequence[tuple[str, str]], labels: Sequence[int], max_length: int
 ) -> Split:
-    """Tokenise sentences for classification: truncate to max_length, pad to the longest."""
-    enc = tokenizer(
-        list(texts), truncation=True, max_length=max_length, padding="longest", return_tensors="pt"
-    )
+    """Tokenise sentences for classification: truncate to max_length, pad to the longest.
+
+    ``texts`` holds strings, or (first, second) pairs encoded as one sequence pair
+    (``[CLS] a [SEP] b [SEP]``, the longer text truncated first).
+    """
+    if texts and isinstance(texts[0], tuple):
+        firsts, seconds = (list(part) for part in zip(*texts, strict=True))
+        enc = tokenizer(
+            firsts, seconds, truncation=True, max_length=max_length, padding="longest", return_tensors="pt"
+        )
+    else:
+        enc = tokenizer(
+            list(texts), truncation=True, max_length=max_length, padding="longest", return_tensors="pt"
+        )
     return Split(
         input_ids=enc["input_ids"].long(),  # (N, T)
         attention_mask=enc["attention_mask"].long(),  # (N, T)
@@ -278,10 +265,13 @@ def tagging_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, fl
     return {"accuracy": int(correct.sum()) / num_scored}
 
 
-def build_task_data(cfg, tokenizer, read_split, encode, label_names: tuple[str, ...]) -> TaskData:
-    """Both splits of a task: ``read_split(split) -> (inputs, labels)``, a random subset of
+def build_task_data(
+    cfg, tokenizer, read_split, encode, label_names: tuple[str, ...], eval_sets: Sequence[str] = ()
+) -> TaskData:
+    """The splits of a task: ``read_split(split) -> (inputs, labels)``, a random subset of
     ``max_train`` / ``max_eval`` drawn from ``data_seed``, then ``encode`` (encode_sentences or
-    encode_words) to ``max_length`` tokens."""
+    encode_words) to ``max_length`` tokens. Each extra evaluation set ``name`` is read as split
+    ``eval_sets.<name>`` and subset like dev (``max_eval``, its own draw)."""
 
     def one(split: str, limit: int | None) -> Split:
         inputs, labels = read_split(split)
@@ -293,4 +283,5 @@ def build_task_data(cfg, tokenizer, read_split, encode, label_names: tuple[str, 
         dev=one("dev", cfg.max_eval),
         num_labels=len(label_names),
         label_names=label_names,
+        eval_sets={name: one(f"eval_sets.{name}", cfg.max_eval) for name in eval_sets},
     )

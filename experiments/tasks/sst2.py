@@ -1,7 +1,9 @@
 """SST-2: binary sentiment of movie-review phrases (Socher et al. 2013; GLUE).
 
 Files: `<data_dir or default>/sst2/{train,dev}.tsv`, GLUE-style TSV with the
-header `sentence<TAB>label` and labels 0 (negative) / 1 (positive).
+header `sentence<TAB>label` and labels 0 (negative) / 1 (positive). A fixed
+configuration of the general `classification` task (same reader, checks and
+content hash).
 
 The shared copy's dev.tsv (6,735 rows) is not GLUE's 872-sentence dev set:
 60,614 + 6,735 = 67,349 = GLUE's SST-2 train, i.e. a held-out tenth of the
@@ -11,16 +13,15 @@ files, so accuracy here reads higher than published SST-2 dev numbers.
 
 from __future__ import annotations
 
+from experiments.tasks import classification
 from experiments.tasks._common import (
     ClassificationDecoder,
     TaskData,
-    build_task_data,
     classification_accuracy,
-    encode_sentences,
-    read_glue_tsv,
     require_files,
     task_data_dir,
 )
+from experiments.tasks.sources import Source, fingerprint_sources
 
 VERSION = "1"
 KIND = "classification"
@@ -31,20 +32,33 @@ _SUBDIR = "sst2"
 _FILES = {"train": "train.tsv", "dev": "dev.tsv"}
 
 
-def check(cfg) -> None:
-    """Raise FileNotFoundError if train.tsv or dev.tsv is missing."""
+def spec(cfg) -> classification.Spec:
+    """The files, columns and labels of SST-2 as a classification Spec."""
+    folder = task_data_dir(cfg, _SUBDIR)
+    sources = tuple(Source(role, str(folder / name), "tsv") for role, name in _FILES.items())
+    return classification.Spec(sources, ("sentence",), "label", labels=("0", "1"), names=LABEL_NAMES)
+
+
+def _require(cfg) -> None:
     require_files(cfg.name, task_data_dir(cfg, _SUBDIR), list(_FILES.values()))
 
 
-def _read(cfg, split: str) -> tuple[list[str], list[int]]:
-    texts, raw = read_glue_tsv(task_data_dir(cfg, _SUBDIR) / _FILES[split], "sentence", "label")
-    return texts, [int(label) for label in raw]
+def check(cfg) -> None:
+    """FileNotFoundError if train.tsv or dev.tsv is missing; ValueError for bad content."""
+    _require(cfg)
+    classification.check_spec(spec(cfg))
 
 
 def load(cfg, tokenizer) -> TaskData:
     """Read, subset (max_train / max_eval, drawn from data_seed) and tokenise both splits."""
-    check(cfg)
-    return build_task_data(cfg, tokenizer, lambda split: _read(cfg, split), encode_sentences, LABEL_NAMES)
+    _require(cfg)
+    return classification.load_spec(spec(cfg), cfg, tokenizer)
+
+
+def fingerprint(cfg) -> str:
+    """Content hash of train.tsv and dev.tsv."""
+    _require(cfg)
+    return fingerprint_sources(spec(cfg).sources)
 
 
 build_decoder = ClassificationDecoder  # (hidden_size, num_labels) -> nn.Module

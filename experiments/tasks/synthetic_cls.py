@@ -53,6 +53,11 @@ def check(cfg) -> None:
     check_synthetic_sizes(cfg)
 
 
+def fingerprint(cfg) -> None:
+    """None: generated data has no files; data_seed and the sizes are in the config."""
+    return None
+
+
 def _sentiment_phrase(rng: random.Random, positive: bool) -> list[str]:
     """One effective positive/negative word, sometimes as "not" + the opposite word."""
     if rng.random() < NEGATION_RATE:

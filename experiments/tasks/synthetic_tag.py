@@ -54,6 +54,11 @@ def check(cfg) -> None:
     check_synthetic_sizes(cfg)
 
 
+def fingerprint(cfg) -> None:
+    """None: generated data has no files; data_seed and the sizes are in the config."""
+    return None
+
+
 def _noun_phrase(rng: random.Random) -> list[str]:
     return ["DET"] + (["ADJ"] if rng.random() < 0.4 else []) + ["NOUN"]
 

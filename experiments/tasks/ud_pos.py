@@ -3,22 +3,22 @@
 Files: `<data_dir or default>/ud_ewt/en_ewt-ud-{dev,test}.conllu`. Only the dev
 and test splits of UD English-EWT ship with the shared data, so this task
 TRAINS on the UD dev file and EVALUATES on the UD test file (its `dev` split is
-UD's test set). Comment lines, multiword-token ranges and empty nodes are
-skipped; each word's first subword carries its tag.
+UD's test set). A fixed configuration of the general `tagging` task (column
+UPOS, the 17 UD tags in a fixed order): comment lines, multiword-token ranges
+and empty nodes are skipped; each word's first subword carries its tag.
 """
 
 from __future__ import annotations
 
+from experiments.tasks import tagging
 from experiments.tasks._common import (
     TaggingDecoder,
     TaskData,
-    build_task_data,
-    encode_words,
-    read_conllu,
     require_files,
     tagging_accuracy,
     task_data_dir,
 )
+from experiments.tasks.sources import Source, fingerprint_sources
 
 VERSION = "1"
 KIND = "tagging"
@@ -32,31 +32,44 @@ LABEL_NAMES = (
 _TAG_ID = {tag: i for i, tag in enumerate(LABEL_NAMES)}
 _SUBDIR = "ud_ewt"
 _FILES = {"train": "en_ewt-ud-dev.conllu", "dev": "en_ewt-ud-test.conllu"}
-_FORM, _UPOS = 1, 3  # CoNLL-U columns
+
+
+def spec(cfg) -> tagging.Spec:
+    """The files, column and tag set of UD POS as a tagging Spec."""
+    folder = task_data_dir(cfg, _SUBDIR)
+    sources = tuple(Source(role, str(folder / name), "conllu") for role, name in _FILES.items())
+    return tagging.Spec(sources, "upos", labels=LABEL_NAMES)
+
+
+def _require(cfg) -> None:
+    require_files(cfg.name, task_data_dir(cfg, _SUBDIR), list(_FILES.values()))
 
 
 def check(cfg) -> None:
-    """Raise FileNotFoundError if either CoNLL-U file is missing."""
-    require_files(cfg.name, task_data_dir(cfg, _SUBDIR), list(_FILES.values()))
+    """FileNotFoundError if either CoNLL-U file is missing; ValueError for bad content."""
+    _require(cfg)
+    tagging.check_spec(spec(cfg))
 
 
 def read_upos(path) -> tuple[list[list[str]], list[list[int]]]:
     """Words and UPOS label ids per sentence of a CoNLL-U file."""
-    words, tags = [], []
-    for sentence in read_conllu(path):
-        unknown = {row[_UPOS] for row in sentence} - _TAG_ID.keys()
-        if unknown:
-            raise ValueError(f"{path}: UPOS tag(s) {sorted(unknown)} not in the 17 UD tags")
-        words.append([row[_FORM] for row in sentence])
-        tags.append([_TAG_ID[row[_UPOS]] for row in sentence])
-    return words, tags
+    examples = tagging.read_examples(Source("train", str(path), "conllu"), tagging.Spec((), "upos"))
+    unknown = {tag for tags in examples.tags for tag in tags} - _TAG_ID.keys()
+    if unknown:
+        raise ValueError(f"{path}: UPOS tag(s) {sorted(unknown)} not in the 17 UD tags")
+    return examples.words, [[_TAG_ID[t] for t in tags] for tags in examples.tags]
 
 
 def load(cfg, tokenizer) -> TaskData:
     """Read, subset (max_train / max_eval sentences, drawn from data_seed) and tokenise."""
-    check(cfg)
-    read = lambda split: read_upos(task_data_dir(cfg, _SUBDIR) / _FILES[split])  # noqa: E731
-    return build_task_data(cfg, tokenizer, read, encode_words, LABEL_NAMES)
+    _require(cfg)
+    return tagging.load_spec(spec(cfg), cfg, tokenizer)
+
+
+def fingerprint(cfg) -> str:
+    """Content hash of the two CoNLL-U files."""
+    _require(cfg)
+    return fingerprint_sources(spec(cfg).sources)
 
 
 build_decoder = TaggingDecoder  # (hidden_size, num_labels) -> nn.Module

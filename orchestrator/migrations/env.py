@@ -5,12 +5,12 @@
 new revision by hand::
 
     from alembic import command
-    from orchestrator.registry import _alembic_config
+    from orchestrator.registry import alembic_config
 
-    config = _alembic_config()
+    config = alembic_config()
     config.set_main_option("sqlalchemy.url", "sqlite:////tmp/registry-at-head.db")
     command.upgrade(config, "head")
-    command.revision(config, "what changed", autogenerate=True, rev_id="0002")
+    command.revision(config, "what changed", autogenerate=True, rev_id="0003")
 
 then tidy the generated file (orchestrator/migrations/versions/).
 """
@@ -19,7 +19,7 @@ from alembic import context
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
-from orchestrator.registry import Base
+from orchestrator.registry.schema import Base
 
 config = context.config
 target_metadata = Base.metadata

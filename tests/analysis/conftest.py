@@ -57,8 +57,8 @@ def _config(task: str, pipeline: str, lam: float, seed: int):
     from experiments.config import parse_config
 
     return parse_config({
-        "model": "minilm-l6", "method": "head_gates", "pipeline": pipeline, "seed": seed,
-        "task": {"name": task}, "gates": {"lambda": lam}, "train": {"max_steps": 10},
+        "model": "minilm-l6", "method": "head_gates", "seed": seed,
+        "task": {"name": task}, "head_gates": {"pipeline": pipeline, "lambda": lam}, "train": {"max_steps": 10},
     })
 
 
@@ -76,7 +76,13 @@ def build_sweep(path: Path, name: str = "stem") -> Sweep:
     with Registry(url) as registry:
         sweep_id, counts = registry.create_sweep(
             name, f"name: {name}\n", [*configs.values(), pending], {"cpus": 1.0, "gpus": 0.0}, None, 1)
-        assert counts["new"] == len(cells) + 1
+        # + the SP cells' fine-tunes (their init_from stage, one per task and seed): real sweeps have them
+        upstreams = {cfg.upstreams["init_from"].run_key: cfg.upstreams["init_from"]
+                     for (_, p, _, _), cfg in configs.items() if p == "sp"}
+        assert counts["new"] == len(cells) + 1 + len(upstreams) == len(cells) + 1 + 6
+        for key, up in upstreams.items():  # finished, learning no gates: analysis must leave them out
+            assert registry.claim(key, "test-worker") is not None
+            assert registry.finish(key, {"accuracy": TASK_ACC[up.task.name] + 0.1, "loss": 0.2})
         for cell, cfg in configs.items():
             task, pipeline, lam, seed = cell
             z = cell_profile(task, lam).ravel()

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import io
+import math
 
 import matplotlib.image
 import numpy as np
 import pytest
 from sqlalchemy import event
 
-from analysis import figures, queries, stats
+from analysis import figure_plan, figures, queries, select, stats
 from analysis.loading import load_sweep
-from analysis.queries import QueryError
+from analysis.select import QueryError
 from orchestrator.registry import NotFound, Registry
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -31,7 +32,8 @@ def _decode(png: bytes) -> np.ndarray:
 
 
 def test_load_gives_every_run_in_cell_order(data, sweep):
-    assert len(data) == 25 and data.gates.shape == (25, 6, 12)
+    # 24 gate runs + 1 pending + the SP cells' 6 fine-tunes (finished, no gates)
+    assert len(data) == 31 and data.gates.shape == (31, 6, 12)
     assert data.sweep_id == sweep.sweep_id
     assert data.has_gates.sum() == 24 and data.status.tolist().count("pending") == 1
     pending = data.run_key.tolist().index(sweep.pending_key)
@@ -79,7 +81,7 @@ def test_finishing_a_run_invalidates_the_cache(fresh_sweep):
         assert claimed is not before and "running" in claimed.status.tolist()
         registry.finish(fresh_sweep.pending_key, {"accuracy": 0.5}, np.ones((6, 12)))
         after = load_sweep(registry, fresh_sweep.sweep_id)
-        assert after is not claimed and after.has_gates.all()
+        assert after is not claimed and after.has_gates.sum() == 25  # the fine-tunes learn no gates
         assert load_sweep(registry, fresh_sweep.sweep_id) is after
 
 
@@ -92,12 +94,13 @@ def test_unknown_sweep_is_not_found(registry):
 
 
 def test_select_by_any_axis(data):
-    assert len(queries.select(data, {"task": [CLS]})) == 13
-    assert len(queries.select(data, {"task": [CLS], "seed": ["0", "1"]})) == 8
-    assert len(queries.select(data, {"lambda": ["0.1"], "pipeline": ["sp"]})) == 6
-    assert len(queries.select(data, {"sparsity": ["none"]})) == 25
-    assert len(queries.select(data, {"status": ["pending"]})) == 1
-    assert len(queries.select(data, queries.parse_filter("task:synthetic-tag,seed:0|2"))) == 8
+    assert len(select.select(data, {"task": [CLS]})) == 16  # 12 gate runs, 1 pending, 3 fine-tunes
+    assert len(select.select(data, {"task": [CLS], "seed": ["0", "1"]})) == 10
+    assert len(select.select(data, {"lambda": ["0.1"], "pipeline": ["sp"]})) == 6
+    assert len(select.select(data, {"sparsity": ["none"]})) == 31
+    assert len(select.select(data, {"method": ["finetune"]})) == 6
+    assert len(select.select(data, {"status": ["pending"]})) == 1
+    assert len(select.select(data, select.parse_filter("task:synthetic-tag,seed:0|2"))) == 10
 
 
 @pytest.mark.parametrize(("filters", "message"), [
@@ -110,23 +113,27 @@ def test_select_by_any_axis(data):
 ])
 def test_bad_filters_name_the_value_and_the_nearest(data, filters, message):
     with pytest.raises(QueryError, match=message.replace("?", r"\?")):
-        queries.select(data, filters)
+        select.select(data, filters)
 
 
 def test_parse_filter_rejects_malformed_text():
-    assert queries.parse_filter("") == {}
+    assert select.parse_filter("") == {}
     with pytest.raises(QueryError, match="expected axis:value"):
-        queries.parse_filter("task")
+        select.parse_filter("task")
+    assert select.parse_filter("pipelin:dp") == {"pipelin": ["dp"]}  # checked against the data by select
+
+
+def test_select_names_a_misspelt_axis_against_the_data(data):
     with pytest.raises(QueryError, match="did you mean 'pipeline'"):
-        queries.parse_filter("pipelin:dp")
+        select.select(data, select.parse_filter("pipelin:dp"))
 
 
 def test_runs_paginates_and_carries_metrics(data):
     total, page = queries.runs(data, {"task": [CLS]}, offset=2, limit=3)
-    assert total == 13 and len(page) == 3
+    assert total == 16 and len(page) == 3
     assert page[0]["seed"] == 2 and page[0]["lambda"] == 0.01 and page[0]["sparsity"] is None
     assert page[0]["metrics"]["accuracy"] == pytest.approx(0.7 + 0.02 - 0.005)
-    assert queries.runs(data, None, offset=100, limit=5) == (25, [])
+    assert queries.runs(data, None, offset=100, limit=5) == (31, [])
 
 
 # --------------------------------------------------------------------------- aggregate
@@ -134,20 +141,23 @@ def test_runs_paginates_and_carries_metrics(data):
 
 def test_aggregate_by_axes_matches_the_formula(data):
     rows = queries.aggregate(data, ["task", "pipeline"], "accuracy")
-    assert [(r["task"], r["pipeline"]) for r in rows] == [(CLS, "dp"), (CLS, "sp"), (TAG, "dp"), (TAG, "sp")]
-    first = rows[0]  # 0.7 + 0.01 * seed - 0.5 * lambda over seeds 0..2 and lambdas 0.01, 0.1
+    # the fine-tunes (no pipeline) are rows of their own: the accuracy before any head is pruned
+    assert [(r["task"], r["pipeline"]) for r in rows] == [
+        (CLS, ""), (CLS, "dp"), (CLS, "sp"), (TAG, ""), (TAG, "dp"), (TAG, "sp")]
+    assert rows[0]["mean"] == pytest.approx(0.8) and rows[0]["n"] == 3
+    first = rows[1]  # 0.7 + 0.01 * seed - 0.5 * lambda over seeds 0..2 and lambdas 0.01, 0.1
     values = [0.7 + 0.01 * s - 0.5 * lam for s in (0, 1, 2) for lam in (0.01, 0.1)]
     assert first["mean"] == pytest.approx(np.mean(values))
     assert first["std"] == pytest.approx(np.std(values, ddof=1))
     assert (first["n"], first["runs"]) == (6, 7)  # the pending run has no accuracy yet
     assert first["ci_lo"] < first["mean"] < first["ci_hi"]
-    assert rows[1]["mean"] == pytest.approx(first["mean"] + 0.05)
+    assert rows[2]["mean"] == pytest.approx(first["mean"] + 0.05)
     assert queries.aggregate(data, ["task", "pipeline"], "accuracy") == rows  # fixed seed: reproducible
 
 
 def test_aggregate_per_cell_is_over_seeds(data):
     rows = queries.aggregate(data, [], "accuracy")
-    assert len(rows) == 8
+    assert len(rows) == 10 and sum(r["method"] == "finetune" for r in rows) == 2
     first = rows[0]  # cells in submission order
     assert (first["task"], first["pipeline"], first["lambda"]) == (CLS, "dp", 0.01)
     assert first["mean"] == pytest.approx(0.705) and first["std"] == pytest.approx(0.01) and first["n"] == 3
@@ -165,59 +175,105 @@ def test_aggregate_rejects_unknown_metric_and_axis(data):
 # --------------------------------------------------------------------------- agreement
 
 
-def test_seeds_of_a_cell_agree_beyond_chance(data, sweep):
-    result = queries.agreement(data, "seed")
-    assert result.labels == ["0", "1", "2"] and result.n_runs == [8, 8, 8] and result.n_groups == 8
+def test_seeds_of_a_cell_agree_beyond_chance_under_both_nulls(data, sweep):
+    result = queries.agreement(data, "seed", n_perm=200)
+    assert result.labels == ["0", "1", "2"] and result.n_runs == [8, 8, 8] and result.n_cells == 8
     np.testing.assert_allclose(np.diag(result.matrix), 1.0)
-    assert (result.matrix > 0.6).all()
+    assert (result.matrix > 0.6).all() and result.map_name == "heads.gate"
     stem, offdiag = result.stem_cell, result.mean_offdiag
-    expected = np.mean([stats.mean_multiple_correlation(_cell_runs(sweep, t, p, lam))
+    expected = np.mean([stats.stem_cell(_cell_runs(sweep, t, p, lam))
                         for t in (CLS, TAG) for p in ("dp", "sp") for lam in (0.01, 0.1)])
-    assert stem.observed == pytest.approx(expected)
-    assert stem.observed > 0.7 and stem.observed > stem.band_hi and stem.p_value == pytest.approx(1 / 201)
-    assert offdiag.observed > offdiag.band_hi and offdiag.p_value < 0.01
-    again = queries.agreement(data, "seed")
-    assert again.stem_cell.band_lo == stem.band_lo  # fixed rng seed: the same answer twice
+    assert stem.observed == pytest.approx(expected) and stem.observed > 0.7
+    assert set(stem.nulls) == {"within_layers", "all_units"}
+    for null in (*stem.nulls.values(), *offdiag.nulls.values()):
+        assert null.observed > null.band_hi and null.p_value == pytest.approx(1 / 201)
+        assert null.p_text == "p < 0.005" and null.excess == pytest.approx(null.observed - null.null_mean)
+    again = queries.agreement(data, "seed", n_perm=200)
+    assert again.stem_cell.nulls["within_layers"].band_lo == stem.nulls["within_layers"].band_lo  # fixed seed
 
 
 def test_independent_tasks_are_near_zero_and_inside_the_band(data, sweep):
-    result = queries.agreement(data, "task")
+    result = queries.agreement(data, "task", n_perm=200)
     assert result.labels == [CLS, TAG] and result.n_runs == [12, 12]
-    means = [np.mean([z for (t, *_), z in sweep.gates.items() if t == task], axis=0) for task in (CLS, TAG)]
-    np.testing.assert_allclose(result.matrix, stats.task_correlation(np.stack(means)), atol=1e-6)
-    null = result.mean_offdiag
+    null = result.mean_offdiag.nulls["within_layers"]
     assert abs(null.observed) < 0.15 and null.band_lo < null.observed < null.band_hi and null.p_value > 0.05
+
+
+def test_tasks_are_compared_only_within_equal_settings_of_the_other_axes(data, sweep):
+    """Defect 5: the cells of one task that differ in lambda or pipeline are not pooled."""
+    result = queries.agreement(data, "task", n_perm=0)
+    # init_from.method (finetune for SP, none for DP) splits the runs as the pipeline does
+    assert set(result.matched_on) == {"head_gates.lambda", "head_gates.pipeline", "init_from.method"}
+    assert result.pooled_axes == []
+    per_setting = []
+    for p in ("dp", "sp"):
+        for lam in (0.01, 0.1):
+            means = [_cell_runs(sweep, t, p, lam).mean(axis=0) for t in (CLS, TAG)]
+            per_setting.append(stats.task_correlation(np.stack(means))[0, 1])
+    assert result.matrix[0, 1] == pytest.approx(np.mean(per_setting), abs=1e-6)
+    assert "mean over 4 settings of head_gates.lambda, head_gates.pipeline" in result.mean_offdiag.pooled
+    pooled = queries.agreement(data, "task", n_perm=0, pool=["lambda", "pipeline"])
+    assert pooled.matched_on == []
+    assert set(pooled.pooled_axes) == {"head_gates.lambda", "head_gates.pipeline", "init_from.method"}
+    means = [np.mean([z for (t, *_), z in sweep.gates.items() if t == task], axis=0) for task in (CLS, TAG)]
+    assert pooled.matrix[0, 1] == pytest.approx(stats.task_correlation(np.stack(means))[0, 1], abs=1e-6)
+    with pytest.raises(QueryError, match="pool: 'lamda' is not an axis that varies here; did you mean 'head_gates.lambda'"):
+        queries.agreement(data, "task", n_perm=0, pool=["lamda"])
 
 
 def test_pipelines_of_the_same_tasks_agree(data):
     result = queries.agreement(data, "pipeline", n_perm=0)
     assert result.labels == ["dp", "sp"] and result.matrix[0, 1] > 0.9
-    assert isinstance(result.mean_offdiag, float) and isinstance(result.stem_cell, float)
+    assert set(result.matched_on) == {"head_gates.lambda", "task.name"}
+    assert result.mean_offdiag.nulls == {} and result.stem_cell.nulls == {}
 
 
 def test_agreement_across_runs_and_with_filters(data):
     result = queries.agreement(data, "run", {"task": [CLS], "pipeline": ["dp"]}, n_perm=20)
     assert result.matrix.shape == (6, 6) and len(result.labels) == 6
     expected = stats.pearson_matrix(
-        queries.select(data, {"task": [CLS], "pipeline": ["dp"], "status": ["finished"]}).gates, dtype=np.float64)
+        select.select(data, {"task": [CLS], "pipeline": ["dp"], "status": ["finished"]}).gates, dtype=np.float64)
     np.testing.assert_allclose(result.matrix, expected, atol=1e-6)  # float32 matrix
 
 
-def test_agreement_refuses_more_fits_than_allowed(data):
-    with pytest.raises(QueryError, match=r"24 runs with 200 permutations needs 4,824 .* lower n_perm \(to 40"):
-        queries.agreement(data, "seed", n_perm=200, max_fits=1000)
-    assert queries.agreement(data, "seed", n_perm=40, max_fits=1000).n_groups == 8
+def test_agreement_refuses_more_work_than_allowed(data):
+    with pytest.raises(QueryError, match=r"24 runs with 200 permutations .* lower n_perm \(to 41"):
+        queries.agreement(data, "seed", n_perm=200, max_run_perms=1000)
+    assert queries.agreement(data, "seed", n_perm=40, max_run_perms=1000).n_cells == 8
 
 
 @pytest.mark.parametrize(("across", "filters", "message"), [
     ("model", None, "needs at least 2 values of model"),
     ("seeds", None, "unknown across 'seeds'; did you mean 'seed'"),
     ("seed", {"seed": ["0"]}, "needs a cell with at least 2 finished seeds"),
-    ("task", {"status": ["pending"]}, "no finished run with gates"),
+    ("task", {"status": ["pending"]}, "no finished run with map heads.gate"),
 ])
 def test_agreement_bad_questions(data, across, filters, message):
     with pytest.raises(QueryError, match=message):
         queries.agreement(data, across, filters, n_perm=5)
+
+
+def test_agreement_on_the_continuous_map(data):
+    result = queries.agreement(data, "seed", n_perm=0, map_name="heads.log_alpha")
+    assert result.map_name == "heads.log_alpha" and result.stem_cell.observed > 0.7
+
+
+def test_a_constant_binarised_map_switches_to_its_continuous_companion(fresh_sweep):
+    """Every gate closed in one run (the random-init control does this): say so, use log_alpha."""
+    from dataclasses import replace
+
+    from analysis.loading import load_sweep
+    from orchestrator.registry import Registry
+
+    with Registry(fresh_sweep.url) as registry:
+        data = load_sweep(registry, fresh_sweep.sweep_id)
+    gates = np.array(data.gates)
+    gates[0] = 0.0
+    closed = replace(data, gates=gates)
+    result = queries.agreement(closed, "seed", n_perm=0)
+    assert result.map_name == "heads.log_alpha" and math.isfinite(result.stem_cell.observed)
+    assert result.notes == ["1 of 24 runs have a constant heads.gate (every unit at 0): its correlation is "
+                            "undefined, so these statistics use the continuous heads.log_alpha of every run instead"]
 
 
 # --------------------------------------------------------------------------- spearman
@@ -226,8 +282,9 @@ def test_agreement_bad_questions(data, across, filters, message):
 def test_spearman_of_independent_tasks_is_chance(data):
     result = queries.spearman_overlap(data, {"task": [CLS]}, {"task": [TAG]}, k_frac=0.2)
     assert (result["n_a"], result["n_b"]) == (12, 12)
-    assert result["band_lo"] < result["spearman"] < result["band_hi"] and result["p_value"] > 0.05
-    assert result["k"] == 15  # ceil(0.2 * 72)
+    within = next(n for n in result["nulls"] if n["null"] == "within_layers")
+    assert within["band_lo"] < result["spearman"] < within["band_hi"] and within["p_value"] > 0.05
+    assert result["k"] == 15 and result["chance_overlap"] == pytest.approx(15 / 72)  # ceil(0.2 * 72)
 
 
 def test_spearman_of_pipelines_is_high_with_full_top_k_overlap(data, sweep):
@@ -236,24 +293,19 @@ def test_spearman_of_pipelines_is_high_with_full_top_k_overlap(data, sweep):
     b = np.stack([z for (_, p, *_), z in sweep.gates.items() if p == "sp"])
     assert result["spearman"] == pytest.approx(stats.spearman_groups(a, b))
     assert result["mean_pairwise"] == pytest.approx(float(stats.spearman_between(a, b).mean()))
-    top = stats.topk_overlap(a.mean(axis=0), b.mean(axis=0), 0.2)
-    assert (result["jaccard"], result["overlap"]) == (top["jaccard"], top["overlap"])
-    assert result["spearman"] > 0.8 and result["p_value"] < 0.01
+    assert result["spearman"] > 0.8 and all(n["p_text"] == "p < 0.001" for n in result["nulls"])
+    assert result["overlap"] > 3 * result["chance_overlap"]
 
 
-def test_spearman_scores_or_a_clear_error(data):
-    if data.scores is None:  # Registry.results does not return scores (yet)
-        with pytest.raises(QueryError, match="no per-head scores"):
-            queries.spearman_overlap(data, {"pipeline": ["dp"]}, {"pipeline": ["sp"]}, score="scores")
-    else:
-        result = queries.spearman_overlap(data, {"pipeline": ["dp"]}, {"pipeline": ["sp"]}, score="scores")
-        assert result["spearman"] > 0.8
+def test_spearman_on_the_continuous_map(data):
+    result = queries.spearman_overlap(data, {"pipeline": ["dp"]}, {"pipeline": ["sp"]}, map_name="heads.log_alpha")
+    assert result["map"] == "heads.log_alpha" and result["spearman"] > 0.8
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"k_frac": 0.0}, "k must be a fraction"),
     ({"k_frac": float("nan")}, "k must be a fraction"),
-    ({"score": "gate"}, "did you mean 'gates'"),
+    ({"map_name": "heads.gates"}, "did you mean 'heads.gate'"),
     ({"a": {"task": [CLS], "status": ["pending"]}}, "group a .* has no finished run"),
 ])
 def test_spearman_bad_questions(data, kwargs, message):
@@ -266,7 +318,7 @@ def test_spearman_bad_questions(data, kwargs, message):
 
 
 def test_rgb_figure_colours_follow_the_three_seeds(data, sweep):
-    png = queries.figure(data, "rgb", {"task": [TAG], "pipeline": ["sp"], "lambda": ["0.1"]})
+    png = figure_plan.figure(data, "rgb", {"task": [TAG], "pipeline": ["sp"], "lambda": ["0.1"]})
     z = _cell_runs(sweep, TAG, "sp", 0.1)
     # the same figure built directly gives the layout (where each cell is) of the PNG
     fig = figures._rgb_seed_map_figure(z[0], z[1], z[2], f"{TAG} / sp / minilm-l6: seeds 0, 1, 2")
@@ -284,20 +336,20 @@ def test_rgb_figure_colours_follow_the_three_seeds(data, sweep):
 def test_every_figure_kind_is_a_png(data):
     for kind, kwargs in [("grey", {}), ("agreement", {"across": "task"}), ("curves", {"metric": "accuracy"}),
                          ("curves", {"x": "open_heads", "filters": {"task": [CLS]}})]:
-        image = _decode(queries.figure(data, kind, **kwargs))
+        image = _decode(figure_plan.figure(data, kind, **kwargs))
         assert image.shape[0] > 200 and image.shape[1] > 300, kind
 
 
 def test_grey_figure_is_the_mean_over_the_selection(data, sweep):
-    png = queries.figure(data, "grey", {"task": [CLS]})
+    png = figure_plan.figure(data, "grey", {"task": [CLS]})
     runs = np.stack([z for (t, *_), z in sweep.gates.items() if t == CLS])
-    title = f"mean gate\n{data.sweep_id}: task:{CLS}"
+    title = f"mean heads.gate over 12 runs\n{data.sweep_id}: task:{CLS}"
     assert _decode(png).shape == _decode(figures.grey_map(runs, title)).shape
     assert png == figures.grey_map(runs, title)  # exactly the figure of those 12 runs
 
 
 def test_curves_points_per_pipeline(data):
-    curves = queries.curve_points(data, "accuracy", "lambda", {"task": [CLS]})
+    curves = figure_plan.curve_points(data, "accuracy", "lambda", {"task": [CLS]})
     x, mean, std = curves["sp"]
     np.testing.assert_allclose(x, [0.01, 0.1])
     np.testing.assert_allclose(mean, [0.75 + 0.01 - 0.005, 0.75 + 0.01 - 0.05])
@@ -313,11 +365,11 @@ def test_curves_points_per_pipeline(data):
 ])
 def test_figure_bad_questions(data, kind, kwargs, message):
     with pytest.raises(QueryError, match=message):
-        queries.figure(data, kind, **kwargs)
+        figure_plan.figure(data, kind, **kwargs)
 
 
 def test_figure_plan_covers_every_kind(data):
-    plan = queries.figure_plan(data)
+    plan = figure_plan.figure_plan(data)
     names = [name for name, _, _ in plan]
     assert len(names) == len(set(names)) == 8 + 3 + 3 + 4
     assert sum(kind == "rgb" for _, kind, _ in plan) == 8
@@ -347,10 +399,16 @@ def test_load_and_cache_on_postgresql(fresh_pg_database):
         assert queries.aggregate(after, ["task"], "accuracy")[1]["mean"] == pytest.approx(2 / 3)
 
 
-def test_stem_cell_is_nan_when_a_cell_has_as_many_seeds_as_heads(data):
-    """6 x 12 heads here: restrict to 1 layer x 3 heads by slicing the data's gates."""
+def test_open_heads_without_the_metric_counts_gates_above_the_one_threshold(data):
+    """Defect 7: the fallback counted gates > 0.5; open means test-time gate > 1e-3 everywhere."""
     from dataclasses import replace
 
-    small = replace(data, gates=np.ascontiguousarray(data.gates[:, :1, :3]))  # 3 heads, 3 seeds per cell
-    result = queries.agreement(small, "task", n_perm=0)
-    assert np.isnan(result.stem_cell) and result.n_groups == 8 and result.matrix.shape == (2, 2)
+    from experiments.units import OPEN_THRESHOLD
+
+    gates = np.array(data.gates)
+    gates[:, 0, :] = 0.01  # barely open: open by the papers' definition
+    without = replace(data, gates=gates, metrics={k: v for k, v in data.metrics.items() if k != "open_heads"})
+    counted = figure_plan._open_heads(without)
+    finished = without.has_gates
+    np.testing.assert_array_equal(counted[finished], (gates[finished] > OPEN_THRESHOLD).sum(axis=(1, 2)))
+    assert (counted[finished] >= 12).all()

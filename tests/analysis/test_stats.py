@@ -116,7 +116,7 @@ def test_multiple_correlation_for_three_runs_is_run3_on_run1_run2():
 def test_multiple_correlation_identical_runs_is_one():
     run = _rng(6).random((6, 12))
     np.testing.assert_allclose(stats.multiple_correlation(np.stack([run] * 3)), 1.0, atol=1e-12)
-    assert stats.mean_multiple_correlation(np.stack([run] * 3)) == pytest.approx(1.0)
+    assert stats.multiple_correlation(np.stack([run] * 3)).mean() == pytest.approx(1.0)
 
 
 def test_multiple_correlation_clips_negative_adjusted_r2_to_zero():
@@ -141,7 +141,7 @@ def test_multiple_correlation_constant_response_is_nan_and_bad_shapes_raise():
 
 def test_independent_runs_have_low_multiple_correlation():
     z = (_rng(9).random((3, 6, 12)) < 0.5).astype(float)
-    assert stats.mean_multiple_correlation(z) < 0.3
+    assert stats.stem_cell(z) < 0.3
 
 
 def test_task_correlation_matches_corrcoef():
@@ -157,28 +157,50 @@ def test_task_correlation_matches_corrcoef():
 def test_topk_overlap_hand_example():
     a = np.array([5.0, 4.0, 3.0, 2.0, 1.0, 0.0])  # top 3: {0, 1, 2}
     b = np.array([0.0, 4.0, 3.0, 5.0, 1.0, 2.0])  # top 3: {3, 1, 2}
-    result = stats.topk_overlap(a, b, 0.5)
-    assert result == {"jaccard": pytest.approx(2 / 4), "overlap": pytest.approx(2 / 3), "k": 3}
-    assert stats.topk_overlap(a, a, 0.2) == {"jaccard": 1.0, "overlap": 1.0, "k": 2}  # ceil(1.2)
+    result = stats.topk_overlap(a, b, 0.5, _rng())
+    assert (result["jaccard"], result["overlap"], result["k"]) == (pytest.approx(2 / 4), pytest.approx(2 / 3), 3)
+    assert result["chance_overlap"] == pytest.approx(3 / 6)
+    # |A & B| ~ Hypergeom(6, 3, 3): P(0..3) = (1, 9, 9, 1) / 20; E[s / (6 - s)] by hand
+    assert result["chance_jaccard"] == pytest.approx((9 * 1 / 5 + 9 * 2 / 4 + 1 * 1) / 20)
+    same = stats.topk_overlap(a, a, 0.2, _rng())  # k = ceil(1.2) = 2
+    assert (same["jaccard"], same["overlap"], same["k"]) == (1.0, 1.0, 2)
 
 
-def test_topk_overlap_k_is_ceil_without_float_noise_and_ties_by_index():
+def test_topk_overlap_k_is_ceil_without_float_noise():
     a = np.arange(30.0)
-    assert stats.topk_overlap(a, a, 0.1)["k"] == 3  # 0.1 * 30 = 3.0000000000000004
-    ties = np.array([1.0, 1.0, 1.0, 0.0])
-    flipped = np.array([0.0, 1.0, 1.0, 1.0])
-    # k = 2: ties go to the lower index, {0, 1} vs {1, 2}
-    assert stats.topk_overlap(ties, flipped, 0.5) == {"jaccard": 1 / 3, "overlap": 0.5, "k": 2}
+    assert stats.topk_overlap(a, a, 0.1, _rng())["k"] == 3  # 0.1 * 30 = 3.0000000000000004
     with pytest.raises(ValueError):
-        stats.topk_overlap(a, a, 0.0)
+        stats.topk_overlap(a, a, 0.0, _rng())
 
 
-# --- permutation null -------------------------------------------------------------------
+def test_topk_overlap_of_independent_binary_runs_is_at_chance_not_biased_by_ties():
+    """Defect 2: ties broken by index made two unrelated runs (8 of 72 heads open, k = 15)
+    overlap at ~0.55 where chance is 15 / 72 ~ 0.21."""
+    rng = _rng(30)
+    overlaps = []
+    for _ in range(300):
+        a, b = np.zeros(72), np.zeros(72)
+        a[rng.choice(72, 8, replace=False)] = 1.0
+        b[rng.choice(72, 8, replace=False)] = 1.0
+        result = stats.topk_overlap(a, b, 0.2, rng)
+        overlaps.append(result["overlap"])
+    assert result["k"] == 15 and result["chance_overlap"] == pytest.approx(15 / 72)
+    assert np.mean(overlaps) == pytest.approx(15 / 72, abs=0.03)
+
+
+def test_topk_ties_are_broken_at_random_but_reproducibly():
+    ties = np.array([1.0, 1.0, 1.0, 0.0])
+    picks = {tuple(sorted(stats._top_k(ties, 2, _rng(seed)).tolist())) for seed in range(30)}
+    assert picks == {(0, 1), (0, 2), (1, 2)}  # every tied pair comes up, never the 0-scored unit
+    assert stats.topk_overlap(ties, ties[::-1], 0.5, _rng(5)) == stats.topk_overlap(ties, ties[::-1], 0.5, _rng(5))
+
+
+# --- permutation nulls ------------------------------------------------------------------
 
 
 def test_shuffle_within_layers_keeps_each_runs_layer_values():
     x = _rng(12).random((3, 6, 12))
-    shuffled = stats.shuffle_within_layers(x, 50, _rng(13))  # (50, 3, 6, 12)
+    shuffled = stats.shuffle_units(x, 50, _rng(13), "within_layers")  # (50, 3, 6, 12)
     assert shuffled.shape == (50, 3, 6, 12)
     np.testing.assert_array_equal(
         np.sort(shuffled, axis=-1), np.broadcast_to(np.sort(x, -1), shuffled.shape)
@@ -189,13 +211,35 @@ def test_shuffle_within_layers_keeps_each_runs_layer_values():
     assert not np.array_equal(shuffled[0], np.broadcast_to(x, shuffled.shape)[0])
 
 
-def test_permutation_null_shared_gates_are_significant():
+def test_shuffle_all_units_moves_values_between_layers_but_keeps_each_run():
+    x = np.zeros((2, 6, 12))
+    x[:, 0, :] = 1.0  # every open head in layer 0
+    shuffled = stats.shuffle_units(x, 20, _rng(14), "all_units")
+    np.testing.assert_array_equal(shuffled.sum(axis=(2, 3)), np.full((20, 2), 12.0))
+    assert (shuffled[:, :, 1:, :].sum(axis=(2, 3)) > 0).all()  # layer profile destroyed
+    with pytest.raises(ValueError, match="unknown null"):
+        stats.shuffle_units(x, 2, _rng(), "within_heads")
+
+
+def test_permutation_null_shared_gates_are_significant_under_both_nulls():
     x = _shared_gates(_rng(14))
-    result = stats.permutation_null(stats.mean_multiple_correlation, x, 1000, _rng(15))
-    assert result.observed > 0.6
-    assert result.p_value < 0.01 and result.p_value == pytest.approx(1 / 1001)
-    assert result.observed > result.band_hi
-    assert result.null.shape == (1000,)
+    nulls = stats.both_nulls(stats.stem_cell, x, 1000, _rng(15))
+    for result in nulls.values():
+        assert result.observed > 0.6
+        assert result.p_value == pytest.approx(1 / 1001) and result.at_floor
+        assert result.p_text == "p < 0.001"
+        assert result.observed > result.band_hi and result.excess > 0.5
+        assert result.null.shape == (1000,)
+
+
+def test_p_text_never_prints_the_floor_as_an_exact_value():
+    """Defect 9: p = 1 / (n_perm + 1) is a bound, not a value."""
+    x = _shared_gates(_rng(14))
+    at_200 = stats.permutation_null(stats.mean_pairwise_pearson, x, 200, _rng(1))
+    assert at_200.p_text == "p < 0.005"
+    indep = (_rng(2).random((3, 6, 12)) < 0.5).astype(float)
+    plain = stats.permutation_null(stats.mean_pairwise_pearson, indep, 200, _rng(3))
+    assert not plain.at_floor and plain.p_text == f"p = {plain.p_value:.2g}"
 
 
 def test_permutation_null_independent_gates_are_not():
@@ -218,30 +262,140 @@ def test_permutation_null_p_value_counts_ties_and_is_reproducible():
     x = np.stack([x[0], x[0], x[0] * 0.5 + 0.2])  # every layer uniform: shuffling changes nothing
     result = stats.permutation_null(stats.mean_pairwise_pearson, x, 200, _rng(18))
     assert result.p_value == 1.0  # (1 + 200) / (1 + 200), despite float noise in the reordering
+    assert result.excess == pytest.approx(0.0, abs=1e-9)
     again = stats.permutation_null(stats.mean_pairwise_pearson, x, 200, _rng(18))
     np.testing.assert_array_equal(result.null, again.null)
     with pytest.raises(ValueError, match="Generator"):
         stats.permutation_null(stats.mean_pairwise_pearson, x, 10, None)
-    with pytest.raises(ValueError, match=r"\(N, L, H\)"):
+    with pytest.raises(ValueError, match=r"\(N, L, K\)"):
         stats.permutation_null(stats.mean_pairwise_pearson, x.reshape(3, -1), 10, _rng())
+
+
+# --- known answers: what the two nulls tell apart (defect 3) ------------------------------
+
+
+def _same_layer_profile(rng, n_runs=3, counts=(1, 2, 3, 4, 8, 10)):
+    """Runs that share only how many heads each layer keeps; which heads is random per run."""
+    x = np.zeros((n_runs, len(counts), 12))
+    for i in range(n_runs):
+        for layer, c in enumerate(counts):
+            x[i, layer, rng.choice(12, c, replace=False)] = 1.0
+    return x
+
+
+def test_a_shared_layer_profile_alone_is_not_agreement_beyond_the_layer_profile():
+    rng = _rng(40)
+    excess_within, excess_all, small_p = [], [], 0
+    for _ in range(20):
+        x = _same_layer_profile(rng)
+        nulls = stats.both_nulls(stats.mean_pairwise_pearson, x, 200, rng)
+        excess_within.append(nulls["within_layers"].excess)
+        excess_all.append(nulls["all_units"].excess)
+        small_p += nulls["within_layers"].p_value < 0.05
+    assert abs(np.mean(excess_within)) < 0.03  # ~0 beyond the profile ...
+    assert small_p <= 3  # ... and not significant (5 % expected)
+    assert np.mean(excess_all) > 0.2  # ... but the raw r (and the all-units excess) is high
+
+
+def test_identical_runs_score_one():
+    x = np.stack([(_rng(41).random((6, 12)) < 0.3).astype(float)] * 3)
+    assert stats.stem_cell(x) == pytest.approx(1.0)
+    assert stats.mean_pairwise_pearson(x) == pytest.approx(1.0)
+
+
+def test_a_planted_shared_set_of_k_heads_grows_the_excess_with_k():
+    rng = _rng(42)
+    excess = []
+    for k in (0, 4, 8, 16):
+        values = []
+        for _ in range(5):
+            x = _same_layer_profile(rng).reshape(3, -1)
+            planted = rng.choice(72, k, replace=False)
+            x[:, planted] = 1.0  # the same k heads open in every run
+            nulls = stats.both_nulls(stats.stem_cell, x.reshape(3, 6, 12), 100, rng)
+            values.append(nulls["within_layers"].excess)
+        excess.append(np.mean(values))
+    assert excess[0] == pytest.approx(0.0, abs=0.05)
+    assert excess[0] < excess[1] < excess[2] < excess[3]
+
+
+# --- stem cell statistic over triples (defect 4) ----------------------------------------
+
+
+def _ols_triple(y, a, b):
+    fit = sm.OLS(y, sm.add_constant(np.column_stack([a, b]), has_constant="add")).fit()
+    return math.sqrt(min(max(fit.rsquared_adj, 0.0), 1.0))
+
+
+def test_triple_statistic_matches_statsmodels_on_every_triple_of_five_runs():
+    from itertools import combinations
+
+    z = _shared_gates(_rng(43), n_runs=5, flip=0.15).reshape(5, -1)
+    z[4] = _rng(44).random(72)  # one continuous, unrelated run
+    expected = [np.mean([_ols_triple(z[i], z[j], z[k]), _ols_triple(z[j], z[i], z[k]),
+                         _ols_triple(z[k], z[i], z[j])]) for i, j, k in combinations(range(5), 3)]
+    np.testing.assert_allclose(stats.triple_correlations(z), expected, atol=1e-10)
+    assert stats.stem_cell(z) == pytest.approx(np.mean(expected), abs=1e-10)
+
+
+@pytest.mark.filterwarnings("ignore:The design matrix is rank-deficient")
+def test_triple_statistic_with_collinear_and_constant_runs_matches_statsmodels():
+    z = _shared_gates(_rng(45), n_runs=3, flip=0.2).reshape(3, -1)
+    twin = np.stack([z[0], z[1], z[1]])  # predictors 1 and 2 identical in one fit
+    expected = np.mean([_ols_triple(twin[0], twin[1], twin[2]), _ols_triple(twin[1], twin[0], twin[2]),
+                        _ols_triple(twin[2], twin[0], twin[1])])
+    assert stats.triple_correlations(twin)[0] == pytest.approx(expected, abs=1e-10)
+    closed = np.stack([z[0], z[1], np.zeros(72)])  # a run with every gate closed
+    expected = np.mean([_ols_triple(closed[0], closed[1], closed[2]),
+                        _ols_triple(closed[1], closed[0], closed[2])])  # a constant response is undefined
+    assert stats.triple_correlations(closed)[0] == pytest.approx(expected, abs=1e-10)
+
+
+def test_stem_cell_does_not_grow_with_the_number_of_seeds():
+    """The joint fit of n runs grew 0.40 -> 0.55 from 3 to 20 runs at the same pairwise r."""
+    rng = _rng(46)
+    base = rng.normal(size=144)
+    by_n = {}
+    for n in (3, 5, 10, 20):
+        runs = base + rng.normal(size=(n, 144)) * 1.2  # the same pairwise r for every n
+        by_n[n] = stats.stem_cell(runs)
+        joint = stats.multiple_correlation(runs).mean()
+        if n == 20:
+            assert joint > by_n[3] + 0.1  # the old statistic grows ...
+    assert max(by_n.values()) - min(by_n.values()) < 0.06  # ... the triple one does not
+
+
+def test_stem_cell_weights_every_cell_once_and_skips_cells_under_three_runs():
+    rng = _rng(47)
+    a = _shared_gates(rng, n_runs=3, flip=0.02)
+    b = (rng.random((10, 6, 12)) < 0.4).astype(float)  # 10 unrelated seeds
+    x = np.concatenate([a, b, b[:2]])
+    cells = [np.arange(3), np.arange(3, 13), np.arange(13, 15)]
+    expected = np.mean([stats.stem_cell(a), stats.stem_cell(b)])
+    assert stats.stem_cell(x, cells) == pytest.approx(expected, abs=1e-12)
+    assert math.isnan(stats.stem_cell(x[:2]))
 
 
 # --- aggregate --------------------------------------------------------------------------
 
 
-def test_aggregate_mean_std_exact_and_ci_contains_mean():
-    values = np.array([0.71, 0.84, 0.78, 0.90, 0.66])
+def test_aggregate_small_n_uses_a_t_interval_that_can_leave_the_observed_range():
+    """Defect 8: a percentile bootstrap of 3 seeds never leaves [min, max]."""
+    values = np.array([0.71, 0.84, 0.78])
     agg = stats.aggregate(values, _rng(19))
-    assert agg.n == 5
+    half = scipy.stats.t.ppf(0.975, 2) * np.std(values, ddof=1) / math.sqrt(3)
+    assert agg.ci_method == "t"
+    assert (agg.ci_lo, agg.ci_hi) == (pytest.approx(values.mean() - half), pytest.approx(values.mean() + half))
+    assert agg.ci_lo < values.min() and agg.ci_hi > values.max()
     assert agg.mean == pytest.approx(values.mean(), abs=1e-15)
     assert agg.std == pytest.approx(np.std(values, ddof=1), abs=1e-15)
-    assert values.min() <= agg.ci_lo <= agg.mean <= agg.ci_hi <= values.max()
 
 
-def test_aggregate_ci_shrinks_with_n():
+def test_aggregate_bootstrap_from_ten_values_and_ci_shrinks_with_n():
     rng = _rng(20)
-    small = stats.aggregate(rng.normal(size=5), _rng(21))
+    small = stats.aggregate(rng.normal(size=12), _rng(21))
     large = stats.aggregate(rng.normal(size=500), _rng(21))
+    assert small.ci_method == large.ci_method == "bootstrap"
     assert (large.ci_hi - large.ci_lo) < 0.5 * (small.ci_hi - small.ci_lo)
     # ~ 2 * 1.96 / sqrt(500) = 0.175 for the large sample
     assert large.ci_hi - large.ci_lo == pytest.approx(
@@ -251,7 +405,8 @@ def test_aggregate_ci_shrinks_with_n():
 
 def test_aggregate_small_n_and_nan_policy():
     one = stats.aggregate(np.array([0.8]), _rng())
-    assert (one.mean, one.n, one.ci_lo, one.ci_hi) == (0.8, 1, 0.8, 0.8) and math.isnan(one.std)
+    assert (one.mean, one.n, one.ci_lo, one.ci_hi, one.ci_method) == (0.8, 1, 0.8, 0.8, "none")
+    assert math.isnan(one.std)
     none = stats.aggregate(np.array([]), _rng())
     assert none.n == 0 and math.isnan(none.mean)
     with_nan = np.array([0.5, np.nan, 0.7])

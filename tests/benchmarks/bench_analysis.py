@@ -3,11 +3,17 @@
     .venv/bin/python tests/benchmarks/bench_analysis.py [--requests-per-client 25]
 
 A temporary SQLite registry is filled by bulk SQL (through the registry's
-own engine and tables) with one sweep of 10,000 finished runs with 6 x 12
-gates: 2 tasks x 2 pipelines x 5 sparsities x 10 lambdas x 50 seeds.
+own engine and tables) with one sweep of 10,000 finished runs, each with a
+stored config and a 6 x 12 ``heads.gate`` map: 2 tasks x 2 pipelines x 5
+sparsities x 10 lambdas x 50 seeds; for the neuron figure every run also gets
+a 6 x 1536 ``neurons.predictivity`` map (random floats: ~370 MB).
 
 - ``load_10000_cold`` / ``load_10000_cached``: ``load_sweep`` with an empty
-  cache, then again (one version check query)
+  cache and its ``heads.gate`` map (two queries: runs + configs, then the map),
+  then again (one version check query)
+- ``load_10000_neurons``: ``load_sweep`` with an empty cache and its
+  ``neurons.predictivity`` map (6 x 1536 per run); ``--pg URL`` repeats the
+  loading figures on PostgreSQL
 - ``pearson_agreement_10000``: ``queries.agreement(across="run")``, the run x run
   Pearson matrix (float32) and its mean, without nulls or the stem cell
   statistic; best of 2 after a first call ("cold_seconds")
@@ -27,6 +33,7 @@ machine is shared, read timings next to it. Not a pytest test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -35,6 +42,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -44,9 +52,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from analysis import queries  # noqa: E402
 from analysis.loading import clear_cache, load_sweep  # noqa: E402
-from orchestrator.registry import Registry, Run, Sweep, SweepRun  # noqa: E402
+from orchestrator.registry import Registry, Run, RunMap, Sweep, SweepRun  # noqa: E402
+from orchestrator.registry.schema import pack_map  # noqa: E402
 
-LAYERS, HEADS = 6, 12
+LAYERS, HEADS, NEURONS = 6, 12, 1536
 TASKS, PIPELINES = ("synthetic-cls", "synthetic-tag"), ("dp", "sp")
 SPARSITIES, LAMBDAS, SEEDS = (0.1, 0.3, 0.5, 0.7, 0.9), tuple(np.geomspace(1e-3, 1.0, 10)), range(50)
 CLIENTS = 20
@@ -69,25 +78,43 @@ def _timed(fn):
     return value, time.perf_counter() - start
 
 
-def fill(registry: Registry, rng: np.random.Generator) -> str:
-    """One sweep of 10,000 finished runs, inserted in bulk; returns its id."""
+def _config(task: str, pipeline: str, sparsity: float, lam: float, seed: int) -> dict:
+    """A stored config shaped like a real one (about 35 keys once flattened)."""
+    return {
+        "seed": seed, "model": "minilm-l6", "method": "head_gates",
+        "task": {"name": task, "data_dir": None, "max_train": None, "max_eval": None, "max_length": 64,
+                 "data_seed": 0, "num_train": 2000, "num_eval": 500, "train": None, "dev": None, "eval_sets": {},
+                 "format": None, "text": None, "label": None, "labels": None, "column": None},
+        "train": {"epochs": 1.0, "max_steps": None, "batch_size": 32, "lr": 5e-05, "decoder_lr": 0.001,
+                  "weight_decay": 0.01, "warmup_ratio": 0.1, "eval_every": 50, "grad_clip": 1.0},
+        "head_gates": {"pipeline": pipeline, "lambda": lam, "lr": 0.001, "sparsity": sparsity,
+                       "sp_finetune_steps": None},
+    }
+
+
+def fill(registry: Registry, rng: np.random.Generator, neurons: bool = False) -> str:
+    """One sweep of 10,000 finished runs with configs and maps, inserted in bulk; returns its id."""
     cells = [(t, p, s, lam, seed) for t in TASKS for p in PIPELINES for s in SPARSITIES
              for lam in LAMBDAS for seed in SEEDS]
     profiles = {t: rng.random((LAYERS, HEADS)) for t in TASKS}
     now = datetime.now()
     sweep_id = f"sw-bench-{uuid.uuid4().hex[:6]}"
-    runs = []
+    runs, maps = [], []
     for i, (task, pipeline, sparsity, lam, seed) in enumerate(cells):
         gates = np.clip(profiles[task] + rng.normal(0, 0.3, (LAYERS, HEADS)), 0, 1).astype(np.float32)
         accuracy = 0.7 + 0.1 * (task == TASKS[1]) - 0.2 * sparsity + rng.normal(0, 0.01)
+        key = f"{sweep_id[-6:]}{i:010x}"  # distinct across the sweeps of one registry
         runs.append({
-            "run_key": f"{i:016x}", "group_key": f"{i // len(SEEDS):016x}", "config": {}, "task": task,
-            "model": "minilm-l6", "method": "head_gates", "pipeline": pipeline, "seed": seed,
+            "run_key": key, "group_key": f"{i // len(SEEDS):016x}", "config": _config(task, pipeline, sparsity, float(lam), seed),
+            "task": task, "model": "minilm-l6", "method": "head_gates", "pipeline": pipeline, "seed": seed,
             "sparsity": sparsity, "lambda": float(lam), "status": "finished", "attempts": 1,
             "created_at": now, "updated_at": now, "finished_at": now,
             "metrics": {"accuracy": accuracy, "loss": 1 - accuracy, "open_heads": float((gates > 0.5).sum())},
-            "gates": gates.tobytes(), "gates_shape": [LAYERS, HEADS],
         })
+        maps.append({"run_key": key, "name": "heads.gate", "kind": "heads", **pack_map(gates)})
+        if neurons:
+            maps.append({"run_key": key, "name": "neurons.predictivity", "kind": "neurons",
+                         **pack_map(rng.random((LAYERS, NEURONS), dtype=np.float32))})
     with registry._engine.begin() as connection:  # bulk SQL on the registry's own engine
         connection.execute(Sweep.__table__.insert(), [{
             "id": sweep_id, "name": "bench", "grid": "name: bench\n", "created_at": now, "updated_at": now,
@@ -96,18 +123,76 @@ def fill(registry: Registry, rng: np.random.Generator) -> str:
         connection.execute(Run.__table__.insert(), runs)
         connection.execute(SweepRun.__table__.insert(),
                            [{"sweep_id": sweep_id, "run_key": r["run_key"], "position": i} for i, r in enumerate(runs)])
+        for start in range(0, len(maps), 1000):
+            connection.execute(RunMap.__table__.insert(), maps[start:start + 1000])
+    return sweep_id
+
+
+def bench_loading(registry: Registry, sweep_id: str, neuron_sweep_id: str | None, backend: str) -> None:
+    """The loading figures: runs + configs + heads.gate cold, cached, and a sweep's neuron map cold."""
+    extra = {} if backend == "sqlite" else {"backend": backend}
+    clear_cache()
+
+    def load_gates():
+        loaded = load_sweep(registry, sweep_id)
+        return loaded, loaded.gates
+
+    (data, gates), seconds = _timed(load_gates)
+    assert gates.shape == (10_000, LAYERS, HEADS) and data.has_gates.all()
+    assert len(data.config) >= 30 and data.config["head_gates.lambda"].dtype == np.float64
+    _emit("load_10000_cold", seconds, "< 2", runs=len(data), config_keys=len(data.config),
+          map="heads.gate (6, 12)", **extra)
+    again, seconds = _timed(lambda: load_sweep(registry, sweep_id))
+    assert again is data
+    _emit("load_10000_cached", seconds, None, ms=seconds * 1000, **extra)
+    if neuron_sweep_id is None:
+        return
+    clear_cache()
+
+    def load_neurons():
+        loaded = load_sweep(registry, neuron_sweep_id)
+        return loaded, loaded.map("neurons.predictivity")
+
+    (data, (values, has)), seconds = _timed(load_neurons)
+    assert values.shape == (10_000, LAYERS, NEURONS) and has.all()
+    _emit("load_10000_neurons", seconds, "< 5", map="neurons.predictivity (6, 1536)",
+          megabytes=round(values.nbytes / 2**20), **extra)
+    clear_cache()
+
+
+@contextlib.contextmanager
+def _pg_schema(url: str) -> Iterator[str]:
+    """A URL whose search_path is a fresh schema; the schema is dropped after."""
+    import sqlalchemy as sa
+
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield sa.make_url(url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
+            hide_password=False)
+    finally:
+        with engine.begin() as connection:
+            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        engine.dispose()
+
+
+def loading(url: str, backend: str) -> str:
+    """Fill a registry at ``url`` (a gate sweep and a neuron sweep) and time loading them;
+    returns the gate sweep's id."""
+    rng = np.random.default_rng(0)
+    with Registry(url) as registry:
+        sweep_id, seconds = _timed(lambda: fill(registry, rng))
+        neuron_sweep_id, neuron_seconds = _timed(lambda: fill(registry, rng, neurons=True))
+        _emit("fill_10000", seconds, None, neurons_seconds=neuron_seconds, note="bulk insert, not a target",
+              **({} if backend == "sqlite" else {"backend": backend}))
+        bench_loading(registry, sweep_id, neuron_sweep_id, backend)
     return sweep_id
 
 
 def bench_queries(registry: Registry, sweep_id: str) -> None:
-    clear_cache()
-    data, seconds = _timed(lambda: load_sweep(registry, sweep_id))
-    assert data.gates.shape == (10_000, LAYERS, HEADS) and data.has_gates.all()
-    _emit("load_10000_cold", seconds, "< 2", runs=len(data))
-    again, seconds = _timed(lambda: load_sweep(registry, sweep_id))
-    assert again is data
-    _emit("load_10000_cached", seconds, None, ms=seconds * 1000)
-
+    data = load_sweep(registry, sweep_id)
     times = []
     for _ in range(3):  # the first call also pays for first-touching its 400 MB matrix
         result, seconds = _timed(lambda: queries.agreement(data, "run", n_perm=0, stem_cell=False))
@@ -190,12 +275,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests-per-client", type=int, default=25)
     parser.add_argument("--no-http", action="store_true", help="skip the Ray Serve part")
+    parser.add_argument("--only-loading", action="store_true", help="the loading figures only")
+    parser.add_argument("--pg", metavar="URL", help="also the loading figures on PostgreSQL (a fresh schema in URL)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'registry.db'}"
+        sweep_id = loading(url, "sqlite")
+        if args.pg:
+            with _pg_schema(args.pg) as pg_url:
+                loading(pg_url, "postgresql")
+        if args.only_loading:
+            return
         with Registry(url) as registry:
-            sweep_id, seconds = _timed(lambda: fill(registry, np.random.default_rng(0)))
-            _emit("fill_10000", seconds, None, note="bulk insert, not a target")
             bench_queries(registry, sweep_id)
         if not args.no_http:
             bench_http(url, sweep_id, args.requests_per_client)

@@ -24,10 +24,10 @@ import numpy as np
 
 
 def trivial_run(cfg, ctx):
-    from experiments.result import RunResult
+    from experiments.result import RunResult, UnitMap
 
     ones = np.ones((2, 4), dtype=np.float32)
-    return RunResult(cfg.run_key, cfg.group_key, {"accuracy": 1.0}, ones, None, ones[None], np.array([1]), 1)
+    return RunResult(cfg.run_key, cfg.group_key, {"accuracy": 1.0}, {"heads.gate": UnitMap(ones, "heads", "test")}, steps=1)
 
 
 def _grid(n: int) -> dict:
@@ -64,7 +64,7 @@ def _child(n: int) -> None:
 
     home = tempfile.mkdtemp()
     os.environ["HEADSWEEP_HOME"] = home
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     one_sweep(n, home)
     with open("/proc/self/status") as status:
         rss_kb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
@@ -91,7 +91,7 @@ def main() -> None:
 def overhead(args) -> None:
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     one_sweep(20, tempfile.mkdtemp())  # warm the worker processes and imports
     times = []
     for _ in range(args.repeats):

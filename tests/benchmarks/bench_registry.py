@@ -7,7 +7,11 @@ On SQLite (a temporary file) and PostgreSQL (a fresh schema, dropped after):
 - ``expand_10000``: parse + expand + validate a 10,000-cell grid (no database)
 - ``register_10000``: expand + validate + ``create_sweep`` of that grid into an empty registry
 - ``resubmit_10000``: the same again (every run present: nothing inserted but the sweep's cells)
-- ``results_10000``: ``results()`` of 10,000 finished runs with 6 x 12 gates
+- ``register_10000_with_stages``: expand + validate + ``create_sweep`` of the same grid with every
+  cell starting from a fine-tune (``init_from: {method: finetune}``): 10,000 cells + 200 shared
+  upstream runs and 10,000 edges, into an empty registry
+- ``results_10000``: the read model over 10,000 finished runs with a 6 x 12 ``heads.gate`` map:
+  ``sweep_runs`` (one query: columns, metrics, configs) + ``sweep_map`` (one query)
 
 "seconds" is one measured run after a warm-up of the imports (torch comes in
 with the task and method tables). "load_1m" is the 1-minute load average:
@@ -33,7 +37,8 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from orchestrator.grid import expand, parse_grid  # noqa: E402
-from orchestrator.registry import Registry, Run  # noqa: E402
+from orchestrator.registry import Registry, Run, RunMap  # noqa: E402
+from orchestrator.registry.schema import pack_map  # noqa: E402
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 LAYERS, HEADS = 6, 12
@@ -64,26 +69,30 @@ def _timed(fn):
     return value, time.perf_counter() - start
 
 
-def _submit(registry: Registry) -> tuple[str, dict[str, int]]:
-    configs = expand(parse_grid(GRID))
-    return registry.create_sweep("bench", json.dumps(GRID), configs, {"cpus": 1.0, "gpus": 0.0}, None, 1)
+STAGED = GRID | {"base": GRID["base"] | {"init_from": {"method": "finetune"}}}
+
+
+def _submit(registry: Registry, grid: dict = GRID) -> tuple[str, dict[str, int]]:
+    configs = expand(parse_grid(grid))
+    return registry.create_sweep("bench", json.dumps(grid), configs, {"cpus": 1.0, "gpus": 0.0}, None, 1)
 
 
 def _finish_all(url: str, sweep_id: str, rng: np.random.Generator) -> None:
-    """Every run of the sweep -> finished with random gates, in one bulk UPDATE (not timed)."""
+    """Every run of the sweep -> finished with a random gate map, in bulk (not timed)."""
     engine = sa.create_engine(url)
     table = Run.__table__
     with engine.begin() as connection:
         keys = connection.execute(sa.text("SELECT run_key FROM sweep_runs WHERE sweep_id = :s"),
                                   {"s": sweep_id}).scalars().all()
-        gates = rng.random((len(keys), LAYERS, HEADS), dtype=np.float32)
         connection.execute(
             table.update().where(table.c.run_key == sa.bindparam("key")).values(
-                status="finished", gates=sa.bindparam("blob"), gates_shape=[LAYERS, HEADS],
-                metrics={"accuracy": 0.9, "open_heads": 40},
-            ),
-            [{"key": key, "blob": gate.tobytes()} for key, gate in zip(keys, gates, strict=True)],
+                status="finished", metrics={"accuracy": 0.9, "open_heads": 40}),
+            [{"key": key} for key in keys],
         )
+        gates = rng.random((len(keys), LAYERS, HEADS), dtype=np.float32)
+        connection.execute(RunMap.__table__.insert(), [
+            {"run_key": key, "name": "heads.gate", "kind": "heads", **pack_map(gate)}
+            for key, gate in zip(keys, gates, strict=True)])
     engine.dispose()
 
 
@@ -97,9 +106,19 @@ def bench_backend(backend: str, url: str) -> None:
     assert counts["new"] == 0 and counts["total"] == 10_000, counts
     _emit("resubmit_10000", backend, seconds, "< 1", new=counts["new"])
     _finish_all(url, sweep_id, np.random.default_rng(0))
-    result, seconds = _timed(lambda: registry.results(sweep_id))
-    assert result["gates"].shape == (10_000, LAYERS, HEADS) and result["has_gates"].all()
-    _emit("results_10000", backend, seconds, "< 2", gates_shape=list(result["gates"].shape))
+    (runs, gate), seconds = _timed(lambda: (registry.sweep_runs(sweep_id), registry.sweep_map(sweep_id, "heads.gate")))
+    assert gate.values.shape == (10_000, LAYERS, HEADS) and gate.has.all() and len(runs["config"]) == 10_000
+    _emit("results_10000", backend, seconds, "< 2", map_shape=list(gate.values.shape))
+    registry.close()
+
+
+def bench_stages(backend: str, url: str) -> None:
+    registry = Registry(url)
+    (sweep_id, counts), seconds = _timed(lambda: _submit(registry, STAGED))
+    assert counts["new"] == 10_200, counts
+    dag = registry.sweep_dag(sweep_id)
+    assert dag == {"upstream": 200, "dependants": 10_000}, dag
+    _emit("register_10000_with_stages", backend, seconds, "< 2", new=counts["new"], **dag)
     registry.close()
 
 
@@ -135,9 +154,12 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         bench_backend("sqlite", f"sqlite:///{Path(tmp) / 'registry.db'}")
+        bench_stages("sqlite", f"sqlite:///{Path(tmp) / 'staged.db'}")
     if not args.no_pg:
         with _pg_schema(args.pg) as url:
             bench_backend("postgresql", url)
+        with _pg_schema(args.pg) as url:
+            bench_stages("postgresql", url)
 
 
 if __name__ == "__main__":

@@ -100,13 +100,21 @@ def main() -> None:
 
     z = (rng.random((3, 6, 12)) < 0.5).astype(np.float64)
     for name, fn in (
-        ("mean_multiple_correlation", stats.mean_multiple_correlation),
+        ("stem_cell", stats.stem_cell),
         ("mean_pairwise_pearson", stats.mean_pairwise_pearson),
     ):
         warm, cold = _time(
             lambda fn=fn: stats.permutation_null(fn, z, 1000, np.random.default_rng(1)), repeats=2
         )
         _emit(f"permutation_null_1000x3x144_{name}", warm, "< 1", cold_seconds=cold)
+
+    # the stem cell null of a whole sweep: 1,000 cells x 3 seeds, every cell in one batched Pearson
+    x = (rng.random((3_000, 6, 12)) < 0.5).astype(np.float64)
+    cells = [np.arange(i, i + 3) for i in range(0, 3_000, 3)]
+    warm, cold = _time(lambda: stats.both_nulls(lambda z: stats.stem_cell(z, cells), x, 100,
+                                                np.random.default_rng(3)), repeats=2)
+    _emit("stem_cell_both_nulls_100perm_1000cells_x3x144", warm, None, cold_seconds=cold,
+          per_permutation_ms=1000 * warm / 200)
 
     values = rng.random(1_000)
     warm, cold = _time(lambda: stats.aggregate(values, np.random.default_rng(2), n_boot=1000))

@@ -14,7 +14,7 @@ TINY = {
     "model": "tiny-bert",
     "task": {"name": "synthetic-cls", "num_train": 64, "num_eval": 32, "max_length": 24},
     "train": {"max_steps": 6, "batch_size": 8, "eval_every": 3, "lr": 1e-3},
-    "gates": {"lambda": 0.5, "lr": 0.1},
+    "head_gates": {"lambda": 0.5, "lr": 0.1},
 }
 
 
@@ -28,34 +28,43 @@ def _cfg(**overrides):
     for key, value in overrides.items():
         section, _, leaf = key.rpartition("__")
         (raw.setdefault(section, {}) if section else raw)[leaf] = value
+    if raw.get("method", "head_gates") != "head_gates":
+        raw.pop("head_gates")  # another method: head_gates' section would be an error
     return parse_config(raw)
 
 
-def test_run_records_params_tags_metrics_and_gate_artifacts():
+def _gate(result):
+    return result.maps["heads.gate"].values
+
+
+def test_run_records_params_tags_metrics_and_map_artifacts():
     cfg = _cfg()
     tracker = MemoryTracker()
     result = run(cfg, RunContext(tracker=tracker))
     assert tracker.tags["run_key"] == cfg.run_key and tracker.tags["method"] == "head_gates"
     assert tracker.tags["task_version"] == "1" and tracker.tags["git_commit"]
-    assert tracker.params["gates.lambda"] == 0.5 and "seeds.gate_noise" in tracker.params
+    assert tracker.params["head_gates.lambda"] == 0.5 and "seeds.gates" in tracker.params
     for name in ("accuracy", "l0_penalty", "expected_open_heads", "open_heads", "loss"):
         assert [step for step, _ in tracker.metrics[name]] == [3, 6]
-    with np.load(io.BytesIO(tracker.artifacts["gates.npz"])) as npz:
-        assert npz["trajectory"].shape == (2, 2, 4)  # (evals, layers, heads)
-        np.testing.assert_array_equal(npz["final"], result.gates)
-        assert npz["scores"].shape == (2, 4)
-    assert tracker.artifacts["gate_map.png"][:8] == b"\x89PNG\r\n\x1a\n"
-    assert result.gates.shape == (2, 4) and ((result.gates >= 0) & (result.gates <= 1)).all()
-    assert result.metrics["open_heads"] == float((result.gates > 1e-3).sum())
+    with np.load(io.BytesIO(tracker.artifacts["maps.npz"])) as npz:
+        assert npz["trajectory/heads.gate"].shape == (2, 2, 4)  # (evals, layers, heads)
+        np.testing.assert_array_equal(npz["heads.gate"], _gate(result))
+        np.testing.assert_array_equal(npz["heads.log_alpha"], result.maps["heads.log_alpha"].values)
+        assert npz["eval_steps"].tolist() == [3, 6]
+    for name in ("heads.gate.png", "heads.log_alpha.png"):
+        assert tracker.artifacts[name][:8] == b"\x89PNG\r\n\x1a\n"
+    assert {m.kind for m in result.maps.values()} == {"heads"}
+    assert _gate(result).shape == (2, 4) and ((_gate(result) >= 0) & (_gate(result) <= 1)).all()
+    assert result.metrics["open_heads"] == float((_gate(result) > 1e-3).sum())
 
 
 def test_same_config_gives_identical_gates_and_metrics():
     a, b = run(_cfg()), run(_cfg())
-    np.testing.assert_array_equal(a.gates, b.gates)
-    np.testing.assert_array_equal(a.scores, b.scores)
+    for name in ("heads.gate", "heads.log_alpha"):
+        np.testing.assert_array_equal(a.maps[name].values, b.maps[name].values)
     assert a.metrics == b.metrics
     c = run(_cfg(seed=1))
-    assert not np.array_equal(a.scores, c.scores)
+    assert not np.array_equal(a.maps["heads.log_alpha"].values, c.maps["heads.log_alpha"].values)
 
 
 class _MemoryCheckpointer:
@@ -83,27 +92,58 @@ def test_a_crashed_run_resumes_from_its_checkpoint_to_the_same_result():
         run(cfg, RunContext(checkpointer=checkpointer, on_progress=crash_at_4))
     assert checkpointer.state["step"] == 3
     resumed = run(cfg, RunContext(checkpointer=checkpointer))
-    np.testing.assert_array_equal(resumed.gates, straight.gates)
+    np.testing.assert_array_equal(_gate(resumed), _gate(straight))
     assert resumed.metrics == straight.metrics
 
 
-@pytest.mark.parametrize("method,pipeline", [("head_gates", "sp"), ("finetune", "none")])
-def test_other_pipelines_run(method, pipeline):
-    result = run(_cfg(method=method, pipeline=pipeline, gates__sp_finetune_steps=3))
-    assert result.steps == (9 if pipeline == "sp" else 6)
-    if method == "finetune":
-        assert (result.gates == 1).all() and result.scores is None
-    else:  # SP: every head open while fine-tuning, gated afterwards
-        assert (result.trajectory[0] == 1).all()
+def test_finetune_learns_no_gates_and_reports_no_map():
+    tracker = MemoryTracker()
+    result = run(_cfg(method="finetune"), RunContext(tracker=tracker))
+    assert result.steps == 6
+    assert result.maps == {} and not any(name.endswith(".png") for name in tracker.artifacts)
+    with np.load(io.BytesIO(tracker.artifacts["maps.npz"])) as npz:
+        assert sorted(npz.files) == ["eval_steps", "meta"]
 
 
-def test_sparsity_keeps_exactly_the_top_heads_by_log_alpha():
-    result = run(_cfg(sparsity=0.25))
-    assert result.gates.sum() == 6  # ceil(0.75 * 8)
-    kept = result.scores[result.gates == 1].min()
-    dropped = result.scores[result.gates == 0].max()
-    assert kept >= dropped
-    assert "accuracy_gated" in result.metrics
+def test_sp_starts_from_its_fine_tune_stage_and_keeps_its_decoder_frozen():
+    cfg = _cfg(head_gates__pipeline="sp", head_gates__sp_finetune_steps=3)
+    upstream = cfg.upstreams["init_from"]
+    assert (upstream.method, upstream.seed, upstream.train.max_steps) == ("finetune", cfg.seed, 3)
+    saved = {}
+    run(upstream, RunContext(save_weights=lambda weights: saved.update(weights)))
+    assert {k.split(".")[0] for k in saved} == {"encoder", "decoders"}
+    roles = []
+    result = run(cfg, RunContext(load_upstream=lambda role: roles.append(role) or saved))
+    assert roles == ["init_from"] and result.steps == 6  # no fine-tuning inside the SP run any more
+    with pytest.raises(RuntimeError, match="starts from another run .init_from: finetune"):
+        run(cfg)  # nobody to hand it the fine-tuned weights
+
+
+def test_sp_gates_a_fine_tuned_model_with_its_decoder_frozen():
+    cfg = _cfg(head_gates__pipeline="sp", head_gates__sp_finetune_steps=3)
+    upstream, after = {}, {}
+    run(cfg.upstreams["init_from"], RunContext(save_weights=lambda weights: upstream.update(weights)))
+    run(cfg, RunContext(load_upstream=lambda role: upstream, save_weights=lambda weights: after.update(weights)))
+    decoder = [k for k in upstream if k.startswith("decoders.")]
+    assert decoder and all(torch.equal(after[k], upstream[k]) for k in decoder)  # frozen all along
+    assert not all(torch.equal(after[k], upstream[k]) for k in upstream if k.startswith("encoder."))
+
+
+def test_sparsity_keeps_the_top_heads_by_log_alpha_with_their_learned_gates():
+    """Issue 7, defect 1: the fixed-count model is z * keep (a head trained at z ~ 0 is not
+    reopened), and the run's gate map stays the learned gates; the kept set is its own map."""
+    from experiments.gates import eval_gates
+
+    result = run(_cfg(head_gates__sparsity=0.25))
+    log_alpha = result.maps["heads.log_alpha"].values
+    learned = eval_gates(torch.from_numpy(log_alpha)).numpy()
+    np.testing.assert_array_equal(_gate(result), learned)  # not a 0/1 mask
+    keep = result.maps["heads.kept"].values
+    assert keep.sum() == 6 and set(np.unique(keep)) <= {0.0, 1.0}  # ceil(0.75 * 8)
+    assert log_alpha[keep == 1].min() >= log_alpha[keep == 0].max()
+    assert result.metrics["heads_kept"] == 6
+    assert result.metrics["open_heads"] == float(((learned * keep) > 1e-3).sum()) <= 6
+    assert "accuracy_gated" in result.metrics and "loss_gated" in result.metrics
 
 
 def test_gate_map_draws_layer_1_on_top_dark_when_open():

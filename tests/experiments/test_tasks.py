@@ -16,7 +16,7 @@ from experiments.tasks._common import (
     subset_indices,
 )
 
-INTERFACE = ("VERSION", "KIND", "METRIC", "check", "load", "build_decoder", "compute_metrics")
+INTERFACE = ("VERSION", "KIND", "METRIC", "check", "load", "fingerprint", "build_decoder", "compute_metrics")
 
 
 def make_cfg(name, **overrides):
@@ -32,8 +32,8 @@ def make_cfg(name, **overrides):
 # --------------------------------------------------------------------------- registry
 
 
-def test_registry_has_exactly_the_four_tasks_with_the_full_interface():
-    assert list(TASKS) == ["synthetic-cls", "synthetic-tag", "sst2", "ud-pos"]
+def test_registry_has_exactly_the_six_tasks_with_the_full_interface():
+    assert list(TASKS) == ["synthetic-cls", "synthetic-tag", "sst2", "ud-pos", "classification", "tagging"]
     for name, module in TASKS.items():
         missing = [attr for attr in INTERFACE if not hasattr(module, attr)]
         assert not missing, f"{name} lacks {missing}"

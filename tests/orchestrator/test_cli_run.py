@@ -15,7 +15,7 @@ TINY = {
     "model": "tiny-bert",
     "task": {"name": "synthetic-tag", "num_train": 48, "num_eval": 16, "max_length": 24},
     "train": {"max_steps": 4, "batch_size": 8, "eval_every": 2},
-    "gates": {"lambda": 0.1, "lr": 0.1},
+    "head_gates": {"lambda": 0.1, "lr": 0.1},
 }
 
 
@@ -36,7 +36,10 @@ def _write(path, data):
         ({**TINY, "trian": {}}, "unknown key 'trian'; did you mean 'train'?"),
         ({**TINY, "model": "tiny-bret"}, "did you mean 'tiny-bert'?"),
         ({**TINY, "task": {"name": "ud-pos", "data_dir": "/nonexistent"}}, "en_ewt-ud-dev.conllu"),
-        ({**TINY, "gates": {"lambda": -1}}, "gates.lambda:"),
+        ({**TINY, "head_gates": {"lambda": -1}}, "head_gates.lambda: Input should be greater than or equal to 0"),
+        ({**TINY, "head_gates": {"lamda": 1}}, "unknown key 'head_gates.lamda'; did you mean 'head_gates.lambda'?"),
+        ({**TINY, "method": "finetune"},
+         "section 'head_gates' belongs to method 'head_gates', this run's method is 'finetune'"),
         ({**TINY, "method": "prune"}, "unknown method 'prune'"),
         ("model: [unclosed\n", "not valid YAML"),
     ],
@@ -50,9 +53,32 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, config, me
     assert not (home / "mlflow.db").exists()
 
 
+def test_set_with_a_key_the_method_lacks_exits_2(tmp_path):
+    home = tmp_path / "home"
+    config = {k: v for k, v in TINY.items() if k != "head_gates"}
+    result = _headsweep(["run", _write(tmp_path / "c.yaml", config), "--set", "method=finetune",
+                         "--set", "sparsity=0.5"], home)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        "headsweep: error: unknown key 'sparsity'; 'sparsity' is a key of method 'head_gates', not of 'finetune'")
+
+
+def test_methods_lists_every_method_its_keys_defaults_and_short_names(capsys):
+    from orchestrator.cli import main
+
+    assert main(["methods", "--shared"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "head_gates VERSION 2 pipelines: dp, sp" in shown and "finetune VERSION 1 pipelines: none" in shown
+    assert "│ head_gates.lambda │ lambda │ 0.01 │ Weight of the L0 penalty" in shown
+    assert "│ head_gates.lr │ │ 0.001 │" in shown and "│ train.lr │ 5e-05 │" in shown
+    assert main(["methods", "head-gates"]) == 2
+    assert "unknown method 'head-gates'; did you mean 'head_gates'?" in capsys.readouterr().err
+
+
 def test_run_then_ui_shows_it(tmp_path):
     home = tmp_path / "home"
-    result = _headsweep(["run", _write(tmp_path / "c.yaml", TINY), "--set", "seed=2", "--threads", "1"], home)
+    result = _headsweep(["run", _write(tmp_path / "c.yaml", TINY), "--set", "seed=2", "--set", "lambda=0.2",
+                         "--threads", "1"], home)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "open_heads" in result.stdout and "headsweep ui" in result.stdout
 
@@ -60,13 +86,15 @@ def test_run_then_ui_shows_it(tmp_path):
     (run,) = client.search_runs([client.get_experiment_by_name("headsweep-runs").experiment_id])
     assert run.info.status == "FINISHED"
     assert run.data.tags["task"] == "synthetic-tag" and run.data.params["seed"] == "2"
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"gates.npz", "gate_map.png"}
+    assert run.data.params["head_gates.lambda"] == "0.2" and run.data.tags["lambda"] == "0.2"
+    assert run.info.run_name == "synthetic-tag-head_gates-dp-seed2"
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"maps.npz", "heads.gate.png", "heads.log_alpha.png"}
 
     port = 5123
     env = os.environ | {"HEADSWEEP_HOME": str(home)}
     server = subprocess.Popen(HEADSWEEP + ["ui", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        url = f"http://127.0.0.1:{port}/get-artifact?path=gate_map.png&run_uuid={run.info.run_id}"
+        url = f"http://127.0.0.1:{port}/get-artifact?path=heads.gate.png&run_uuid={run.info.run_id}"
         deadline, body = time.time() + 90, None
         while time.time() < deadline and body is None:
             try:

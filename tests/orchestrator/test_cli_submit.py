@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -33,6 +34,11 @@ def _bad(**changes):
         (_bad(axes={"method": ["head-gates"]}), "did you mean 'head_gates'?"),
         (_bad(axis={"seed": [0]}), "did you mean 'axes'?"),
         (_bad(resources={"cpus": -1}), "resources.cpus"),
+        (_bad(axes={"head_gates.lamda": [0.1]}), "axes: unknown key 'head_gates.lamda'; did you mean 'head_gates.lambda'?"),
+        (_bad(include=[{"method": "finetune", "head_gates.lr": 0.1}]),
+         "'head_gates.lr' is not a key of method 'finetune' (it is a key of head_gates)"),
+        (_bad(axes={"lambda": [0.1, -1]}),
+         "cell 1 (lambda=-1): head_gates.lambda: Input should be greater than or equal to 0 (got -1)"),
     ],
 )
 def test_bad_grids_fail_at_submit_and_write_nothing(tmp_path, text, message):
@@ -59,3 +65,16 @@ def test_dry_run_prints_the_expansion(tmp_path):
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "6 runs, 6 new, 0 already finished" in result.stdout
+
+
+def test_dry_run_of_the_stem_cell_example(tmp_path, shared_data):
+    """24 head_gates cells plus a random-init control with three seeds, and the 6 fine-tunes
+    (task x seed) the SP cells start from, each once: as its comment says."""
+    env = os.environ | {"HEADSWEEP_HOME": str(tmp_path / "home")}
+    example = Path(__file__).resolve().parents[2] / "examples" / "grid_stem_cell.yaml"
+    result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(example), "--dry-run"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "33 runs, 33 new, 0 already finished" in result.stdout
+    assert "27 cells + 6 upstream runs (6 finetune) that 12 runs start from" in result.stdout
+    assert "27 cells" in example.read_text() and "33 runs in all" in example.read_text()

@@ -1,9 +1,9 @@
-"""A real multi-process Ray cluster on this machine: a head with 4 logical GPUs, a second node,
-detached sweeps as Ray Jobs, a driver killed mid-sweep and resumed; and cluster.yaml's schema."""
+"""A real multi-process Ray cluster on this machine, on loopback only: the project's local head (of a
+temp home) with 4 logical GPUs, a second node, detached sweeps as Ray Jobs, a driver killed mid-sweep
+and resumed; and cluster.yaml's schema."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,41 +12,31 @@ import pytest
 import ray
 import yaml
 
-from experiments.result import RunResult
+from experiments.result import RunResult, UnitMap
 from orchestrator import cluster, tracking
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry import Registry
 
 pytestmark = pytest.mark.ray
-RAY = os.path.join(os.path.dirname(sys.executable), "ray")
-HEAD_PORT, DASHBOARD_PORT = 6411, 8277
-ENV = os.environ | cluster.LOCAL_ENV
-# ports of its own, so this cluster and a local head (make demo's, on the defaults) can run side by side
-OWN_PORTS = ["--dashboard-agent-listen-port=52411", "--dashboard-agent-grpc-port=52412",
-             "--runtime-env-agent-port=52413", "--metrics-export-port=52414", "--ray-client-server-port=23011"]
-
-
-def _kill_cluster(temp_dir: str) -> None:
-    """Stop only this test's Ray processes (``ray stop`` would stop every cluster on the machine)."""
-    out = subprocess.run(["pgrep", "-f", temp_dir], capture_output=True, text=True).stdout.split()
-    for pid in map(int, out):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+ENV = os.environ | cluster.HEAD_ENV
+# A second node joining a loopback head on the same machine: Ray's single-machine mode refuses to
+# start a worker node, and would turn 127.0.0.1 into the machine's address without it.
+JOIN = (
+    "import sys; import ray._private.ray_constants as constants; import ray.scripts.scripts as cli; "
+    "constants.ENABLE_RAY_CLUSTER = True; "
+    "cli.services.resolve_ip_for_localhost = lambda host: '127.0.0.1' if cli.services.is_localhost(host) else host; "
+    "cli.get_ray_client_dependency_error = lambda: ImportError('no Ray client server'); "
+    "sys.argv[0] = 'ray'; sys.exit(cli.main())"
+)
 
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
-    temp_dir = str(tmp_path_factory.mktemp("raytmp"))
-    head = [RAY, "start", "--head", f"--port={HEAD_PORT}", "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={DASHBOARD_PORT}", "--num-cpus=2", "--num-gpus=4", "--disable-usage-stats",
-            f"--temp-dir={temp_dir}", "--resources", json.dumps({"head_node": 1}), *OWN_PORTS]
-    subprocess.run(head, check=True, capture_output=True, env=ENV, timeout=120)
-    yield {"address": f"127.0.0.1:{HEAD_PORT}", "dashboard": f"http://127.0.0.1:{DASHBOARD_PORT}", "temp_dir": temp_dir}
-    ray.shutdown()
-    _kill_cluster(temp_dir)
-    _kill_cluster(f"127.0.0.1:{HEAD_PORT}")  # the second node joined by address
+    """The project's own local head (of a home of its own, so its ports and temp dir are its own)."""
+    cluster_home = tmp_path_factory.mktemp("cluster_home")
+    head = cluster.local_head(num_cpus=2, num_gpus=4, home=cluster_home)
+    yield head | {"home": cluster_home, "ports": json.loads((cluster_home / "ray.json").read_text())["ports"]}
+    cluster.stop_local_head(home=cluster_home)  # its processes, the second node's included, by PID
 
 
 @pytest.fixture
@@ -57,8 +47,8 @@ def home(tmp_path, monkeypatch, ray_cluster):
     monkeypatch.setenv("RAY_ADDRESS", ray_cluster["address"])
     monkeypatch.setenv("HEADSWEEP_RAY_DASHBOARD", ray_cluster["dashboard"])
     # ray.init leaves RAY_AUTH_MODE=token in os.environ (seen after Serve tests in this process):
-    # our drivers and CLIs must talk to this cluster the way it was started
-    for key, value in cluster.LOCAL_ENV.items():
+    # our drivers and CLIs must talk to this cluster the way it was started (loopback included)
+    for key, value in cluster.HEAD_ENV.items():
         monkeypatch.setenv(key, value)
     return tmp_path
 
@@ -81,7 +71,7 @@ def _where(cfg, ctx, seconds: float) -> RunResult:
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     ones = np.ones((2, 4), dtype=np.float32)
     metrics = {"start": start, "end": time.time(), "node": int(node[:8], 16), "gpu": float(gpus or -1)}
-    return RunResult(cfg.run_key, cfg.group_key, metrics, ones, None, ones[None], np.array([1]), 1)
+    return RunResult(cfg.run_key, cfg.group_key, metrics, {"heads.gate": UnitMap(ones, "heads", "test")}, steps=1)
 
 
 TRIVIAL = {"name": "where", "base": {"model": "tiny-bert"}, "max_failures": 0}
@@ -193,16 +183,17 @@ def test_resources_no_node_can_satisfy_fail_at_submit_and_write_nothing(home, tm
 
 # last in the module: the second node stays until the module's cluster is torn down
 def test_trials_land_on_both_nodes(home, ray_cluster, tmp_path):
-    subprocess.run([RAY, "start", f"--address={ray_cluster['address']}", "--num-cpus=2", "--num-gpus=0",
-                    "--disable-usage-stats", "--dashboard-agent-listen-port=52421", "--dashboard-agent-grpc-port=52422",
-                    "--runtime-env-agent-port=52423", "--metrics-export-port=52424"], check=True, capture_output=True, env=ENV, timeout=120)
-    ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level="WARNING")
-    try:
-        deadline = time.time() + 60
-        while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.time() < deadline:
-            time.sleep(1)
-    finally:
-        ray.shutdown()
+    base = ray_cluster["ports"]["gcs"] + len(cluster.PORTS)  # the rest of the head's block
+    ports = [f"--dashboard-agent-listen-port={base}", f"--dashboard-agent-grpc-port={base + 1}",
+             f"--runtime-env-agent-port={base + 2}", f"--metrics-export-port={base + 3}",
+             f"--node-manager-port={base + 4}", f"--object-manager-port={base + 5}"]
+    subprocess.run([sys.executable, "-c", JOIN, "start", f"--address={ray_cluster['address']}", "--node-ip-address=127.0.0.1",
+                    "--num-cpus=2", "--num-gpus=0", "--disable-usage-stats", *ports],
+                   check=True, capture_output=True, env=ENV, timeout=120)
+    deadline = time.time() + 60
+    while len(cluster.cluster_nodes(ray_cluster["dashboard"])) < 2 and time.time() < deadline:
+        time.sleep(1)
+    assert [a for a, _, _ in cluster.listening_sockets(cluster.head_pids(ray_cluster["home"])) if not cluster.is_loopback(a)] == []
     grid = {**TRIVIAL, "axes": {"seed": list(range(8))}, "resources": {"cpus": 1}, "max_concurrent": 4}
     registry, sweep_id = _register(grid)
     assert _drive(sweep_id, home, seconds=2.0) == {"finished": 8}

@@ -44,44 +44,63 @@ def test_base_and_shorthands_apply():
         base={"method": "head_gates", "train": {"max_steps": 7}, "task": {"max_train": 100}},
         axes={"task": ["synthetic-cls"], "lambda": [0.1, 0.2], "train.lr": [1e-4]},
     )
-    assert list(spec.axes) == ["task.name", "gates.lambda", "train.lr"]
+    assert list(spec.axes) == ["task.name", "lambda", "train.lr"]  # short names resolve per cell
     configs = expand(spec)
-    assert [c.gates.lambda_ for c in configs] == [0.1, 0.2]
+    assert [c.section.lambda_ for c in configs] == [0.1, 0.2]
     assert {(c.train.max_steps, c.train.lr, c.task.max_train, c.task.name) for c in configs} == {
         (7, 1e-4, 100, "synthetic-cls")
     }
 
 
 def test_cells_equal_parse_config_of_the_same_dicts():
-    """The fast path (cached names, pre-filled pipeline) gives exactly parse_config's configs."""
+    """The fast path (cached names) gives exactly parse_config's configs."""
     spec = _spec(
         base={"train": {"max_steps": 5}},
         axes={"method": ["head_gates", "finetune"], "seed": [0, 1], "sparsity": [None, 0.5]},
     )
     expected = [
-        parse_config({"train": {"max_steps": 5}, "method": m, "seed": s, "sparsity": p}, check_files=False)
-        for m in ("head_gates", "finetune") for s in (0, 1) for p in (None, 0.5)
-    ]
+        parse_config({"train": {"max_steps": 5}, "method": "head_gates", "seed": s, "head_gates": {"sparsity": p}},
+                     check_files=False)
+        for s in (0, 1) for p in (None, 0.5)
+    ] + [parse_config({"train": {"max_steps": 5}, "method": "finetune", "seed": s}, check_files=False) for s in (0, 1)]
     configs = expand(spec)
-    assert configs == expected
+    assert configs == expected  # finetune has no sparsity: its cells differ only by seed
     assert [c.run_key for c in configs] == [c.run_key for c in expected]
-    assert {c.pipeline for c in configs} == {"dp", "none"}  # each method's default pipeline
+    assert {c.labels()["pipeline"] for c in configs} == {"dp", None}  # head_gates' default; finetune has none
+
+
+def test_a_methods_keys_apply_to_its_own_cells_only():
+    """The documented behaviour: lambda varies the head_gates cells; finetune's equal cells are one run."""
+    spec = _spec(
+        base={"head_gates": {"lr": 0.05}, "train": {"max_steps": 3}},
+        axes={"method": ["head_gates", "finetune"], "lambda": [0.01, 0.1], "seed": [0, 1]},
+        exclude=[{"lambda": 0.1, "seed": 1}],  # a short name in an exclude: only head_gates cells have it
+    )
+    configs = expand(spec)
+    assert [(c.method, c.labels()["lambda"], c.seed) for c in configs] == [
+        ("head_gates", 0.01, 0), ("head_gates", 0.01, 1), ("head_gates", 0.1, 0),
+        ("finetune", None, 0), ("finetune", None, 1),
+    ]
+    assert {c.section.lr for c in configs if c.method == "head_gates"} == {0.05}
+    assert all(set(c.to_dict()) == {"seed", "model", "method", "task", "train", "finetune"}
+               for c in configs if c.method == "finetune")
+
+
+def test_any_key_of_any_section_is_an_axis():
+    spec = _spec(axes={"head_gates.lr": [0.1, 0.2], "train.lr": [1e-4], "task.max_train": [10], "pipeline": ["sp"]})
+    configs = expand(spec)
+    assert [(c.section.lr, c.train.lr, c.task.max_train, c.section.pipeline) for c in configs] == [
+        (0.1, 1e-4, 10, "sp"), (0.2, 1e-4, 10, "sp")]
 
 
 def test_exclude_drops_matching_cells_before_validation():
     spec = _spec(
-        axes={"method": ["head_gates", "finetune"], "pipeline": ["dp", "sp", "none"], "seed": [0, 1]},
-        exclude=[
-            {"method": "head_gates", "pipeline": "none"},
-            {"method": "finetune", "pipeline": "dp"},  # invalid cells: never validated
-            {"method": "finetune", "pipeline": "sp"},
-        ],
+        axes={"pipeline": ["dp", "sp", "none"], "seed": [0, 1], "train.lr": [1e-4, 2.0]},
+        exclude=[{"pipeline": "none"}, {"train.lr": 2.0}],  # invalid cells: never validated
     )
     configs = expand(spec)
-    assert sorted({(c.method, c.pipeline) for c in configs}) == [
-        ("finetune", "none"), ("head_gates", "dp"), ("head_gates", "sp")
-    ]
-    assert len(configs) == 6
+    assert sorted({(c.section.pipeline, c.train.lr) for c in configs}) == [("dp", 1e-4), ("sp", 1e-4)]
+    assert len(configs) == 4
 
 
 def test_exclude_on_a_non_axis_key_compares_the_base_or_default():
@@ -103,11 +122,11 @@ def test_include_adds_cells_merged_onto_base_dotted_or_nested():
         include=[
             {"seed": 1, "task": "synthetic-tag"},  # excludes do not apply to includes
             {"seed": 5, "train": {"lr": 1e-4}},
-            {"seed": 6, "gates.lambda": 0.5},
+            {"seed": 6, "head_gates.lambda": 0.5},
         ],
     )
     configs = expand(spec)
-    assert [(c.seed, c.task.name, c.train.lr, c.gates.lambda_, c.train.max_steps) for c in configs] == [
+    assert [(c.seed, c.task.name, c.train.lr, c.section.lambda_, c.train.max_steps) for c in configs] == [
         (0, "synthetic-cls", 5e-5, 0.01, 3),
         (1, "synthetic-tag", 5e-5, 0.01, 3),
         (5, "synthetic-cls", 1e-4, 0.01, 3),
@@ -161,7 +180,7 @@ def test_ten_thousand_cells():
 
 
 def test_module_docstring_example_loads_and_expands(tmp_path, shared_data):
-    example = textwrap.dedent(grid.__doc__.split("A grid file::")[1].split("\n\n:func:")[0])
+    example = textwrap.dedent(grid.__doc__.split("A grid file::")[1].split("\n\nKeys ")[0])
     path = tmp_path / "grid.yaml"
     path.write_text(example)
     spec = load_grid(path)
@@ -217,6 +236,9 @@ def test_errors_from_a_file_name_the_file(tmp_path):
         ({"axes": {"lamda": [0.1]}}, "axes: unknown key 'lamda'; did you mean 'lambda'?"),
         ({"axes": {"train.lrr": [0.1]}}, "axes: unknown key 'train.lrr'; did you mean 'train.lr'?"),
         ({"axes": {"max_train": [10]}}, "axes: unknown key 'max_train'; did you mean 'task.max_train'?"),
+        ({"axes": {"head_gates.lamda": [0.1]}}, "axes: unknown key 'head_gates.lamda'; did you mean 'head_gates.lambda'?"),
+        ({"axes": {"gates.lambda": [0.1]}}, "axes: unknown key 'gates.lambda'; did you mean 'head_gates.lambda'?"),
+        ({"base": {"finetune": {"lr": 0.1}}}, "base: unknown key 'finetune.lr'; did you mean 'train.lr'?"),
         ({"axes": {"sed": [0]}}, "axes: unknown key 'sed'; did you mean 'seed'?"),
         ({"axes": {"seed": []}}, "axes.seed: empty list (an axis needs at least one value)"),
         ({"axes": {"task": ["sst2"], "task.name": ["ud-pos"]}}, "axes: 'task' and 'task.name' are the same key 'task.name'"),
@@ -261,8 +283,30 @@ def test_bad_name():
             "cell 0 (method=head_gate): method: unknown method 'head_gate'; did you mean 'head_gates'?",
         ),
         (
+            {"axes": {"pipeline": ["dp", "ft"]}},
+            "cell 1 (pipeline=ft): head_gates.pipeline: method 'head_gates' has no pipeline 'ft' (it has dp, sp)",
+        ),
+        (
+            {"axes": {"head_gates.lambda": [0.1, -1]}},
+            "cell 1 (head_gates.lambda=-1): head_gates.lambda: Input should be greater than or equal to 0 (got -1)",
+        ),
+        (
+            {"axes": {"method": ["head_gates", "finetune"]}, "include": [{"method": "finetune", "lambda": 0.1}]},
+            "cell 2 (include[0]: method=finetune, lambda=0.1): 'lambda' is not a key of method 'finetune' "
+            "(it is a key of head_gates)",
+        ),
+        (
+            {"axes": {"lambda": [0.1], "head_gates.lambda": [0.2]}},
+            "cell 0 (lambda=0.1, head_gates.lambda=0.2): 'lambda' and 'head_gates.lambda' are the same key "
+            "'head_gates.lambda'",
+        ),
+        (
             {"axes": {"method": ["finetune"], "pipeline": ["dp"]}},
-            "cell 0 (method=finetune, pipeline=dp): pipeline: method 'finetune' has no pipeline 'dp' (it has none)",
+            "axes: 'pipeline' applies to no cell: it is a key of head_gates, and this grid's cells run finetune",
+        ),
+        (
+            {"base": {"method": "finetune", "head_gates": {"lr": 0.1}}, "axes": {"seed": [0, 1]}},
+            "base: 'head_gates.lr' applies to no cell: it is a key of head_gates, and this grid's cells run finetune",
         ),
         (
             {"axes": {"seed": [0]}, "include": [{"seed": 2, "train.batch_size": 0}]},

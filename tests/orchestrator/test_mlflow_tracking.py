@@ -1,13 +1,12 @@
 """MlflowTracker against real MLflow stores (SQLite file and PostgreSQL), with a parent run active."""
 
-import io
-
 import mlflow
 import numpy as np
 import pytest
 
 from experiments.config import flatten, parse_config
-from experiments.result import RunResult
+from experiments.result import RunResult, UnitMap
+from experiments.runner import log_maps
 from orchestrator import tracking
 
 
@@ -19,11 +18,16 @@ def store(request, tmp_path, monkeypatch):
     return request.getfixturevalue("fresh_pg_database")
 
 
+LABELS = {"task": "synthetic-cls", "model": "tiny-bert", "method": "head_gates", "pipeline": "dp", "seed": 3}
+
+
 def _result() -> RunResult:
     gates = np.random.default_rng(0).random((2, 4)).astype(np.float32)
     return RunResult(
-        run_key="k", group_key="g", metrics={}, gates=gates, scores=gates - 0.5,
-        trajectory=np.stack([gates, gates]), eval_steps=np.array([3, 6]), steps=6,
+        run_key="k", group_key="g", metrics={},
+        maps={"heads.gate": UnitMap(gates, "heads", "gate"), "heads.log_alpha": UnitMap(gates - 0.5, "heads", "la"),
+              "neurons.predictivity": UnitMap(np.ones((2, 16)), "neurons", "probe accuracy")},
+        trajectories={"heads.gate": np.stack([gates, gates])}, eval_steps=np.array([3, 6]), steps=6,
     )
 
 
@@ -42,20 +46,21 @@ def test_round_trip_with_a_parent_run_active(store, tmp_path):
         tracker.set_tags({"run_key": cfg.run_key, "seed": "3"})
         tracker.log_metrics({"accuracy": 0.5, "open_heads": 10}, step=3)
         tracker.log_metrics({"accuracy": 0.75, "open_heads": 8}, step=6)
-        tracker.log_artifact("gates.npz", _result().gates_npz())
+        log_maps(tracker, _result(), LABELS)
         tracker.finish("FINISHED")
         active = mlflow.active_run().info.run_id
 
     run = client.get_run(child)
     assert run.info.status == "FINISHED"
     assert run.data.tags["mlflow.parentRunId"] == parent and run.data.tags["run_key"] == cfg.run_key
-    assert run.data.params["gates.lambda"] == "0.01" and run.data.params["seed"] == "3"
+    assert run.data.params == {k: str(v) for k, v in flatten(cfg.to_dict()).items()} and run.data.params["seed"] == "3"
     assert [(m.step, m.value) for m in client.get_metric_history(child, "accuracy")] == [(3, 0.5), (6, 0.75)]
     assert run.data.metrics["open_heads"] == 8
-    local = client.download_artifacts(child, "gates.npz", str(tmp_path))
+    # one maps.npz with every map, a heat map per heads.* map (none for the neuron map)
+    assert {a.path for a in client.list_artifacts(child)} == {"maps.npz", "heads.gate.png", "heads.log_alpha.png"}
+    local = client.download_artifacts(child, "maps.npz", str(tmp_path))
     with np.load(local) as npz:
-        np.testing.assert_array_equal(npz["final"], _result().gates)
-        assert npz["trajectory"].shape == (2, 2, 4)
+        np.testing.assert_array_equal(npz["heads.gate"], _result().maps["heads.gate"].values)
+        assert npz["neurons.predictivity"].shape == (2, 16) and npz["trajectory/heads.gate"].shape == (2, 2, 4)
     assert client.get_run(active).data.params == {}  # nothing leaked into the fluent run
     assert client.get_run(parent).info.status == "RUNNING"
-    assert io  # noqa

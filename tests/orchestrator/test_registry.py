@@ -1,5 +1,8 @@
 """The registry against real SQLite files and a real PostgreSQL (one fresh schema per test).
 
+Lifecycle, sweeps, the read model (run columns, maps by name), and migrations (including
+a registry made at revision 0001, with gates/scores columns, upgraded to unit maps).
+
 PostgreSQL must be reachable at 127.0.0.1:5432 (``HEADSWEEP_TEST_PG`` overrides
 the URL): when it is not, the PostgreSQL cases fail rather than skip.
 """
@@ -20,13 +23,25 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from orchestrator import registry as registry_module
+from experiments.config import parse_config
+from experiments.result import UnitMap
 from orchestrator.grid import expand, parse_grid
-from orchestrator.registry import ORPHAN_ERROR, NotFound, Registry, upgrade
+from orchestrator.registry import ORPHAN_ERROR, NotFound, Registry, RunStatus, upgrade
+from orchestrator.registry import db as registry_db
+from orchestrator.registry import results as registry_results
+from orchestrator.registry.schema import Base
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_URL = os.environ.get("HEADSWEEP_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 GATES = np.arange(72, dtype=np.float32).reshape(6, 12) / 72
+
+
+def _maps(gates=GATES, scores=None, **more):
+    """{"heads.gate": gates, "heads.log_alpha": scores, ...} as UnitMaps (scores only if given)."""
+    maps = {"heads.gate": UnitMap(gates, "heads", "gate")}
+    if scores is not None:
+        maps["heads.log_alpha"] = UnitMap(scores, "heads", "log_alpha")
+    return maps | {name.replace("__", "."): UnitMap(v, name.split("__")[0], name) for name, v in more.items()}
 
 
 def _configs(seeds=(0, 1, 2), tasks=("synthetic-cls", "synthetic-tag")):
@@ -74,7 +89,7 @@ def _sql(url: str, statement: str, **params):
 
 
 def _age_heartbeat(url: str, run_key: str, seconds: float) -> None:
-    then = registry_module._now() - timedelta(seconds=seconds)
+    then = registry_db.now() - timedelta(seconds=seconds)
     _sql(url, "UPDATE runs SET heartbeat_at = :t WHERE run_key = :k", t=then, k=run_key)
 
 
@@ -103,27 +118,27 @@ def test_configs_may_be_an_iterator(registry):
     configs = _configs()
     _, counts = _submit(registry, iter(configs))
     assert counts["new"] == 6
-    assert registry.plan(iter(configs)) == {"total": 6, "new": 0, "finished": 0, "other": 6}
+    assert registry.plan(iter(configs)) == {"total": 6, "new": 0, "finished": 0, "other": 6, "dag": NO_DAG}
 
 
 def test_plan_writes_nothing(registry, registry_url):
     configs = _configs()
-    assert registry.plan(configs) == {"total": 6, "new": 6, "finished": 0, "other": 0}
+    assert registry.plan(configs) == {"total": 6, "new": 6, "finished": 0, "other": 0, "dag": NO_DAG}
     assert _sql(registry_url, "SELECT count(*) FROM runs") == [(0,)]
     _submit(registry, configs[:4])
     key = configs[0].run_key
     registry.claim(key, "w")
-    registry.finish(key, {}, GATES)
-    assert registry.plan(configs + configs) == {"total": 6, "new": 2, "finished": 1, "other": 3}
+    registry.finish(key, {}, maps=_maps())
+    assert registry.plan(configs + configs) == {"total": 6, "new": 2, "finished": 1, "other": 3, "dag": NO_DAG}
 
 
-def test_finished_runs_are_never_rerun_without_force(registry):
+def test_finished_runs_are_never_rerun_without_force(registry, registry_url):
     configs = _configs()
     _submit(registry, configs)
     key = configs[0].run_key
     assert registry.claim(key, "w:1") is not None
     registry.set_mlflow_run(key, "mlflow-1")
-    assert registry.finish(key, {"accuracy": 0.75}, GATES)
+    assert registry.finish(key, {"accuracy": 0.75}, maps=_maps(scores=-GATES))
 
     sweep_id, counts = _submit(registry, configs, rerun_failed=True)
     assert counts["finished"] == 1 and counts["requeued"] == 0
@@ -136,6 +151,8 @@ def test_finished_runs_are_never_rerun_without_force(registry):
     run = registry.get_run(key)
     assert (run["status"], run["attempts"], run["metrics"], run["mlflow_run_id"]) == ("pending", 0, None, None)
     assert registry.results(sweep_id)["has_gates"].sum() == 0
+    assert registry.sweep_map_names(sweep_id) == []  # its maps went with its result
+    assert _sql(registry_url, "SELECT count(*) FROM run_maps") == [(0,)]
 
 
 def test_rerun_failed_requeues_failed_and_cancelled(registry):
@@ -174,23 +191,25 @@ def test_claim_finish_and_retry_reuse_the_mlflow_run(registry):
     again = registry.claim(key, "host:2")
     assert again["attempts"] == 2 and again["mlflow_run_id"] == "mlflow-1"
     assert registry.heartbeat(key)
-    assert registry.finish(key, {"accuracy": np.float64(0.5), "loss": float("nan")}, GATES, scores=GATES * 2)
+    assert registry.finish(key, {"accuracy": np.float64(0.5), "loss": float("nan")}, maps=_maps(scores=GATES * 2))
     run = registry.get_run(key)
-    assert run["status"] == "finished" and run["error"] is None and run["worker"] == "host:2"
-    assert run["metrics"] == {"accuracy": 0.5, "loss": None} and run["gates_shape"] == [6, 12]
+    assert run["status"] == RunStatus.FINISHED and run["error"] is None and run["worker"] == "host:2"
+    assert run["metrics"] == {"accuracy": 0.5, "loss": None} and run["lambda"] == 0.01
 
 
 def test_finish_twice_is_impossible(registry):
     configs = _configs()
     _submit(registry, configs)
     key = configs[0].run_key
-    assert not registry.finish(key, {}, GATES)  # pending: not running
+    assert not registry.finish(key, {}, maps=_maps())  # pending: not running
     registry.claim(key, "w")
-    assert registry.finish(key, {"accuracy": 1.0}, GATES)
-    assert not registry.finish(key, {"accuracy": 0.0}, GATES)
+    assert registry.finish(key, {"accuracy": 1.0}, maps=_maps())
+    assert not registry.finish(key, {"accuracy": 0.0}, maps=_maps(GATES * 0))
     assert not registry.fail(key, "late")
     assert not registry.heartbeat(key)
     assert registry.get_run(key)["metrics"] == {"accuracy": 1.0}
+    sweep_id = registry.list_sweeps()[0]["id"]
+    np.testing.assert_array_equal(registry.sweep_map(sweep_id, "heads.gate").values[0], GATES)  # not the late zeros
 
 
 def test_a_stale_worker_cannot_finish_a_reclaimed_run(registry, registry_url):
@@ -202,8 +221,8 @@ def test_a_stale_worker_cannot_finish_a_reclaimed_run(registry, registry_url):
     _age_heartbeat(registry_url, key, 3600)
     assert registry.claim(key, "new:2")["attempts"] == 2
     assert not registry.heartbeat(key, worker="old:1")
-    assert not registry.finish(key, {}, GATES, worker="old:1")
-    assert registry.finish(key, {}, GATES, worker="new:2")
+    assert not registry.finish(key, {}, maps=_maps(), worker="old:1")
+    assert registry.finish(key, {}, maps=_maps(), worker="new:2")
 
 
 def test_claim_of_a_running_run_with_zero_staleness(registry):
@@ -214,15 +233,28 @@ def test_claim_of_a_running_run_with_zero_staleness(registry):
     assert registry.claim(key, "b", stale_after_s=0)["attempts"] == 2  # a Ray retry of its own trial
 
 
-def test_finish_checks_the_gates_shape(registry):
+def test_finish_checks_every_map_before_writing(registry):
     configs = _configs()
     _submit(registry, configs)
+    key = configs[0].run_key
+    registry.claim(key, "w")
+    with pytest.raises(ValueError, match="'heads.gate' must be \\(layers, units\\)"):
+        registry.finish(key, {}, maps={"heads.gate": np.zeros(72)})
+    with pytest.raises(ValueError, match="name must start with a unit kind"):
+        registry.finish(key, {}, maps={"gate": GATES})
+    with pytest.raises(ValueError, match="'neurons.gate' is a heads map"):
+        registry.finish(key, {}, maps={"neurons.gate": UnitMap(GATES, "heads", "x")})
+    assert registry.get_run(key)["status"] == RunStatus.RUNNING
+
+
+def test_gates_and_scores_are_shorthand_for_the_head_maps(registry):
+    configs = _configs()
+    sweep_id, _ = _submit(registry, configs)
     registry.claim(configs[0].run_key, "w")
-    with pytest.raises(ValueError, match="layers, heads"):
-        registry.finish(configs[0].run_key, {}, np.zeros(72))
-    with pytest.raises(ValueError, match="scores must have the gates' shape"):
-        registry.finish(configs[0].run_key, {}, GATES, scores=np.zeros(72))
-    assert registry.get_run(configs[0].run_key)["status"] == "running"
+    assert registry.finish(configs[0].run_key, {}, GATES, scores=-GATES)
+    assert [(m.name, m.kind, m.count) for m in registry.sweep_map_names(sweep_id)] == [
+        ("heads.gate", "heads", 1), ("heads.log_alpha", "heads", 1)]
+    np.testing.assert_array_equal(registry.sweep_map(sweep_id, "heads.log_alpha").values[0], -GATES)
 
 
 def _claim_all(url: str, keys: list[str], worker: str, barrier) -> list[str]:
@@ -233,8 +265,8 @@ def _claim_all(url: str, keys: list[str], worker: str, barrier) -> list[str]:
     for key in keys:
         if registry.claim(key, worker) is not None:
             won.append(key)
-            assert registry.finish(key, {"worker": worker}, GATES, worker=worker)
-        assert not registry.finish(key, {}, GATES, worker=worker)  # done, or another worker's
+            assert registry.finish(key, {"worker": worker}, maps=_maps(), worker=worker)
+        assert not registry.finish(key, {}, maps=_maps(), worker=worker)  # done, or another worker's
     registry.close()
     return won
 
@@ -329,7 +361,7 @@ def test_failures_and_eta(registry, registry_url):
     ]
     for key in keys[4:6]:
         registry.claim(key, "w")
-        registry.finish(key, {}, GATES)
+        registry.finish(key, {}, maps=_maps())
     # two runs took 10 s in all: 6 pending -> about 30 s left
     sweep = registry.get_sweep(sweep_id)
     _sql(registry_url, "UPDATE runs SET started_at = :s, finished_at = :f WHERE status = 'finished'",
@@ -392,52 +424,135 @@ def test_sweep_fields_listing_and_lookups(registry):
 # --------------------------------------------------------------------------- results
 
 
-def test_results_shapes_and_order(registry):
+def _statements(registry, fn):
+    """(fn(), the SQL statements it ran on the registry's engine, BEGIN/COMMIT left out).
+
+    On PostgreSQL the map blobs are fetched on a binary driver cursor, which SQLAlchemy's
+    events do not see: those fetches are recorded by wrapping ``_fetch_blobs``."""
+    statements = []
+
+    def record(_conn, _cursor, statement, *_):
+        if statement.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK"):
+            statements.append(statement)
+
+    fetch = registry_results._fetch_blobs
+
+    def fetch_recorded(connection, query):
+        if connection.dialect.name == "postgresql":
+            statements.append(str(query))
+        return fetch(connection, query)
+
+    sa.event.listen(registry._engine, "before_cursor_execute", record)
+    registry_results._fetch_blobs = fetch_recorded
+    try:
+        return fn(), statements
+    finally:
+        registry_results._fetch_blobs = fetch
+        sa.event.remove(registry._engine, "before_cursor_execute", record)
+
+
+def _mixed_sweep(registry):
+    """5 runs: head maps of two model sizes, a neuron map on one run, a failed and a pending run."""
     configs = expand(parse_grid({
         "name": "t", "axes": {"seed": [0, 1], "lambda": [0.1, 0.2]},
         "include": [{"seed": 9, "model": "tiny-bert", "sparsity": 0.5}],
     }))
     sweep_id, _ = _submit(registry, configs)
     keys = [c.run_key for c in configs]
-    registry.claim(keys[0], "w")
-    registry.finish(keys[0], {"accuracy": 0.0}, GATES, scores=-GATES)
-    registry.claim(keys[3], "w")
-    registry.finish(keys[3], {"accuracy": 0.3}, GATES + 3)
-    registry.claim(keys[4], "w")
-    registry.finish(keys[4], {"accuracy": 1.0}, np.ones((2, 4)))  # a smaller model
+    neurons = np.linspace(0, 1, 6 * 1536, dtype=np.float32).reshape(6, 1536)
+    for i, maps in ((0, _maps(scores=-GATES, neurons__predictivity=neurons)), (3, _maps(GATES + 3)),
+                    (4, _maps(np.ones((2, 4))))):  # run 4: a smaller model
+        registry.claim(keys[i], "w")
+        registry.finish(keys[i], {"accuracy": i / 10}, maps=maps)
     registry.claim(keys[1], "w")
     registry.fail(keys[1], "boom")
-
-    res = registry.results(sweep_id)
-    assert list(res["run_key"]) == keys
-    assert list(res["status"]) == ["finished", "failed", "pending", "finished", "finished"]
-    assert res["seed"].tolist() == [0, 0, 1, 1, 9] and res["seed"].dtype == np.int64
-    assert res["lambda"].tolist() == [0.1, 0.2, 0.1, 0.2, 0.01]
-    assert np.isnan(res["sparsity"][:4]).all() and res["sparsity"][4] == 0.5
-    assert list(res["model"]) == ["minilm-l6"] * 4 + ["tiny-bert"]
-    assert set(res["task"]) == {"synthetic-cls"} and set(res["pipeline"]) == {"dp"}
-    assert list(res["group_key"]) == [c.group_key for c in configs]
-    assert res["metrics"] == [{"accuracy": 0.0}, {}, {}, {"accuracy": 0.3}, {"accuracy": 1.0}]
-    assert res["gates"].shape == (5, 6, 12) and res["gates"].dtype == np.float32
-    assert res["has_gates"].tolist() == [True, False, False, True, True]
-    assert res["gates_shape"].tolist() == [[6, 12], [0, 0], [0, 0], [6, 12], [2, 4]]
-    np.testing.assert_array_equal(res["gates"][3], GATES + 3)
-    assert np.isnan(res["gates"][1]).all()
-    assert res["scores"].shape == (5, 6, 12) and res["has_scores"].tolist() == [True] + [False] * 4
-    np.testing.assert_array_equal(res["scores"][0], -GATES)
-    assert np.isnan(res["scores"][1:]).all()
-    assert (res["gates"][4, :2, :4] == 1).all() and np.isnan(res["gates"][4, 2:]).all()
-    assert res["updated_at"] == max(registry.get_run(k)["updated_at"] for k in keys)
+    return sweep_id, configs, neurons
 
 
-def test_results_with_one_gate_size_stack_exactly(registry):
+def test_sweep_runs_is_one_query_in_cell_order(registry):
+    sweep_id, configs, _ = _mixed_sweep(registry)
+    keys = [c.run_key for c in configs]
+    runs, statements = _statements(registry, lambda: registry.sweep_runs(sweep_id))
+    assert len(statements) == 2  # the runs, and the list of maps (same transaction)
+    assert list(runs["run_key"]) == keys
+    assert list(runs["status"]) == ["finished", "failed", "pending", "finished", "finished"]
+    assert runs["seed"].tolist() == [0, 0, 1, 1, 9] and runs["seed"].dtype == np.int64
+    assert runs["lambda"].tolist() == [0.1, 0.2, 0.1, 0.2, 0.01]
+    assert np.isnan(runs["sparsity"][:4]).all() and runs["sparsity"][4] == 0.5
+    assert list(runs["model"]) == ["minilm-l6"] * 4 + ["tiny-bert"]
+    assert set(runs["task"]) == {"synthetic-cls"}
+    assert list(runs["group_key"]) == [c.group_key for c in configs]
+    assert runs["metrics"] == [{"accuracy": 0.0}, {}, {}, {"accuracy": 0.3}, {"accuracy": 0.4}]
+    assert runs["config"] == [c.to_dict() for c in configs]
+    assert runs["updated_at"] == max(registry.get_run(k)["updated_at"] for k in keys)
+    assert [(m.name, m.kind, m.count, m.rows, m.cols) for m in runs["maps"]] == [
+        ("heads.gate", "heads", 3, 6, 12), ("heads.log_alpha", "heads", 1, 6, 12),
+        ("neurons.predictivity", "neurons", 1, 6, 1536)]
+    assert registry.sweep_map_names(sweep_id) == runs["maps"]
+
+
+def test_each_map_is_one_query_with_nan_rows_and_padding(registry):
+    sweep_id, _, neurons = _mixed_sweep(registry)
+    gate, statements = _statements(registry, lambda: registry.sweep_map(sweep_id, "heads.gate"))
+    assert len(statements) == 1
+    assert gate.kind == "heads" and gate.values.shape == (5, 6, 12) and gate.values.dtype == np.float32
+    assert gate.has.tolist() == [True, False, False, True, True]
+    np.testing.assert_array_equal(gate.values[3], GATES + 3)
+    assert np.isnan(gate.values[1:3]).all()
+    assert (gate.values[4, :2, :4] == 1).all() and np.isnan(gate.values[4, 2:]).all()  # padded
+    assert np.isnan(gate.values[4, :, 4:]).all()
+
+    neuron = registry.sweep_map(sweep_id, "neurons.predictivity")
+    assert neuron.kind == "neurons" and neuron.values.shape == (5, 6, 1536)
+    assert neuron.has.tolist() == [True, False, False, False, False]
+    np.testing.assert_array_equal(neuron.values[0], neurons)
+    absent = registry.sweep_map(sweep_id, "heads.importance")
+    assert absent.values.shape == (5, 0, 0) and not absent.has.any() and absent.kind == ""
+
+    legacy = registry.results(sweep_id)  # everything at once, with the old names
+    np.testing.assert_array_equal(legacy["gates"], gate.values)
+    assert legacy["has_scores"].tolist() == [True, False, False, False, False]
+    np.testing.assert_array_equal(legacy["scores"][0], -GATES)
+    with pytest.raises(NotFound):
+        registry.sweep_map("sw-nope", "heads.gate")
+    with pytest.raises(NotFound):
+        registry.sweep_map_names("sw-nope")
+
+
+def test_maps_are_stored_compressed_one_row_per_run_and_name(registry, registry_url):
+    sweep_id, configs, _ = _mixed_sweep(registry)
+    rows = _sql(registry_url, "SELECT run_key, name, kind, rows, cols, length(data) FROM run_maps "
+                "ORDER BY run_key, name")
+    assert len(rows) == 5 and {(name, kind) for _, name, kind, *_ in rows} == {
+        ("heads.gate", "heads"), ("heads.log_alpha", "heads"), ("neurons.predictivity", "neurons")}
+    small = [(r, c, size) for key, name, _, r, c, size in rows if key == configs[4].run_key]
+    assert len(small) == 1 and small[0][:2] == (2, 4) and small[0][2] < 32  # 2 x 4 ones: 32 bytes raw
+
+
+def test_maps_with_one_size_stack_exactly(registry):
     configs = _configs()
     sweep_id, _ = _submit(registry, configs)
     for i, cfg in enumerate(configs):
         registry.claim(cfg.run_key, "w")
-        registry.finish(cfg.run_key, {}, GATES * i)
-    res = registry.results(sweep_id)
-    np.testing.assert_array_equal(res["gates"], np.stack([GATES * i for i in range(6)]))
+        registry.finish(cfg.run_key, {}, maps=_maps(GATES * i))
+    gate = registry.sweep_map(sweep_id, "heads.gate")
+    np.testing.assert_array_equal(gate.values, np.stack([GATES * i for i in range(6)]))
+    assert gate.has.all()
+
+
+def test_sweep_version_changes_with_every_run_write(registry):
+    configs = _configs()
+    sweep_id, _ = _submit(registry, configs)
+    first = registry.sweep_version(sweep_id)
+    assert first[1] == 6
+    time.sleep(0.002)
+    registry.claim(configs[0].run_key, "w")
+    claimed = registry.sweep_version(sweep_id)
+    assert claimed[0] > first[0]
+    time.sleep(0.002)
+    registry.finish(configs[0].run_key, {}, maps=_maps())
+    assert registry.sweep_version(sweep_id)[0] > claimed[0]
+    assert registry.sweep_version("sw-nope") == (None, 0)
 
 
 # --------------------------------------------------------------------------- engine, migrations
@@ -460,7 +575,7 @@ def test_other_backends_are_refused():
 
 @pytest.mark.postgres
 def test_plain_postgresql_urls_use_psycopg():
-    engine = registry_module._make_engine(PG_URL.replace("postgresql+psycopg://", "postgresql://"))
+    engine = registry_db.make_engine(PG_URL.replace("postgresql+psycopg://", "postgresql://"))
     assert engine.dialect.driver == "psycopg"
     engine.dispose()
 
@@ -479,20 +594,112 @@ def test_upgrade_keeps_existing_rows(registry_url):
         sweep_id, _ = _submit(registry, _configs())
     with Registry(registry_url) as registry:  # opening again runs `upgrade head` again
         assert registry.sweep_counts(sweep_id)["pending"] == 6
-    head = registry_module._head_revision()
+    head = registry_db.head_revision()
     assert _sql(registry_url, "SELECT version_num FROM alembic_version") == [(head,)]
 
 
-def test_models_and_migrations_agree(registry, registry_url):
+NO_DAG = {"upstream": 0, "dependants": 0, "upstream_methods": {}}
+
+OLD_CONFIG = {  # a run config as revision 0001 stored it (gates section, every default)
+    "model": "minilm-l6", "seed": 0, "method": "head_gates", "pipeline": "dp", "sparsity": None,
+    "task": {"name": "synthetic-cls", "num_train": 2000}, "gates": {"lambda": 0.01, "lr": 0.1},
+    "train": {"lr": 5e-05, "max_steps": 10},
+}
+
+
+def _registry_at_0001(url: str) -> tuple[str, list[str]]:
+    """A registry as the code before unit maps left it: sweep, 4 runs (finished with gates and
+    scores, finished with gates only, running, a finetune run finished with its invented all-ones
+    gates), rows written with that revision's columns."""
+    engine = sa.create_engine(url)
+    upgrade(engine, "0001")
+    tables = sa.MetaData()
+    tables.reflect(engine, only=("sweeps", "runs", "sweep_runs"))
+    when = registry_db.now()
+    keys = [f"{i:064x}" for i in range(4)]
+    runs = []
+    for i, key in enumerate(keys[:3]):
+        finished = i < 2
+        runs.append({
+            "run_key": key, "group_key": "g" * 64, "config": OLD_CONFIG | {"seed": i}, "task": "synthetic-cls",
+            "model": "minilm-l6", "method": "head_gates", "pipeline": "dp", "seed": i, "sparsity": None,
+            "lambda": 0.01, "status": "finished" if finished else "running", "attempts": 1, "created_at": when,
+            "updated_at": when, "metrics": {"accuracy": 0.5 + i / 10} if finished else None,
+            "gates": (GATES * (i + 1)).tobytes() if finished else None,
+            "gates_shape": [6, 12] if finished else None, "scores": (-GATES).tobytes() if i == 0 else None,
+        })
+    runs.append({  # 0001's finetune reported all-ones gates and carried the gates section too
+        "run_key": keys[3], "group_key": "f" * 64, "config": OLD_CONFIG | {"method": "finetune", "pipeline": "none"},
+        "task": "synthetic-cls", "model": "minilm-l6", "method": "finetune", "pipeline": "none", "seed": 0,
+        "sparsity": None, "lambda": 0.01, "status": "finished", "attempts": 1, "created_at": when,
+        "updated_at": when, "metrics": {"accuracy": 0.8}, "gates": np.ones((6, 12), np.float32).tobytes(),
+        "gates_shape": [6, 12], "scores": None,
+    })
+    with engine.begin() as connection:
+        connection.execute(tables.tables["sweeps"].insert(), [{
+            "id": "sw-old", "name": "old", "grid": "name: old\n", "created_at": when, "updated_at": when,
+            "resources": {"cpus": 1.0}, "max_concurrent": None, "max_failures": 1, "cancel_requested": False,
+            "status": "running"}])
+        connection.execute(tables.tables["runs"].insert(), runs)
+        connection.execute(tables.tables["sweep_runs"].insert(),
+                           [{"sweep_id": "sw-old", "run_key": key, "position": i} for i, key in enumerate(keys)])
+    engine.dispose()
+    return "sw-old", keys
+
+
+def test_a_registry_at_0001_upgrades_and_its_sweep_still_loads(registry_url):
+    from analysis.loading import clear_cache, load_sweep
+
+    sweep_id, keys = _registry_at_0001(registry_url)
+    with Registry(registry_url) as registry:  # opening upgrades to head: gates/scores -> run_maps
+        assert _sql(registry_url, "SELECT version_num FROM alembic_version") == [(registry_db.head_revision(),)]
+        assert registry.sweep_counts(sweep_id) == {"finished": 3, "running": 1}
+        assert [(m.name, m.count) for m in registry.sweep_map_names(sweep_id)] == [
+            ("heads.gate", 2), ("heads.log_alpha", 1)]  # the finetune run's invented gates are gone
+        clear_cache()
+        data = load_sweep(registry, sweep_id)
+        assert data.has_gates.tolist() == [True, True, False, False]
+        np.testing.assert_array_equal(data.gates[:2], np.stack([GATES, GATES * 2]))
+        np.testing.assert_array_equal(data.map("heads.log_alpha")[0][0], -GATES)
+        assert data.metrics["accuracy"][:2].tolist() == [0.5, 0.6]
+        # stored configs take today's shape, so a pending run of an old sweep still parses and resumes
+        assert data.config["head_gates.lambda"][:3].tolist() == [0.01] * 3 and "gates.lambda" not in data.config
+        assert parse_config(registry.get_config(keys[2]), check_files=False).section.lambda_ == 0.01
+        assert parse_config(registry.get_config(keys[3]), check_files=False).method == "finetune"
+        # the upgraded registry keeps working: the running run finishes with a map of any kind
+        neurons = np.ones((6, 1536), dtype=np.float32)
+        assert registry.finish(keys[2], {"accuracy": 0.9}, maps=_maps(neurons__predictivity=neurons))
+        assert registry.sweep_map(sweep_id, "neurons.predictivity").has.tolist() == [False, False, True, False]
+    assert _schema_diff(registry_url) == []  # the rebuilt runs table (SQLite) included: no gates, lambda nullable
+    clear_cache()
+
+
+def test_downgrade_to_0001_puts_the_head_maps_back(registry_url):
+    _registry_at_0001(registry_url)
+    Registry(registry_url).close()
+    engine = registry_db.make_engine(registry_url)
+    registry_db.downgrade(engine, "0001")
+    engine.dispose()
+    rows = _sql(registry_url, "SELECT gates, gates_shape, scores FROM runs ORDER BY run_key")
+    assert bytes(rows[1][0]) == (GATES * 2).tobytes() and rows[0][2] is not None and rows[1][2] is None
+    assert rows[2] == (None, None, None) and rows[3] == (None, None, None)
+
+
+def _schema_diff(url: str) -> list:
+    """What alembic's autogenerate would change to make the database match the models."""
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    engine = sa.create_engine(registry_url)
+    engine = sa.create_engine(url)
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
-        diff = compare_metadata(context, registry_module.Base.metadata)
+        diff = compare_metadata(context, Base.metadata)
     engine.dispose()
-    assert diff == []
+    return diff
+
+
+def test_models_and_migrations_agree(registry, registry_url):
+    assert _schema_diff(registry_url) == []
 
 
 def test_concurrent_opens_migrate_once(registry_url):
@@ -532,7 +739,7 @@ def test_sqlite_writer_waits_for_a_held_lock(tmp_path):
 
 
 def test_transient_errors_are_retried_and_others_are_not(monkeypatch):
-    monkeypatch.setattr(registry_module.time, "sleep", lambda s: None)
+    monkeypatch.setattr(registry_db.time, "sleep", lambda s: None)
     calls = []
 
     def flaky(message):
@@ -541,8 +748,8 @@ def test_transient_errors_are_retried_and_others_are_not(monkeypatch):
             raise sa.exc.OperationalError("UPDATE runs", {}, sqlite3.OperationalError(message))
         return "done"
 
-    assert registry_module._retrying(flaky)("database is locked") == "done" and len(calls) == 3
+    assert registry_db.retrying(flaky)("database is locked") == "done" and len(calls) == 3
     calls.clear()
     with pytest.raises(sa.exc.OperationalError):
-        registry_module._retrying(flaky)("no such table: runs")
+        registry_db.retrying(flaky)("no such table: runs")
     assert len(calls) == 1

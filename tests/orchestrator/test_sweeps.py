@@ -30,7 +30,7 @@ GRID = {
         "model": "tiny-bert",
         "task": {"name": "synthetic-cls", "num_train": 48, "num_eval": 16, "max_length": 24},
         "train": {"max_steps": 6, "batch_size": 8, "eval_every": 3},
-        "gates": {"lambda": 0.1, "lr": 0.1},
+        "head_gates": {"lambda": 0.1, "lr": 0.1},
     },
     "axes": {"seed": [0, 1], "pipeline": ["dp", "sp"]},
     "resources": {"cpus": 1},
@@ -41,7 +41,7 @@ GRID = {
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -78,23 +78,52 @@ def _execute(sweep_id, **kw):
 def test_a_sweep_runs_every_cell_once_and_tracks_it(local_ray, home):
     registry, sweep_id = _submit(GRID)
     counts = _execute(sweep_id)
-    assert counts == {"finished": 4}
+    assert counts == {"finished": 6}  # 4 cells + the 2 fine-tunes (one per seed) the SP cells start from
     assert registry.get_sweep(sweep_id)["status"] == "finished"
     results = registry.results(sweep_id)
-    assert results["gates"].shape == (4, 2, 4)
+    assert results["gates"].shape == (6, 2, 4) and results["has_gates"].sum() == 4  # finetune learns no gates
     assert all(run["attempts"] == 1 for run in map(registry.get_run, results["run_key"]))
 
     mlflow = tracking.client()
     sweep = registry.get_sweep(sweep_id)
     runs = mlflow.search_runs([sweep["mlflow_experiment_id"]])
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweep["mlflow_parent_run_id"]]
-    assert len(children) == 4 and {r.info.status for r in runs} == {"FINISHED"}
+    assert len(children) == 6 and {r.info.status for r in runs} == {"FINISHED"}
     assert {r.data.tags["run_key"] for r in children} == set(results["run_key"])
-    assert {a.path for a in mlflow.list_artifacts(children[0].info.run_id)} == {"gates.npz", "gate_map.png"}
+    gated = next(r for r in children if r.data.tags["method"] == "head_gates")
+    assert {a.path for a in mlflow.list_artifacts(gated.info.run_id)} == {
+        "maps.npz", "heads.gate.png", "heads.log_alpha.png"}
 
     # the same grid again: nothing new, nothing rerun
     again, counts = registry.create_sweep("tsweep", "", expand(parse_grid(GRID)), {"cpus": 1}, 2, 1)
     assert counts["new"] == 0 and registry.unfinished(again) == []
+
+
+def test_an_upstream_shared_by_cells_runs_once_before_them_and_is_reused(local_ray, home):
+    """Stages (DESIGN.md decision 10): three SP cells start from one fine-tune; it runs once, first,
+    keeps its weights in the checkpoint store, and a later sweep that needs it again reuses it."""
+    from orchestrator.checkpoints import CheckpointStore
+
+    grid = {**GRID, "axes": {"seed": [0], "pipeline": ["sp"], "lambda": [0.1, 0.5, 1.0]}}
+    registry, sweep_id = _submit(grid)
+    assert registry.sweep_dag(sweep_id) == {"upstream": 1, "dependants": 3}
+    assert _execute(sweep_id) == {"finished": 4}
+    every = [registry.get_run(k) for k in registry.results(sweep_id)["run_key"]]
+    (fine_tune,) = [r for r in every if r["method"] == "finetune"]
+    gated = [r for r in every if r["method"] == "head_gates"]
+    assert fine_tune["attempts"] == 1 and all(r["attempts"] == 1 for r in gated)
+    assert all(fine_tune["finished_at"] <= r["started_at"] for r in gated)  # before its dependants
+    assert CheckpointStore().exists(fine_tune["run_key"])
+    mlflow = tracking.client()
+    runs = mlflow.search_runs([registry.get_sweep(sweep_id)["mlflow_experiment_id"]])
+    assert sum(r.data.tags.get("method") == "finetune" for r in runs) == 1  # one MLflow run of it
+
+    more = {**grid, "axes": {**grid["axes"], "lambda": [0.1, 0.5, 1.0, 2.0]}}
+    again, second = _submit(more)
+    assert _execute(second) == {"finished": 5}
+    assert registry.get_run(fine_tune["run_key"])["attempts"] == 1  # reused, not run again
+    runs = mlflow.search_runs([registry.get_sweep(second)["mlflow_experiment_id"]])
+    assert sum(r.data.tags.get("method") == "finetune" for r in runs) == 1
 
 
 def _flaky(cfg, ctx) -> RunResult:
@@ -106,10 +135,15 @@ def _flaky(cfg, ctx) -> RunResult:
 def test_a_failing_run_is_recorded_while_the_others_finish(local_ray, home):
     registry, sweep_id = _submit(GRID)
     counts = _execute(sweep_id, run_fn=_flaky)
-    assert counts == {"finished": 2, "failed": 2}
+    # seed 1's dp cell and its fine-tune fail; its sp cell, which starts from that fine-tune, is
+    # blocked (never run, the reason kept), not failed; seed 0's three runs finish
+    assert counts == {"finished": 3, "failed": 2, "blocked": 1}
     assert registry.get_sweep(sweep_id)["status"] == "failed"
-    failed = [registry.get_run(k) for k in registry.results(sweep_id)["run_key"]]
-    failed = [r for r in failed if r["status"] == "failed"]
+    every = [registry.get_run(k) for k in registry.results(sweep_id)["run_key"]]
+    failed = [r for r in every if r["status"] == "failed"]
+    (blocked,) = [r for r in every if r["status"] == "blocked"]
+    fine_tune = next(r for r in failed if r["method"] == "finetune")
+    assert blocked["error"] == f"blocked: its init_from run {fine_tune['run_key']} failed" and blocked["attempts"] == 0
     assert all("seed 1 is cursed" in r["error"] and "Traceback" in r["error"] for r in failed)
     assert all(r["attempts"] == 2 for r in failed)  # max_failures=1: one retry
     mlflow = tracking.client()
@@ -141,7 +175,7 @@ def test_a_killed_worker_is_retried_from_its_checkpoint(local_ray, home):
     (run_key,) = registry.results(sweep_id)["run_key"]
     assert registry.get_run(run_key)["attempts"] == 2
     straight = real_run(expand(parse_grid(grid))[0])
-    np.testing.assert_array_equal(registry.results(sweep_id)["gates"][0], straight.gates)
+    np.testing.assert_array_equal(registry.results(sweep_id)["gates"][0], straight.maps["heads.gate"].values)
 
 
 def _slow(cfg, ctx) -> RunResult:
@@ -185,7 +219,7 @@ def test_orphans_are_reconciled_and_rerun(local_ray, home):
         run_id = tracking.start_run(mlflow, sweep["mlflow_experiment_id"], key, parent_run_id=sweep["mlflow_parent_run_id"])
         registry.set_mlflow_run(key, run_id)
     counts = _execute(sweep_id, stale_after_s=0)
-    assert counts == {"finished": 4}
+    assert counts == {"finished": 6}
     for key in keys[:2]:
         run = registry.get_run(key)
         assert run["attempts"] == 2

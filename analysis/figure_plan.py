@@ -1,0 +1,199 @@
+"""Figures of a selection as PNG bytes, and the plan of every figure worth drawing for a sweep.
+
+Pure over a loaded :class:`SweepData` (drawing itself is ``analysis.figures``);
+the CLI's ``figures``, the service's ``/figures`` and the sweep report all use it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from analysis import figures
+from analysis.loading import SweepData
+from analysis.queries import Agreement, agreement
+from analysis.select import (
+    _NOT_CURVE_METRICS,
+    DEFAULT_MAP,
+    Filters,
+    QueryError,
+    axis_values,
+    check_metric,
+    default_metric,
+    describe,
+    did_you_mean,
+    group_indices,
+    groups_in_cell_order,
+    map_runs,
+    map_stack,
+    select,
+)
+from experiments.units import OPEN_THRESHOLD
+
+FIGURE_KINDS = ("rgb", "grey", "agreement", "curves")
+CURVE_X = ("sparsity", "lambda", "open_heads")
+
+
+def _title(data: SweepData, filters: Filters | None) -> str:
+    return f"{data.sweep_id}: {describe(filters)}"
+
+
+def _rgb(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP) -> bytes:
+    sel, x, _, _ = map_runs(select(data, filters), map_name, switch=False)
+    for idx in groups_in_cell_order(sel):
+        if len(idx) >= 3:
+            idx = idx[np.argsort(sel.seed[idx], kind="stable")][:3]
+            seeds = ", ".join(str(s) for s in sel.seed[idx])
+            title = (f"{sel.task[idx[0]]} / {sel.pipeline[idx[0]] or sel.method[idx[0]]} / "
+                     f"{sel.model[idx[0]]}: seeds {seeds}")
+            return figures.rgb_seed_map(x[idx[0]], x[idx[1]], x[idx[2]], title)
+    raise QueryError(f"the rgb map needs a cell with 3 finished seeds; none in {describe(filters)}")
+
+
+def _grey(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP) -> bytes:
+    sel, x, _, _ = map_runs(select(data, filters), map_name, switch=False)
+    if len(sel) == 0:
+        raise QueryError(f"no finished run with map {map_name} in {describe(filters)}")
+    return figures.grey_map(x, f"mean {map_name} over {len(sel)} runs\n{_title(sel, filters)}")
+
+
+def agreement_png(result: Agreement, filters: Filters | None = None) -> bytes:
+    """``result`` as an annotated heat map; the title gives the stem cell statistic and its null."""
+    text = f"{result.map_name} r across {result.across}\n{describe(filters)}"
+    stem = result.stem_cell
+    if math.isfinite(stem.observed):  # short lines: the heat map of 2 labels is ~4 inches wide
+        text += f"\nstem cell r = {stem.observed:.2f}"
+        within = stem.nulls.get("within_layers")
+        if within is not None:
+            text += f"\nchance {within.null_mean:.2f} (within layers), {within.p_text}"
+    return figures.agreement_heatmap(result.matrix, result.labels, text)
+
+
+def _open_heads(data: SweepData) -> np.ndarray:
+    if "open_heads" in data.metrics:
+        return data.metrics["open_heads"]
+    values, has = map_stack(data, DEFAULT_MAP)
+    flat = np.asarray(values, dtype=np.float64).reshape(len(data), -1)
+    with np.errstate(invalid="ignore"):
+        return np.where(has, (flat > OPEN_THRESHOLD).sum(axis=1), np.nan)
+
+
+def curve_points(data: SweepData, metric: str, x: str, filters: Filters | None = None
+                 ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``{pipeline: (x, mean, std)}`` of ``metric``, over runs that have it.
+
+    ``x = sparsity | lambda``: runs pooled per x value; ``x = open_heads``: one
+    point per cell at its seeds' mean number of open heads.
+    """
+    if x not in CURVE_X:
+        raise QueryError(f"unknown x '{x}'{did_you_mean(x, CURVE_X)} (one of {', '.join(CURVE_X)})")
+    sel = select(data, filters)
+    y = check_metric(sel, metric)
+    xs = _open_heads(sel) if x == "open_heads" else sel.axis(x)
+    ok = ~np.isnan(y) & ~np.isnan(xs)
+    if not ok.any():
+        raise QueryError(f"no finished run has both {metric} and {x} in {describe(filters)}")
+    sel, y, xs = sel.subset(ok), y[ok], xs[ok]
+    curves = {}
+    for pipeline in axis_values(sel, "pipeline"):
+        in_p = sel.pipeline == pipeline
+        part = sel.subset(in_p)
+        points = []
+        for idx in group_indices(part, ["group_key" if x == "open_heads" else x]):
+            vals = y[in_p][idx]
+            std = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
+            points.append((float(xs[in_p][idx].mean()), float(vals.mean()), std))
+        points.sort()
+        curves[pipeline or "(none)"] = tuple(np.array(col) for col in zip(*points, strict=True))
+    return curves
+
+
+def _curves(data: SweepData, filters: Filters | None, metric: str | None, x: str | None) -> bytes:
+    sel = select(data, filters)
+    metric = metric or default_metric(sel)
+    x = x or _default_x(sel)
+    curves = curve_points(data, metric, x, filters)
+    xlabel = {"open_heads": "open heads", "lambda": "lambda (L0 penalty)"}.get(x, x)
+    return figures.metric_curves(curves, xlabel, metric, f"{metric} vs {xlabel}\n{_title(sel, filters)}")
+
+
+def _default_x(sel: SweepData) -> str:
+    for axis in ("sparsity", "lambda"):
+        if np.unique(sel.axis(axis)[~np.isnan(sel.axis(axis))]).size >= 2:
+            return axis
+    return "open_heads"
+
+
+def figure(data: SweepData, kind: str, filters: Filters | None = None, across: str = "seed",
+           metric: str | None = None, x: str | None = None, n_perm: int = 1000,
+           max_run_perms: int | None = None, map_name: str = DEFAULT_MAP) -> bytes:
+    """One figure of the selection as PNG bytes.
+
+    ``rgb``: He & Choi's map of the first cell with 3 finished seeds (its 3
+    lowest seeds); ``grey``: mean gate over every selected run;
+    ``agreement``: ``agreement(across)`` as an annotated heat map (title: the
+    stem cell statistic and its null band); ``curves``: ``metric`` vs ``x``
+    (default: sparsity, else lambda, else open heads), mean line and std
+    band per pipeline. ``max_run_perms``: see ``agreement``. ``map_name``: the
+    unit map of rgb, grey and agreement figures.
+    """
+    if kind == "rgb":
+        return _rgb(data, filters, map_name)
+    if kind == "grey":
+        return _grey(data, filters, map_name)
+    if kind == "agreement":
+        result = agreement(data, across, filters, n_perm=n_perm, max_run_perms=max_run_perms, map_name=map_name)
+        return agreement_png(result, filters)
+    if kind == "curves":
+        return _curves(data, filters, metric, x)
+    raise QueryError(f"unknown figure '{kind}'{did_you_mean(kind, FIGURE_KINDS)} (one of {', '.join(FIGURE_KINDS)})")
+
+
+def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict[str, Any]]]:
+    """Every figure worth drawing for a sweep: ``[(file name, kind, figure() kwargs)]``.
+
+    An rgb map per cell with 3 finished seeds (the first ``max_rgb`` cells), a
+    grey map of all runs and of each task, an agreement heat map across each
+    axis that has 2 values (seed: a cell with 2 seeds), and per task the
+    curves of each metric (not losses or head counts) vs each x that varies.
+    """
+    sel = data.subset(data.has_gates)
+    plan: list[tuple[str, str, dict[str, Any]]] = []
+    cells = [idx for idx in groups_in_cell_order(sel) if len(idx) >= 3][:max_rgb]
+    for idx in cells:
+        i = idx[0]
+        name = f"rgb_{sel.task[i]}_{sel.pipeline[i] or sel.method[i]}_{sel.group_key[i][:8]}"
+        plan.append((name, "rgb", {"filters": {"group_key": [str(sel.group_key[i])]}}))
+    if len(sel):
+        plan.append(("grey_all", "grey", {}))
+        tasks = axis_values(sel, "task")
+        if len(tasks) > 1:
+            plan += [(f"grey_task-{t}", "grey", {"filters": {"task": [t]}}) for t in tasks]
+        if any(len(idx) >= 2 for idx in group_indices(sel, ["group_key"])):
+            plan.append(("agreement_seed", "agreement", {"across": "seed"}))
+        for across in ("task", "pipeline", "model"):
+            if len(axis_values(sel, across)) >= 2:
+                plan.append((f"agreement_{across}", "agreement", {"across": across}))
+    done = data.subset(~np.isnan(_open_heads(data)) | (data.status == "finished"))
+    for task in axis_values(done, "task") if len(done) else []:
+        part = select(done, {"task": [task]})
+        xs = [a for a in ("sparsity", "lambda") if np.unique(part.axis(a)[~np.isnan(part.axis(a))]).size >= 2]
+        xs.append("open_heads")
+        for metric in sorted(m for m in part.metrics if m not in _NOT_CURVE_METRICS):
+            if np.isnan(part.metrics[metric]).all():
+                continue
+            for x in xs:
+                plan.append((f"curves_{task}_{metric}_vs_{x}", "curves",
+                             {"filters": {"task": [task]}, "metric": metric, "x": x}))
+    return [(_safe_name(name) + ".png", kind, params) for name, kind, params in plan]
+
+
+def render_all(data: SweepData) -> list[tuple[str, bytes]]:
+    """Every figure of ``figure_plan(data)`` drawn: ``[(file name, PNG bytes)]`` (the sweep report)."""
+    return [(name, figure(data, kind, **params)) for name, kind, params in figure_plan(data)]
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)

@@ -1,0 +1,271 @@
+"""Naming and selecting runs: axes, config keys, filters, groups and unit maps of a SweepData.
+
+Everything the questions (``analysis.queries``) and the figures (``analysis.figure_plan``)
+share. Filters are ``{axis: [values]}`` (a run matches when it has one of the values on
+every axis named); an axis is a label (``AXES``: task, model, pipeline, seed, ...) or any
+dotted key of the stored configs (``head_gates.lr``); values may be strings as they come
+from a command line or a URL. A bad axis, metric, map or value raises :class:`QueryError`,
+naming it and the nearest valid one.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from analysis.loading import AXES, SweepData
+from experiments.naming import suggest
+
+DEFAULT_MAP = "heads.gate"
+COMPANIONS = {"heads.gate": "heads.log_alpha"}
+"""Binarised map -> its continuous companion, used when the binarised map is constant in a run
+(every gate closed: Pearson is undefined there, the continuous scores still rank the units)."""
+LEGACY_MAPS = {"heads.gate": ("gates", "has_gates"), "heads.log_alpha": ("scores", None)}
+_NOT_CURVE_METRICS = ("loss", "train_loss", "open_heads")
+
+Filters = Mapping[str, Sequence[Any]]
+
+
+class QueryError(ValueError):
+    """A question the data cannot answer as asked: one line, naming the bad value."""
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """'; did you mean 'x'?' for the closest choice: always one when there are choices (the
+    list of valid values follows in every message, so even a far guess orients the reader)."""
+    return suggest(word, choices, cutoff=0.0)
+
+
+def list_choices(values: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(values[:limit])
+    return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
+
+
+def config_columns(data: SweepData) -> Mapping[str, np.ndarray]:
+    """Every dotted config key of the runs as an ``(N,)`` column, from the stored configs.
+
+    (Registries that return no configs fall back to the label columns.)"""
+    config = getattr(data, "config", None)
+    if config is not None:
+        return config
+    return {"task.name": data.task, "model": data.model, "method": data.method, "pipeline": data.pipeline,
+            "seed": data.seed, "sparsity": data.sparsity, "lambda": data.lambda_}
+
+
+def varying_config(data: SweepData) -> dict[str, np.ndarray]:
+    """The config columns with more than one value in ``data``."""
+    return {key: col for key, col in config_columns(data).items() if len(set(as_codes(col).tolist())) > 1}
+
+
+def config_keys_of(data: SweepData, axis: str) -> set[str]:
+    """The config keys an axis name stands for: itself, or every key ending in ``.axis``
+    (``lambda`` -> ``head_gates.lambda``), ``task`` -> ``task.name``."""
+    keys = set(config_columns(data))
+    if axis in keys:
+        return {axis}
+    return {k for k in keys if k.endswith("." + axis) or (axis == "task" and k == "task.name")}
+
+
+def check_axis(name: str, data: SweepData | None = None) -> str:
+    """``name`` if it is a label axis (``AXES``) or, given ``data``, a config key of its runs."""
+    known = list(AXES) + (sorted(config_columns(data)) if data is not None else [])
+    if name not in known:
+        raise QueryError(f"unknown axis '{name}'{did_you_mean(name, known)} (axes: {list_choices(known, 12)})")
+    return name
+
+
+def column(data: SweepData, name: str) -> np.ndarray:
+    """The ``(N,)`` column of a label axis or of a config key."""
+    return data.axis(name) if name in AXES else config_columns(data)[check_axis(name, data)]
+
+
+def _is_text(col: np.ndarray) -> bool:
+    return not np.issubdtype(col.dtype, np.number)
+
+
+def check_metric(data: SweepData, name: str) -> np.ndarray:
+    """The ``(N,)`` metric column, or QueryError naming the nearest metric of this sweep."""
+    if name not in data.metrics:
+        known = sorted(data.metrics)
+        if not known:
+            raise QueryError(f"unknown metric '{name}': no run of this selection has metrics yet")
+        raise QueryError(f"unknown metric '{name}'{did_you_mean(name, known)} (metrics: {list_choices(known)})")
+    return data.metrics[name]
+
+
+def value_label(value: Any) -> str:
+    """An axis value as text: 'none' for unset numbers, integers without '.0'."""
+    if value is None:
+        return "none"
+    if isinstance(value, float | np.floating):
+        return "none" if math.isnan(value) else f"{float(value):g}"
+    return str(value)
+
+
+def py(value: Any) -> Any:
+    """numpy scalar -> Python; NaN -> None (for JSON and tables)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def axis_values(data: SweepData, axis: str) -> list[Any]:
+    """Distinct values of ``axis`` in the data, sorted (numbers numerically, unset last)."""
+    col = column(data, check_axis(axis, data))
+    if _is_text(col):
+        return sorted(set(col.tolist()), key=value_label)
+    values = np.unique(col)  # NaNs collapse to one, sorted last
+    return [py(v) for v in values]
+
+
+def parse_filter(text: str) -> dict[str, list[str]]:
+    """``"task:sst2,seed:0|1"`` -> ``{"task": ["sst2"], "seed": ["0", "1"]}`` ("" -> ``{}``)."""
+    filters: dict[str, list[str]] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        axis, sep, values = part.partition(":")
+        if not sep or not axis.strip() or not values.strip():
+            raise QueryError(f"expected axis:value[|value...], got '{part}' (e.g. task:sst2,seed:0|1)")
+        filters.setdefault(axis.strip(), []).extend(
+            v.strip() for v in values.split("|") if v.strip())
+    return filters
+
+
+def _match(data: SweepData, axis: str, raw: Any) -> np.ndarray:
+    """``(N,)`` bool: runs whose ``axis`` equals ``raw`` (a value or its text)."""
+    col = column(data, axis)
+    text = str(raw).strip()
+    if _is_text(col):
+        mask = as_codes(col) == text
+        if not mask.any():
+            known = axis_values(data, axis)
+            raise QueryError(f"no run with {axis} '{text}'{did_you_mean(text, known)} ({axis}: {list_choices(known)})")
+        return mask
+    try:
+        value = math.nan if text.lower() in ("none", "null", "nan", "") else float(text)
+    except ValueError:
+        raise QueryError(f"{axis}: expected a number, got '{text}'") from None
+    if axis == "seed" and math.isfinite(value) and value != int(value):
+        raise QueryError(f"seed: expected an integer, got '{text}'")
+    mask = np.isnan(col) if math.isnan(value) else np.isclose(col, value, rtol=1e-9, atol=0.0)
+    if not mask.any():
+        known = [v for v in axis_values(data, axis) if v is not None]
+        finite = np.isfinite(value) and known
+        hint = f"; did you mean {known[int(np.argmin([abs(k - value) for k in known]))]}?" if finite else ""
+        raise QueryError(f"no run with {axis} {text}{hint} ({axis}: "
+                         f"{list_choices([value_label(v) for v in axis_values(data, axis)])})")
+    return mask
+
+
+def select(data: SweepData, filters: Filters | None = None) -> SweepData:
+    """The runs matching every axis of ``filters`` (any of its values); all runs when empty."""
+    if not filters:
+        return data
+    keep = np.ones(len(data), dtype=bool)
+    for axis, values in filters.items():
+        check_axis(axis, data)
+        values = [values] if isinstance(values, str | int | float) else list(values)
+        if not values:
+            continue
+        keep &= np.logical_or.reduce([_match(data, axis, v) for v in values])
+    return data.subset(keep)
+
+
+def group_indices(data: SweepData, by: Sequence[str]) -> list[np.ndarray]:
+    """Index arrays of the runs sharing every ``by`` value, groups in sorted value order."""
+    if len(data) == 0:
+        return []
+    codes = np.stack([np.unique(as_codes(column(data, axis)), return_inverse=True)[1].ravel() for axis in by], axis=1)
+    _, inverse = np.unique(codes, axis=0, return_inverse=True)
+    inverse = inverse.ravel()
+    order = np.argsort(inverse, kind="stable")
+    return np.split(order, np.flatnonzero(np.diff(inverse[order])) + 1)
+
+
+def groups_in_cell_order(sel: SweepData) -> list[np.ndarray]:
+    groups = group_indices(sel, ["group_key"])
+    return sorted(groups, key=lambda idx: idx[0])
+
+
+def as_codes(column: np.ndarray) -> np.ndarray:
+    """A column of mixed values (str, numbers, None, NaN) as comparable strings."""
+    return np.array([value_label(v) for v in column.tolist()], dtype=str)
+
+
+def describe(filters: Filters | None) -> str:
+    return ",".join(f"{k}:{'|'.join(map(str, v))}" for k, v in (filters or {}).items()) or "all runs"
+
+
+def nanmean(values: Sequence[float]) -> float:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(np.nanmean(values)) if len(values) else math.nan
+
+
+def map_stack(data: SweepData, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(``(N, L, K)`` values of map ``name``, ``(N,)`` bool: the run has it)."""
+    if hasattr(data, "map"):
+        return data.map(name)
+    if name not in LEGACY_MAPS:
+        raise QueryError(f"unknown map '{name}'{did_you_mean(name, list(LEGACY_MAPS))} "
+                         f"(maps: {', '.join(LEGACY_MAPS)})")
+    values_attr, has_attr = LEGACY_MAPS[name]
+    values = getattr(data, values_attr)
+    if values is None:
+        raise QueryError(f"this sweep's runs have no map {name} in the registry")
+    has = getattr(data, has_attr) if has_attr else ~np.isnan(values).reshape(len(data), -1).any(axis=1)
+    return values, has & data.has_gates
+
+
+def map_runs(data: SweepData, name: str = DEFAULT_MAP, switch: bool = True
+             ) -> tuple[SweepData, np.ndarray, list[str], str]:
+    """The runs that have map ``name``, their ``(n, L, K)`` float64 stack, notes, and the map used.
+
+    Runs without the map (not finished, or a method that learns none, such as
+    ``finetune`` for gates) are left out. When the map is constant in some run
+    (a binarised gate map with every gate closed: Pearson is undefined) and
+    ``switch``, the continuous companion map (``COMPANIONS``) is used for every
+    run instead, and a note says so; without a companion those runs are left out,
+    with a note.
+    """
+    values, has = map_stack(data, name)
+    sel = data.subset(has)
+    x = np.asarray(values[has], dtype=np.float64)
+    if np.isnan(x).any():
+        raise QueryError(f"runs of different sizes in the selection (models: "
+                         f"{', '.join(axis_values(sel, 'model'))}); filter by model")
+    notes: list[str] = []
+    if len(x) == 0:
+        return sel, x, notes, name
+    flat = x.reshape(len(x), -1)
+    constant = flat.max(axis=1) == flat.min(axis=1)
+    if switch and constant.any():
+        what = f"{int(constant.sum())} of {len(x)} runs have a constant {name} (every unit at {flat[constant][0, 0]:g})"
+        companion = COMPANIONS.get(name)
+        if companion is not None:
+            c_values, c_has = map_stack(sel, companion)
+            if c_has.all():
+                notes.append(f"{what}: its correlation is undefined, so these statistics use the "
+                             f"continuous {companion} of every run instead")
+                return sel, np.asarray(c_values, dtype=np.float64), notes, companion
+        notes.append(f"{what}: its correlation is undefined; those runs are left out")
+        sel, x = sel.subset(~constant), x[~constant]
+    return sel, x, notes, name
+
+
+def default_metric(data: SweepData) -> str:
+    """``accuracy`` when there is one, else the first metric that is not a loss or a head count."""
+    names = sorted(data.metrics)
+    if "accuracy" in names:
+        return "accuracy"
+    useful = [n for n in names if n not in _NOT_CURVE_METRICS]
+    if not (useful or names):
+        raise QueryError("no run of this selection has metrics yet")
+    return (useful or names)[0]

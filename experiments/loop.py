@@ -1,0 +1,165 @@
+"""The step loop every method shares: batches, evaluation, and the bookkeeping around a step.
+
+A method writes its loop BODY, ``step_fn(state, batch) -> {name: value}``, and
+hands it to :func:`train_steps`, which owns what every method did the same way:
+resume from the context's checkpoint, the step counter, evaluation every
+``train.eval_every`` steps and at the end, logging to the tracker, checkpoints,
+progress (and so cancellation), and handing the final weights on (stages).
+
+Batch order is a pure function of (seed, step), so a run resumed from a
+checkpoint sees the same batches as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from experiments.context import RunContext
+from experiments.maths.losses import IGNORE_INDEX, task_loss
+from experiments.seeding import derive_seed
+from experiments.state import RunState
+from experiments.tasks import Split
+
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""(input_ids (B, T), attention_mask (B, T), labels (B,) or (B, T)), on the run's device."""
+
+# ------------------------------------------------------------------------------ batches
+
+
+def num_steps(n_train: int, batch_size: int, epochs: float, max_steps: int | None) -> int:
+    """Optimiser steps of a phase: ``max_steps`` if given, else ceil(epochs * batches per epoch)."""
+    if max_steps is not None:
+        return max_steps
+    return max(1, math.ceil(epochs * math.ceil(n_train / batch_size)))
+
+
+@lru_cache(maxsize=8)
+def _epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(derive_seed(seed, f"data_order:{epoch}"))
+    return torch.randperm(n, generator=gen)
+
+
+def batch_indices(step: int, n: int, batch_size: int, seed: int) -> torch.Tensor:
+    """Example indices of optimiser step ``step``: a fresh permutation each epoch, seeded."""
+    per_epoch = math.ceil(n / batch_size)
+    epoch, index = divmod(step, per_epoch)
+    order = _epoch_order(n, seed, epoch)
+    return order[index * batch_size : (index + 1) * batch_size]
+
+
+def take(split: Split, idx: torch.Tensor, device: str) -> Batch:
+    """(input_ids, attention_mask, labels) of those examples, trimmed to their longest sequence."""
+    mask = split.attention_mask[idx]
+    length = int(mask.sum(dim=1).max())
+    labels = split.labels[idx]
+    if labels.dim() == 2:
+        labels = labels[:, :length]
+    return (split.input_ids[idx, :length].to(device), mask[:, :length].to(device), labels.to(device))
+
+
+def forward_logits(encoder, decoder, input_ids, attention_mask) -> torch.Tensor:
+    """Task logits (B, C) or (B, T, C): the decoder over the encoder's last hidden states."""
+    hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, Hd)
+    return decoder(hidden, attention_mask)
+
+
+# ------------------------------------------------------------------------------ evaluation
+
+
+@torch.no_grad()
+def evaluate(encoder, decoder, split: Split, task, batch_size: int, device: str) -> dict[str, float]:
+    """Task metrics and loss on ``split``, in eval mode, batch by batch."""
+    was_training = encoder.training
+    encoder.eval()
+    decoder.eval()
+    logits_all, labels_all, losses = [], [], []
+    for start in range(0, len(split), batch_size):
+        idx = torch.arange(start, min(start + batch_size, len(split)))
+        ids, mask, labels = take(split, idx, device)
+        logits = forward_logits(encoder, decoder, ids, mask)
+        losses.append(task_loss(logits, labels).item() * len(idx))
+        if labels.dim() == 2:  # pad back to a common length so batches concatenate
+            pad = split.input_ids.shape[1] - labels.shape[1]
+            logits = F.pad(logits, (0, 0, 0, pad))
+            labels = F.pad(labels, (0, pad), value=IGNORE_INDEX)
+        logits_all.append(logits.cpu())
+        labels_all.append(labels.cpu())
+    encoder.train(was_training)
+    decoder.train(was_training)
+    metrics = task.compute_metrics(torch.cat(logits_all), torch.cat(labels_all))
+    metrics["loss"] = sum(losses) / len(split)
+    return metrics
+
+
+def evaluate_all(state: RunState) -> dict[str, float]:
+    """The task decoder's metrics with everything in eval mode (test-time gates): dev under plain
+    names (``accuracy``, ``loss``), plus ``<metric>/<set>`` for every extra evaluation set of the
+    data (``accuracy/ood``, ``loss/ood``). Modes are restored afterwards."""
+    modes = {name: module.training for name, module in state.modules().items()}
+    state.train(False)
+    batch_size, device = state.cfg.train.batch_size, state.device
+    try:
+        metrics = evaluate(state.encoder, state.decoder, state.data.dev, state.task, batch_size, device)
+        for name, split in state.data.eval_sets.items():
+            scores = evaluate(state.encoder, state.decoder, split, state.task, batch_size, device)
+            metrics |= {f"{metric}/{name}": value for metric, value in scores.items()}
+    finally:
+        for name, module in state.modules().items():
+            module.train(modes[name])
+    return metrics
+
+
+# ------------------------------------------------------------------------------ the loop
+
+
+def train_steps(
+    state: RunState,
+    ctx: RunContext,
+    total: int,
+    step_fn: Callable[[RunState, Batch], dict[str, float]],
+    eval_fn: Callable[[RunState], dict[str, float]] | None = None,
+) -> dict[str, float]:
+    """Run ``step_fn`` until ``state.step == total``; return the last evaluation's metrics.
+
+    - Resume: a checkpoint from ``ctx.checkpointer`` replaces the state (step, weights,
+      optimisers, RNG, values) before the first step; otherwise the state starts as built.
+    - Each step: the batch of ``state.step`` (seeded order over ``data.train``), then
+      ``step_fn(state, batch)``, which does the forward, backward and optimiser steps and
+      returns the step's values (``loss`` at least; ``open_heads`` for the progress bar).
+      The loop then counts the step.
+    - Every ``train.eval_every`` steps and at ``total``: ``eval_fn(state)`` (default
+      :func:`evaluate_all`) joined by the step's values as floats (its ``loss`` as
+      ``train_loss``) is logged to ``ctx.tracker`` at that step; the step goes to
+      ``state.values["eval_steps"]``, the metrics to ``state.values["metrics"]``; then a
+      checkpoint (``state.state_dict()``) goes to ``ctx.checkpointer``.
+    - After every step, ``ctx.progress(step, total, step values)`` (raises ``RunCancelled``
+      when the run should stop).
+    - At the end, with ``ctx.save_weights`` set, ``state.weights()`` is handed to it once.
+    """
+    saved = ctx.checkpointer.load() if ctx.checkpointer else None
+    if saved is not None:
+        state.load_state_dict(saved)
+    state.values.setdefault("eval_steps", [])
+    tc, train = state.cfg.train, state.data.train
+    state.train()
+    while state.step < total:
+        batch = take(train, batch_indices(state.step, len(train), tc.batch_size, state.cfg.seed), state.device)
+        values = step_fn(state, batch)
+        state.step += 1
+        if state.step % tc.eval_every == 0 or state.step == total:
+            metrics = (eval_fn or evaluate_all)(state)
+            metrics |= {("train_loss" if name == "loss" else name): float(value) for name, value in values.items()}
+            ctx.tracker.log_metrics(metrics, state.step)
+            state.values["eval_steps"].append(state.step)
+            state.values["metrics"] = metrics
+            if ctx.checkpointer:
+                ctx.checkpointer.save(state.state_dict())
+        ctx.progress(state.step, total, values)
+    if ctx.save_weights is not None:
+        ctx.save_weights(state.weights())
+    return dict(state.values.get("metrics", {}))

@@ -1,0 +1,189 @@
+"""The state of one run: what a method builds, trains, checkpoints and hands on.
+
+:class:`RunState` is plain data: the backbone, the decoders, the data, the
+interventions (modules a method puts on the model, such as head gates), the
+optimisers, schedulers and random generators, the step, and plain values (a gate
+trajectory, the evaluation steps). Two views of it leave the run:
+
+- ``state_dict()``: a checkpoint, everything a resumed run needs to continue
+  bit-identically (including the global torch RNG that drives dropout);
+- ``weights()``: the encoder's and decoders' weights, what a dependant run
+  (stages: ``init_from``) starts from.
+
+:func:`set_up` builds the state every method starts from.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from experiments.models import head_layout, load_backbone
+from experiments.seeding import derive_seed
+
+
+@dataclass
+class RunState:
+    """One run's moving parts. Dicts are keyed by role: ``decoders["task"]``, ``interventions["gates"]``."""
+
+    cfg: Any  # RunConfig
+    task: Any  # the task module (experiments.tasks)
+    data: Any  # TaskData
+    encoder: nn.Module
+    decoders: dict[str, nn.Module] = field(default_factory=dict)
+    interventions: dict[str, nn.Module] = field(default_factory=dict)
+    optimizers: dict[str, torch.optim.Optimizer] = field(default_factory=dict)
+    schedulers: dict[str, Any] = field(default_factory=dict)  # torch.optim.lr_scheduler.*
+    generators: dict[str, torch.Generator] = field(default_factory=dict)
+    step: int = 0
+    """Optimiser steps taken so far."""
+    values: dict[str, Any] = field(default_factory=lambda: {"eval_steps": []})
+    """Plain values that belong in a checkpoint: ``eval_steps``, a gate ``trajectory``, ..."""
+    device: str = "cpu"
+
+    @property
+    def decoder(self) -> nn.Module:
+        """The task decoder, ``decoders["task"]``."""
+        return self.decoders["task"]
+
+    @property
+    def num_layers(self) -> int:
+        return head_layout(self.encoder)[0]
+
+    @property
+    def num_heads(self) -> int:
+        return head_layout(self.encoder)[1]
+
+    def modules(self) -> dict[str, nn.Module]:
+        """Every trained module by a unique name: ``encoder``, ``decoders.<role>``, ``interventions.<role>``."""
+        named = {"encoder": self.encoder}
+        named |= {f"decoders.{name}": module for name, module in self.decoders.items()}
+        named |= {f"interventions.{name}": module for name, module in self.interventions.items()}
+        return named
+
+    def train(self, mode: bool = True) -> None:
+        """Training (or eval) mode for the encoder, every decoder and every intervention."""
+        for module in self.modules().values():
+            module.train(mode)
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """A checkpoint: everything a resumed run needs to continue bit-identically.
+
+        Module, optimiser and scheduler states are their own ``state_dict()``s and share
+        storage with the live tensors (a checkpointer writes them before the next step);
+        ``values`` is a deep copy. Holds the global CPU RNG (dropout) and, on CUDA, that
+        device's RNG too.
+        """
+        state: dict[str, Any] = {
+            "step": self.step,
+            "values": copy.deepcopy(self.values),
+            "rng": torch.get_rng_state(),
+            "encoder": self.encoder.state_dict(),
+            "decoders": {name: module.state_dict() for name, module in self.decoders.items()},
+            "interventions": {name: module.state_dict() for name, module in self.interventions.items()},
+            "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
+            "schedulers": {name: sched.state_dict() for name, sched in self.schedulers.items()},
+            "generators": {name: gen.get_state() for name, gen in self.generators.items()},
+        }
+        if torch.device(self.device).type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        return state
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`: the same objects must exist under the same names."""
+        self.encoder.load_state_dict(saved["encoder"])
+        for group in ("decoders", "interventions", "optimizers", "schedulers"):
+            objects = getattr(self, group)
+            if set(saved[group]) != set(objects):
+                raise KeyError(f"checkpoint has {group} {sorted(saved[group])}, this run has {sorted(objects)}")
+            for name, obj in objects.items():
+                obj.load_state_dict(saved[group][name])
+        if set(saved["generators"]) != set(self.generators):
+            raise KeyError(f"checkpoint has generators {sorted(saved['generators'])}, this run has {sorted(self.generators)}")
+        for name, gen in self.generators.items():
+            gen.set_state(saved["generators"][name])
+        self.step = saved["step"]
+        self.values = copy.deepcopy(saved["values"])
+        torch.set_rng_state(saved["rng"])
+        if "cuda_rng" in saved and torch.device(self.device).type == "cuda":
+            torch.cuda.set_rng_state(saved["cuda_rng"], self.device)
+
+    # ----------------------------------------------------------------- stages
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The encoder's and decoders' weights as one flat state dict (CPU copies):
+        ``encoder.<param>`` and ``decoders.<role>.<param>``. What a dependant run starts from;
+        interventions (gates) and optimisers are not part of it."""
+        named = {"encoder": self.encoder} | {f"decoders.{name}": module for name, module in self.decoders.items()}
+        return {
+            f"{prefix}.{key}": tensor.detach().to("cpu", copy=True)
+            for prefix, module in named.items()
+            for key, tensor in module.state_dict().items()
+        }
+
+    def load_weights(self, weights: dict[str, torch.Tensor], decoders: bool = True) -> None:
+        """Start from :meth:`weights` of another run: the encoder, and (``decoders=True``) every
+        decoder of this run, which must all be in ``weights``; a missing or extra key is an error.
+        ``decoders=False`` loads the encoder only (a dependant with a new decoder)."""
+        targets = {"encoder": self.encoder}
+        if decoders:
+            targets |= {f"decoders.{name}": module for name, module in self.decoders.items()}
+        for prefix, module in targets.items():
+            part = {key[len(prefix) + 1 :]: value for key, value in weights.items() if key.startswith(prefix + ".")}
+            if not part:
+                raise KeyError(f"weights have no '{prefix}.*' entries (they hold {sorted({k.split('.')[0] for k in weights})})")
+            module.load_state_dict(part)
+
+
+def build_decoder(task, hidden_size: int, num_labels: int, seed: int) -> nn.Module:
+    """The task's decoder, initialised from the run's 'decoder' stream (global RNG untouched)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, "decoder"))
+        return task.build_decoder(hidden_size, num_labels)
+
+
+def adamw(groups: list[tuple[list[nn.Parameter], float]], weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over (params, lr) groups; biases and LayerNorm weights (1-D) get no decay."""
+    param_groups = []
+    for params, lr in groups:
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        param_groups += [
+            {"params": decay, "lr": lr, "weight_decay": weight_decay},
+            {"params": no_decay, "lr": lr, "weight_decay": 0.0},
+        ]
+    return torch.optim.AdamW(param_groups)
+
+
+def set_up(cfg, ctx) -> RunState:
+    """What every method starts from: the task's data, the backbone (seeded 'model_init' stream)
+    and a fresh task decoder ('decoder' stream), on ``ctx.device``; the global RNG (dropout) seeded
+    from the 'dropout' stream. Optimisers, schedulers and interventions are the method's to add."""
+    from experiments.tasks import TASKS
+
+    task = TASKS[cfg.task.name]
+    encoder, tokenizer = load_backbone(cfg.model, derive_seed(cfg.seed, "model_init"))
+    data = task.load(cfg.task, tokenizer)
+    decoder = build_decoder(task, encoder.config.hidden_size, data.num_labels, cfg.seed)
+    state = RunState(cfg=cfg, task=task, data=data, encoder=encoder, decoders={"task": decoder}, device=ctx.device)
+    if getattr(cfg, "init_from", None) is not None:
+        state.load_weights(upstream_weights(cfg, ctx, "init_from"),
+                           decoders=cfg.upstreams["init_from"].task == cfg.task)  # another task: its own decoder
+    encoder.to(ctx.device), decoder.to(ctx.device)
+    torch.manual_seed(derive_seed(cfg.seed, "dropout"))
+    return state
+
+
+def upstream_weights(cfg, ctx, role: str) -> dict:
+    """The final weights of the run's upstream ``role`` (a stage), from the orchestrator."""
+    if ctx.load_upstream is None:
+        up = cfg.upstreams[role]
+        raise RuntimeError(f"this run starts from another run ({role}: {up.method}, run key {up.run_key}); "
+                           "run it with `headsweep run` or in a sweep, which run that one first")
+    return ctx.load_upstream(role)

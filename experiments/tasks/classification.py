@@ -1,0 +1,166 @@
+"""classification: text (or text-pair) classification read from the user's own files.
+
+A run config::
+
+    task:
+      name: classification
+      train: data/train.csv          # tsv, csv, jsonl, or an hf save_to_disk folder
+      dev: data/dev.csv              # plain metric names: accuracy, loss
+      eval_sets: {ood: data/ood.csv} # more evaluation files: accuracy/ood, loss/ood
+      text: sentence                 # one column, or a pair: [premise, hypothesis] (default: text)
+      label: label                   # the label column (default: label)
+      labels: [neg, neu, pos]        # optional: label ids in this order (default: train's, sorted)
+      format: csv                    # optional: default from each file's extension
+
+Relative paths are resolved once, when the config is validated, against
+``task.data_dir`` if given, else the current directory (so Ray workers running
+in other folders read the same files). Text is stripped of surrounding
+whitespace. ``max_train`` / ``max_eval`` draw random subsets from ``data_seed``
+(each evaluation set its own draw). Built-in tasks such as sst2 are a fixed
+:class:`Spec` over the same code.
+
+``check`` runs at submit: missing file, unknown format, missing column, empty
+file, a label outside ``task.labels``, an evaluation label never seen in train
+and undecodable text each give a one-line ValueError. A grid of many cells over
+the same files reads them once: checks are cached by the files' content hash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from experiments.tasks._common import (
+    ClassificationDecoder,
+    TaskData,
+    build_task_data,
+    classification_accuracy,
+    encode_sentences,
+)
+from experiments.tasks.labels import check_seen, label_set
+from experiments.tasks.sources import (
+    Source,
+    as_label,
+    file_sources,
+    fingerprint_sources,
+    read_records,
+    suggest,
+)
+
+VERSION = "1"
+KIND = "classification"
+METRIC = "accuracy"
+
+FORMATS = ("tsv", "csv", "jsonl", "hf")
+DEFAULT_TEXT = "text"
+DEFAULT_LABEL = "label"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything the task reads, resolved: hashable, so checks can be cached per spec and content."""
+
+    sources: tuple[Source, ...]  # train, dev, then the evaluation sets
+    text: tuple[str, ...]  # one text column, or two for a pair
+    label: str
+    labels: tuple[str, ...] | None = None  # label values in id order; None = from train
+    names: tuple[str, ...] | None = None  # names shown for those ids (sst2: negative, positive)
+
+
+@dataclass(frozen=True)
+class Examples:
+    """One file's examples: texts (str, or (first, second) pairs), label strings, file lines."""
+
+    texts: list
+    labels: list[str]
+    lines: list[int]
+
+
+def spec(cfg) -> Spec:
+    """The Spec of a ``classification`` task config; ValueError for keys that do not apply."""
+    if getattr(cfg, "column", None) is not None:
+        raise ValueError("task.column: only the tagging task reads task.column; the label column is task.label")
+    text = cfg.text if cfg.text is not None else DEFAULT_TEXT
+    text = (text,) if isinstance(text, str) else tuple(text)
+    if len(text) not in (1, 2):
+        raise ValueError(f"task.text: one text column or two (a pair), got {list(text)}")
+    labels = tuple(cfg.labels) if cfg.labels is not None else None
+    return Spec(file_sources(cfg, "classification", FORMATS), text, cfg.label or DEFAULT_LABEL, labels)
+
+
+def read_examples(source: Source, text: tuple[str, ...], label: str) -> Examples:
+    """The examples of one file; ValueError for an empty file, a missing column or a missing value."""
+    records = read_records(source)
+    if not records.rows:
+        raise ValueError(f"task.{source.role}: {source.path} has no examples")
+    for key, column in [("text", c) for c in text] + [("label", label)]:
+        if column not in records.columns:
+            raise ValueError(
+                f"task.{key}: no column '{column}' in {source.path} (its columns: "
+                f"{', '.join(records.columns)}){suggest(column, records.columns)}"
+            )
+    texts, labels = [], []
+    for row, line in zip(records.rows, records.lines, strict=True):
+        for column in (*text, label):
+            if row.get(column) is None or (column == label and as_label(row[column]) == ""):
+                raise ValueError(f"task.{source.role}: {source.path} line {line} has no value in column '{column}'")
+        values = tuple(str(row[c]).strip() for c in text)
+        texts.append(values if len(values) == 2 else values[0])
+        labels.append(as_label(row[label]))
+    return Examples(texts, labels, records.lines)
+
+
+def read_all(s: Spec) -> tuple[dict[str, Examples], tuple[str, ...]]:
+    """Every file's examples by role, and the label values in id order; all checks included."""
+    examples = {src.role: read_examples(src, s.text, s.label) for src in s.sources}
+    train_src, train = s.sources[0], examples["train"]
+    values = label_set(zip(train.labels, train.lines, strict=True), s.labels, train_src)
+    seen = set(train.labels)
+    for src in s.sources[1:]:
+        check_seen(zip(examples[src.role].labels, examples[src.role].lines, strict=True), seen, src, train_src)
+    return examples, values
+
+
+_CHECKED: set[tuple[Spec, str]] = set()
+"""(spec, content hash) pairs already checked: a 1,000-cell grid over the same files reads them once."""
+
+
+def check_spec(s: Spec) -> None:
+    """Read and check every file of ``s`` unless the same spec over the same content passed before."""
+    key = (s, fingerprint_sources(s.sources))
+    if key not in _CHECKED:
+        read_all(s)
+        _CHECKED.add(key)
+
+
+def load_spec(s: Spec, cfg, tokenizer) -> TaskData:
+    """Read, check, subset (max_train / max_eval from data_seed) and tokenise every file of ``s``."""
+    examples, values = read_all(s)
+    ids = {value: i for i, value in enumerate(values)}
+
+    def read_split(role: str) -> tuple[list, list[int]]:
+        return examples[role].texts, [ids[label] for label in examples[role].labels]
+
+    names = s.names or values
+    eval_sets = [src.role.removeprefix("eval_sets.") for src in s.sources[2:]]
+    return build_task_data(cfg, tokenizer, read_split, encode_sentences, names, eval_sets)
+
+
+def check(cfg) -> None:
+    """Check the files, columns and labels of the config (cached by content); one-line ValueError."""
+    check_spec(spec(cfg))
+
+
+def load(cfg, tokenizer) -> TaskData:
+    """Train, dev and the named evaluation sets, tokenised (pairs as one sequence pair)."""
+    return load_spec(spec(cfg), cfg, tokenizer)
+
+
+def fingerprint(cfg) -> str:
+    """Content hash (16 hex) of every file the task reads, roles included."""
+    return fingerprint_sources(spec(cfg).sources)
+
+
+build_decoder = ClassificationDecoder  # (hidden_size, num_labels) -> nn.Module
+
+
+compute_metrics = classification_accuracy  # (logits, labels) -> {'accuracy': ...}

@@ -1,0 +1,193 @@
+"""tagging: token tagging read from the user's own files (CoNLL-U, BIO, or an hf folder).
+
+A run config::
+
+    task:
+      name: tagging
+      train: data/train.conllu           # conllu, bio, or an hf save_to_disk folder (one format)
+      dev: data/dev.conllu               # plain metric names: accuracy, loss
+      eval_sets: {web: data/web.conllu}  # more evaluation files: accuracy/web, loss/web
+      column: upos                       # CoNLL-U: upos (default), xpos, deprel, or any of its
+                                         # 10 columns; hf: the tag column (default tags)
+      text: tokens                       # hf only: the tokens column (default tokens)
+      labels: [B-PER, I-PER, O]          # optional: tag ids in this order (default: train's, sorted)
+
+BIO files hold one ``token tag`` per line and a blank line between sentences;
+the tag is the last field. Paths resolve like the classification task's
+(against ``task.data_dir``, else the current directory, at validation). The
+first subword of each word carries its tag (a fast tokenizer is needed);
+``max_train`` / ``max_eval`` count sentences. ``check`` gives the same
+one-line errors as the classification task, cached by content hash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from experiments.tasks._common import (
+    TaggingDecoder,
+    TaskData,
+    build_task_data,
+    encode_words,
+    tagging_accuracy,
+)
+from experiments.tasks.labels import check_seen, label_set
+from experiments.tasks.sources import (
+    CONLLU_COLUMNS,
+    Source,
+    bio_sentences,
+    conllu_sentences,
+    file_sources,
+    fingerprint_sources,
+    read_records,
+    suggest,
+)
+
+VERSION = "1"
+KIND = "tagging"
+METRIC = "accuracy"
+
+FORMATS = ("conllu", "bio", "hf")
+DEFAULT_CONLLU_COLUMN = "upos"
+DEFAULT_HF_TAGS, DEFAULT_HF_TOKENS = "tags", "tokens"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything the task reads, resolved and hashable (see classification.Spec)."""
+
+    sources: tuple[Source, ...]  # train, dev, then the evaluation sets; one format
+    column: str | None  # CoNLL-U column name or hf tag column; None for BIO
+    tokens: str | None = None  # hf tokens column
+    labels: tuple[str, ...] | None = None  # tag values in id order; None = from train
+
+
+@dataclass(frozen=True)
+class Examples:
+    """One file's sentences: words, tag strings per word, and each sentence's first line."""
+
+    words: list[list[str]]
+    tags: list[list[str]]
+    lines: list[int]
+
+
+def spec(cfg) -> Spec:
+    """The Spec of a ``tagging`` task config; ValueError for keys that do not fit its files."""
+    if getattr(cfg, "label", None) is not None:
+        raise ValueError("task.label: the tagging task reads its tags from task.column")
+    sources = file_sources(cfg, "tagging", FORMATS)
+    formats = sorted({s.format for s in sources})
+    if len(formats) > 1:
+        raise ValueError(f"task.format: the files of a tagging task need one format, got {', '.join(formats)}")
+    fmt, column = formats[0], cfg.column
+    if fmt != "hf" and cfg.text is not None:
+        raise ValueError(f"task.text: {fmt} files have a fixed word column; task.text is for hf folders")
+    labels = tuple(cfg.labels) if cfg.labels is not None else None
+    if fmt == "bio":
+        if column is not None:
+            raise ValueError("task.column: BIO files have one tag column (the last field); leave task.column unset")
+        return Spec(sources, None, labels=labels)
+    if fmt == "hf":
+        tokens = cfg.text if cfg.text is not None else DEFAULT_HF_TOKENS
+        if not isinstance(tokens, str):
+            raise ValueError(f"task.text: the tagging task reads one tokens column, got {list(tokens)}")
+        return Spec(sources, column or DEFAULT_HF_TAGS, tokens, labels)
+    column = (column or DEFAULT_CONLLU_COLUMN).lower()
+    if column not in CONLLU_COLUMNS:
+        raise ValueError(
+            f"task.column: CoNLL-U has no column '{column}' (its columns: {', '.join(CONLLU_COLUMNS)})"
+            f"{suggest(column, CONLLU_COLUMNS)}"
+        )
+    return Spec(sources, column, labels=labels)
+
+
+def read_examples(source: Source, s: Spec) -> Examples:
+    """The sentences of one file; ValueError for an empty file or a missing column."""
+    if source.format == "conllu":
+        index = CONLLU_COLUMNS.index(s.column)
+        found = [(line, [r[1] for r in rows], [r[index] for r in rows]) for line, rows in conllu_sentences(source.role, source.path)]
+    elif source.format == "bio":
+        found = bio_sentences(source.role, source.path)
+    else:
+        found = _hf_sentences(source, s.tokens, s.column)
+    if not found:
+        raise ValueError(f"task.{source.role}: {source.path} has no sentences")
+    return Examples([w for _, w, _ in found], [t for _, _, t in found], [line for line, _, _ in found])
+
+
+def _hf_sentences(source: Source, tokens: str, column: str) -> list[tuple[int, list[str], list[str]]]:
+    records = read_records(source)
+    for key, name in (("text", tokens), ("column", column)):
+        if records.rows and name not in records.columns:
+            raise ValueError(
+                f"task.{key}: no column '{name}' in {source.path} (its columns: "
+                f"{', '.join(records.columns)}){suggest(name, records.columns)}"
+            )
+    found = []
+    for row, line in zip(records.rows, records.lines, strict=True):
+        words, tags = row[tokens], row[column]
+        if not isinstance(words, list) or not isinstance(tags, list) or len(words) != len(tags):
+            raise ValueError(f"task.{source.role}: {source.path} row {line}: '{tokens}' and '{column}' must be lists of the same length")
+        found.append((line, [str(w) for w in words], [str(t) for t in tags]))
+    return found
+
+
+def _tag_lines(examples: Examples):
+    """(tag, sentence line) for every word: what the label checks walk."""
+    return ((tag, line) for tags, line in zip(examples.tags, examples.lines, strict=True) for tag in tags)
+
+
+def read_all(s: Spec) -> tuple[dict[str, Examples], tuple[str, ...]]:
+    """Every file's sentences by role, and the tag values in id order; all checks included."""
+    examples = {src.role: read_examples(src, s) for src in s.sources}
+    train_src, train = s.sources[0], examples["train"]
+    values = label_set(_tag_lines(train), s.labels, train_src)
+    seen = {tag for tags in train.tags for tag in tags}
+    for src in s.sources[1:]:
+        check_seen(_tag_lines(examples[src.role]), seen, src, train_src)
+    return examples, values
+
+
+_CHECKED: set[tuple[Spec, str]] = set()
+"""(spec, content hash) pairs already checked (see classification._CHECKED)."""
+
+
+def check_spec(s: Spec) -> None:
+    """Read and check every file of ``s`` unless the same spec over the same content passed before."""
+    key = (s, fingerprint_sources(s.sources))
+    if key not in _CHECKED:
+        read_all(s)
+        _CHECKED.add(key)
+
+
+def load_spec(s: Spec, cfg, tokenizer) -> TaskData:
+    """Read, check, subset (max_train / max_eval sentences from data_seed) and tokenise."""
+    examples, values = read_all(s)
+    ids = {value: i for i, value in enumerate(values)}
+
+    def read_split(role: str) -> tuple[list[list[str]], list[list[int]]]:
+        return examples[role].words, [[ids[t] for t in tags] for tags in examples[role].tags]
+
+    eval_sets = [src.role.removeprefix("eval_sets.") for src in s.sources[2:]]
+    return build_task_data(cfg, tokenizer, read_split, encode_words, values, eval_sets)
+
+
+def check(cfg) -> None:
+    """Check the files, column and tags of the config (cached by content); one-line ValueError."""
+    check_spec(spec(cfg))
+
+
+def load(cfg, tokenizer) -> TaskData:
+    """Train, dev and the named evaluation sets, tokenised (first subword carries the tag)."""
+    return load_spec(spec(cfg), cfg, tokenizer)
+
+
+def fingerprint(cfg) -> str:
+    """Content hash (16 hex) of every file the task reads, roles included."""
+    return fingerprint_sources(spec(cfg).sources)
+
+
+build_decoder = TaggingDecoder  # (hidden_size, num_labels) -> nn.Module
+
+
+compute_metrics = tagging_accuracy  # (logits, labels) -> {'accuracy': ...}

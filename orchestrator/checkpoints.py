@@ -1,0 +1,63 @@
+"""The checkpoint store: final weights of the runs that other runs start from (stages).
+
+DESIGN.md decision 10: a run named as ``init_from`` (or ``teacher``, ``bias_model``)
+by another run keeps its final weights here, under its run key, so every dependant
+(in this sweep or a later one) loads the same file instead of training it again.
+The root is any fsspec URI: a local folder by default (``$HEADSWEEP_HOME/checkpoints``),
+a shared filesystem or an object store on a cluster (``HEADSWEEP_CHECKPOINTS``,
+e.g. ``s3://bucket/headsweep`` where s3fs is installed).
+
+A write goes to a temporary name first and is moved into place, so a reader never
+sees half a file, and a crashed writer leaves no checkpoint that looks complete.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+from typing import Any
+
+import fsspec
+import torch
+
+from orchestrator import settings
+
+FILE_NAME = "weights.pt"
+
+
+class CheckpointStore:
+    """``save`` / ``load`` / ``exists`` of one state dict per run key under ``root``."""
+
+    def __init__(self, root: str | None = None):
+        self.root = (root or settings.checkpoint_root()).rstrip("/")
+        self.fs, self.base = fsspec.core.url_to_fs(self.root)
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:  # travels to Ray workers as its root only
+        return CheckpointStore, (self.root,)
+
+    def path(self, run_key: str) -> str:
+        """Where the run's weights live (a path on ``self.fs``)."""
+        return f"{self.base}/{run_key}/{FILE_NAME}"
+
+    def exists(self, run_key: str) -> bool:
+        return self.fs.exists(self.path(run_key))
+
+    def save(self, run_key: str, state: dict[str, Any]) -> str:
+        """Write ``state`` (tensors and plain values) for ``run_key``; returns its path."""
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        final = self.path(run_key)
+        partial = f"{final}.partial-{uuid.uuid4().hex[:8]}"
+        self.fs.makedirs(f"{self.base}/{run_key}", exist_ok=True)
+        with self.fs.open(partial, "wb") as file:
+            file.write(buffer.getvalue())
+        self.fs.mv(partial, final)
+        return final
+
+    def load(self, run_key: str) -> dict[str, Any]:
+        """The state saved for ``run_key``; FileNotFoundError naming the run when there is none."""
+        path = self.path(run_key)
+        if not self.fs.exists(path):
+            raise FileNotFoundError(f"no checkpoint of run {run_key} in {self.root} (did its upstream run finish?)")
+        with self.fs.open(path, "rb") as file:
+            return torch.load(io.BytesIO(file.read()), map_location="cpu", weights_only=True)

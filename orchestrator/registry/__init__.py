@@ -1,0 +1,38 @@
+"""The registry: the source of truth for sweeps and runs (DESIGN.md, decisions 1, 2, 4 and 9).
+
+Split along its seams, each part one file:
+
+- ``schema``: the tables (sweeps, runs, sweep_runs, run_maps);
+- ``db``: engine, retries, migrations (``orchestrator/migrations``), shared transactions;
+- ``store``: submitting grids and the sweeps' fields, progress and cancellation;
+- ``lifecycle``: one run's claim, heartbeat, finish (with its maps), fail, orphans;
+- ``results``: the read model analysis uses (run columns in one query, one query per map);
+- ``stages``: the DAG of runs that start from other runs, and the driver's waves over it.
+
+:class:`Registry` is all of them over one database; open one per process by URL.
+"""
+
+from __future__ import annotations
+
+from orchestrator.registry.db import NotFound, alembic_config, downgrade, head_revision, upgrade
+from orchestrator.registry.lifecycle import ORPHAN_ERROR, STALE_AFTER_S, RunLifecycle
+from orchestrator.registry.results import MapInfo, MapStack, ReadModel, Version
+from orchestrator.registry.schema import Base, Run, RunDep, RunMap, Sweep, SweepRun
+from orchestrator.registry.store import SweepStore
+from orchestrator.status import RunStatus, SweepStatus
+
+
+class Registry(SweepStore, RunLifecycle, ReadModel):
+    """Sweeps and runs in one SQL database (SQLite file or PostgreSQL), by SQLAlchemy URL.
+
+    Safe to use from several processes at once (each opens its own Registry);
+    every public method is one transaction, retried on "database is locked".
+    Opening it upgrades the schema to the newest revision.
+    """
+
+
+__all__ = [
+    "ORPHAN_ERROR", "STALE_AFTER_S", "Base", "MapInfo", "MapStack", "NotFound", "ReadModel", "Registry",
+    "Run", "RunDep", "RunLifecycle", "RunMap", "RunStatus", "Sweep", "SweepRun", "SweepStatus", "SweepStore", "Version",
+    "alembic_config", "downgrade", "head_revision", "upgrade",
+]

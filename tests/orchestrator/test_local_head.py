@@ -1,0 +1,141 @@
+"""The local Ray head that ``submit`` starts: loopback only, one per HEADSWEEP_HOME, stopped by PID; and a
+sweep runs the code of the checkout that submitted it, whoever started the head."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from experiments.runner import source_hash
+from orchestrator import cluster
+
+pytestmark = pytest.mark.ray
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def head_a(tmp_path_factory):
+    """Checkout A's head: this checkout, a home of its own."""
+    home = tmp_path_factory.mktemp("home_a")
+    head = cluster.local_head(num_cpus=2, home=home)
+    yield head | {"home": home}
+    cluster.stop_local_head(home=home)
+
+
+JOB = """
+import pathlib, sys, time
+import ray
+ray.init()
+@ray.remote
+class Holder:
+    def ping(self):
+        return 1
+holder = Holder.remote()
+ray.get([holder.ping.remote(), ray.remote(lambda: 1).remote()])
+pathlib.Path(sys.argv[1]).write_text("up")
+time.sleep(120)
+"""
+
+
+def test_nothing_the_local_head_starts_listens_beyond_loopback(head_a, tmp_path):
+    """GCS, raylet, object manager, dashboard and its agent, runtime-env agent, metrics, a job's driver,
+    an actor and a task worker: every listening socket of the head's process tree is on 127.0.0.1."""
+    (tmp_path / "job.py").write_text(JOB)
+    ready = tmp_path / "ready"
+    client = cluster.job_client(head_a["dashboard"])
+    job = client.submit_job(entrypoint=f"{sys.executable} {tmp_path / 'job.py'} {ready}")
+    deadline = time.monotonic() + 180
+    while not ready.exists():
+        assert client.get_job_status(job).value in ("PENDING", "RUNNING") and time.monotonic() < deadline, client.get_job_logs(job)
+        time.sleep(0.5)
+    try:
+        pids = cluster.head_pids(head_a["home"])
+        sockets = cluster.listening_sockets(pids)
+        table = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in pids}
+        assert [s for s in sockets if not cluster.is_loopback(s[0])] == [], sockets
+        ports = {port for _, port, _ in sockets}
+        state = json.loads((head_a["home"] / "ray.json").read_text())
+        assert {state["ports"][name] for name in ("gcs", "dashboard", "node_manager", "object_manager")} <= ports
+        listeners = {pid for _, _, pid in sockets}
+        assert any("Holder" in table.get(pid, "") or "job.py" in table.get(pid, "") for pid in listeners)  # workers too
+        assert 10001 not in ports and not any("ray_client_server" in cmd for cmd in table.values())
+    finally:
+        client.stop_job(job)
+
+
+def test_each_home_has_its_own_head_and_stops_only_its_own(head_a, tmp_path):
+    assert cluster.local_head(home=head_a["home"]) == {k: head_a[k] for k in ("address", "dashboard")}  # reused
+    a_pids = cluster.head_pids(head_a["home"])
+    home_b = tmp_path / "home_b"
+    home_b.mkdir()
+    # ray.json copied from A's home into B's: B must not take A's head for its own
+    shutil.copy(head_a["home"] / "ray.json", home_b / "ray.json")
+    head_b = cluster.local_head(num_cpus=1, home=home_b)
+    try:
+        assert head_b["address"] != head_a["address"] and head_b["dashboard"] != head_a["dashboard"]
+        b_state = json.loads((home_b / "ray.json").read_text())
+        assert b_state["home"] == str(home_b.resolve()) and b_state["temp_dir"] != cluster.temp_dir(head_a["home"])
+        assert cluster.head_pids(home_b).isdisjoint(a_pids)
+    finally:
+        assert cluster.stop_local_head(home=home_b)
+    assert not cluster.head_pids(home_b) and not (home_b / "ray.json").exists()
+    assert a_pids <= cluster.head_pids(head_a["home"]) | {p for p in a_pids if not Path(f"/proc/{p}").exists()}
+    assert cluster.local_head(home=head_a["home"])["address"] == head_a["address"]  # A's head still up
+
+
+def test_a_port_held_by_someone_else_is_an_error_not_a_head_to_join(tmp_path, monkeypatch):
+    with socket.socket() as foreign:
+        foreign.bind(("127.0.0.1", 0))
+        foreign.listen()
+        monkeypatch.setenv("HEADSWEEP_RAY_PORT", str(foreign.getsockname()[1]))
+        with pytest.raises(cluster.ClusterError, match="taken by another process"):
+            cluster.local_head(home=tmp_path)
+    assert not (tmp_path / "ray.json").exists()
+
+
+GRID = {
+    "name": "checkout-b",
+    "base": {
+        "model": "tiny-bert",
+        "task": {"name": "synthetic-cls", "num_train": 32, "num_eval": 8, "max_length": 16},
+        "train": {"max_steps": 2, "batch_size": 8, "eval_every": 2},
+    },
+    "axes": {"seed": [0]},
+    "resources": {"cpus": 1},
+}
+
+
+def test_a_sweep_submitted_from_checkout_b_runs_b_code_on_a_head(head_a, tmp_path):
+    """Checkout B (a copy of the packages with a marker added) submits to the head that A started, in the
+    same home: the driver job and the trial import B's code, and the run records B's source hash."""
+    checkout_b = tmp_path / "b"
+    for package in cluster.PACKAGES:
+        shutil.copytree(ROOT / package, checkout_b / package, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(checkout_b / "experiments" / "__init__.py", "a") as init:
+        init.write('\nCHECKOUT_MARKER = "B"\n')
+    env = os.environ | cluster.LOCAL_ENV | {"HEADSWEEP_HOME": str(head_a["home"]), "PYTHONPATH": str(checkout_b)}
+    hash_b = subprocess.run([sys.executable, "-c", "from experiments.runner import source_hash; print(source_hash())"],
+                            cwd=checkout_b, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert hash_b != source_hash()
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump(GRID))
+    a_pids = cluster.head_pids(head_a["home"])
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(grid), "--wait"],
+                          cwd=checkout_b, env=env, capture_output=True, text=True, timeout=480)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert cluster.head_pids(head_a["home"]) & a_pids  # A's head, not a new one
+
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{head_a['home']}/mlflow.db")
+    experiment = client.get_experiment_by_name("checkout-b")
+    children = [r for r in client.search_runs([experiment.experiment_id]) if "run_key" in r.data.tags]
+    assert len(children) == 1
+    assert children[0].data.tags["git_commit"].endswith(f"src:{hash_b}"), children[0].data.tags["git_commit"]
