@@ -65,7 +65,7 @@ def _bad_input_is_config_error(handler: Callable[[argparse.Namespace], int]) -> 
 
 
 def _fmt(value: Any) -> str:
-    if value is None:
+    if value is None or value == "":  # a label the run has no value for (a fine-tune's pipeline)
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -130,7 +130,7 @@ def _results_table(rows: list[dict[str, Any]], title: str) -> Table:
     for column in shown:
         table.add_column(column, overflow="fold")
     for column in ("mean", "std", "n", "95% CI", "runs"):
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="right", no_wrap=column == "95% CI")
     for row in rows:
         ci = f"[{_fmt(row['ci_lo'])}, {_fmt(row['ci_hi'])}] {row['ci_method']}"
         table.add_row(*(_fmt(row[k]) for k in shown),

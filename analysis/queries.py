@@ -69,9 +69,14 @@ def aggregate(data: SweepData, group_by: Sequence[str], metric: str, filters: Fi
     ``group_by`` = [] groups by cell (``group_key``: the spread is over seeds)
     and each row also names the cell's axes. Runs without the metric (not
     finished) are left out of n; a group with none has n = 0 and NaN stats.
+    Runs of different methods are never pooled: when the selection has several,
+    ``method`` is added to ``group_by`` (a fine-tune stage and the head-gate runs
+    that start from it are different experiments).
     """
     by = [check_axis(a, data) for a in group_by] or ["group_key"]
     sel = select(data, filters)
+    if group_by and "method" not in by and len(set(sel.method.tolist())) > 1:
+        by.append("method")
     values = check_metric(sel, metric)
     shown = by if group_by else ["group_key", "task", "model", "method", "pipeline", "sparsity", "lambda"]
     groups = group_indices(sel, by) if group_by else groups_in_cell_order(sel)

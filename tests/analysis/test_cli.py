@@ -50,10 +50,11 @@ def test_results_table(sweep, capsys):
 def test_results_csv_json_parquet(sweep, tmp_path, capsys):
     assert _run("results", sweep.sweep_id, "--format", "csv", "--group-by", "task", "--db", sweep.url) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0] == "task,metric,mean,std,n,ci_lo,ci_hi,ci_method,runs" and len(lines) == 3
-    # 12 gate runs (mean 0.7075) and the 3 SP fine-tunes (0.8) of synthetic-cls
-    task, metric, mean = lines[1].split(",")[:3]
-    assert (task, metric) == ("synthetic-cls", "accuracy") and float(mean) == pytest.approx((12 * 0.7075 + 3 * 0.8) / 15)
+    # methods are never pooled: the SP cells' fine-tunes (0.8) are a row apart from the gate runs
+    assert lines[0] == "task,method,metric,mean,std,n,ci_lo,ci_hi,ci_method,runs" and len(lines) == 5
+    cells = [line.split(",") for line in lines[1:3]]
+    assert [c[:3] for c in cells] == [["synthetic-cls", "finetune", "accuracy"], ["synthetic-cls", "head_gates", "accuracy"]]
+    assert [float(c[3]) for c in cells] == pytest.approx([0.8, 0.7075])
 
     out = tmp_path / "cells.json"
     assert _run("results", sweep.sweep_id, "--format", "json", "--out", str(out), "--db", sweep.url) == 0

@@ -141,9 +141,13 @@ def test_runs_paginates_and_carries_metrics(data):
 
 def test_aggregate_by_axes_matches_the_formula(data):
     rows = queries.aggregate(data, ["task", "pipeline"], "accuracy")
-    # the fine-tunes (no pipeline) are rows of their own: the accuracy before any head is pruned
-    assert [(r["task"], r["pipeline"]) for r in rows] == [
-        (CLS, ""), (CLS, "dp"), (CLS, "sp"), (TAG, ""), (TAG, "dp"), (TAG, "sp")]
+    # methods are never pooled: the fine-tunes (no pipeline) are rows of their own, the accuracy
+    # before any head is pruned
+    assert [(r["task"], r["pipeline"], r["method"]) for r in rows] == [
+        (CLS, "", "finetune"), (CLS, "dp", "head_gates"), (CLS, "sp", "head_gates"),
+        (TAG, "", "finetune"), (TAG, "dp", "head_gates"), (TAG, "sp", "head_gates")]
+    pooled = queries.aggregate(data, ["task"], "accuracy", {"method": ["head_gates"]})
+    assert [r["task"] for r in pooled] == [CLS, TAG] and "method" not in pooled[0]
     assert rows[0]["mean"] == pytest.approx(0.8) and rows[0]["n"] == 3
     first = rows[1]  # 0.7 + 0.01 * seed - 0.5 * lambda over seeds 0..2 and lambdas 0.01, 0.1
     values = [0.7 + 0.01 * s - 0.5 * lam for s in (0, 1, 2) for lam in (0.01, 0.1)]
