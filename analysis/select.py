@@ -203,12 +203,6 @@ def describe(filters: Filters | None) -> str:
     return ",".join(f"{k}:{'|'.join(map(str, v))}" for k, v in (filters or {}).items()) or "all runs"
 
 
-def nanmean(values: Sequence[float]) -> float:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return float(np.nanmean(values)) if len(values) else math.nan
-
-
 def map_stack(data: SweepData, name: str) -> tuple[np.ndarray, np.ndarray]:
     """(``(N, L, K)`` values of map ``name``, ``(N,)`` bool: the run has it)."""
     if hasattr(data, "map"):

@@ -162,6 +162,39 @@ def spearman_between(a: np.ndarray, b: np.ndarray, dtype=None) -> np.ndarray:
     return _correlation_from_standardised(u, v, out_dtype)
 
 
+def mean_spearman_between(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean of ``spearman_between(a, b)`` over its defined entries, without the ``(Na, Nb)`` matrix.
+
+    ``mean_ij u_i . v_j = (sum_i u_i) . (sum_j v_j) / (na nb)`` over the na, nb runs that are
+    not constant (``u``, ``v``: standardised ranks). NaN when either group has none.
+    """
+    a, b = _as_rows(a), _as_rows(b)
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"groups have different numbers of heads: {a.shape[1]} vs {b.shape[1]}")
+    sums = []
+    for x in (a, b):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            u = _standardise_rows(rank_rows(x))  # (N, P)
+        defined = u[~np.isnan(u).any(axis=1)]
+        if not len(defined):
+            return math.nan
+        sums.append((defined.sum(axis=0), len(defined)))
+    (su, na), (sv, nb) = sums
+    return float(np.clip(su @ sv / (na * nb), -1.0, 1.0))
+
+
+def pearson_to(v: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Pearson r of one fixed map ``v`` with each of many: ``(...)``, ``(C, ...)`` -> ``(C,)``.
+
+    For a permutation null of a two-run statistic only one run needs shuffling: r of
+    ``(pi_1 a, pi_2 b)`` equals r of ``(a, pi_1^-1 pi_2 b)``, itself a uniform shuffle."""
+    x = np.asarray(x)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        u = _standardise_rows(np.asarray(v).reshape(1, -1))[0]  # (P,)
+        w = _standardise_rows(x.reshape(len(x), -1))  # (C, P)
+    return np.clip(w @ u, -1.0, 1.0)
+
+
 def spearman_groups(a: np.ndarray, b: np.ndarray) -> float:
     """Spearman correlation between two groups' mean score vectors.
 
@@ -175,17 +208,6 @@ def spearman_groups(a: np.ndarray, b: np.ndarray) -> float:
     a, b = _as_rows(a), _as_rows(b)
     means = np.stack([a.mean(axis=0, dtype=np.float64), b.mean(axis=0, dtype=np.float64)])
     return float(spearman_matrix(means)[0, 1])
-
-
-def pearson_pairs(x: np.ndarray) -> np.ndarray:
-    """Pearson r of the two rows of each pair at once: ``(C, 2, ...)`` -> ``(C,)`` (NaN for a
-    constant row). With ranked rows it is Spearman's rho: ranking commutes with shuffling the
-    units, so a Spearman permutation null ranks once and shuffles ranks (``spearman_overlap``)."""
-    x = np.asarray(x)
-    c = x.shape[0]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        u = _standardise_rows(x.reshape(c * 2, -1)).reshape(c, 2, -1)
-    return np.clip(np.einsum("cp,cp->c", u[:, 0], u[:, 1]), -1.0, 1.0)
 
 
 def mean_pairwise_pearson(runs: np.ndarray) -> float:
@@ -478,7 +500,6 @@ def shuffle_units(x: np.ndarray, n_perm: int, rng: np.random.Generator, within: 
     ``within="within_layers"``: each layer's units are permuted among themselves,
     so each run keeps its per-layer values (how many heads each layer keeps);
     ``within="all_units"``: all ``L * K`` units of a run are permuted together.
-    Permutations are the argsort of uniform keys.
 
     Args:
         x: ``(N, L, K)``.
@@ -492,9 +513,10 @@ def shuffle_units(x: np.ndarray, n_perm: int, rng: np.random.Generator, within: 
     if within not in NULLS:
         raise ValueError(f"unknown null '{within}' (one of {', '.join(NULLS)})")
     flat = x if within == "within_layers" else x.reshape(x.shape[0], 1, -1)  # (N, L or 1, K or L*K)
-    keys = rng.random((n_perm, *flat.shape))  # (n_perm, N, ., .); measured faster than Generator.permuted
-    order = np.argsort(keys, axis=-1)
-    shuffled = np.take_along_axis(np.broadcast_to(flat, keys.shape), order, axis=-1)
+    # Fisher-Yates per row in C: measured 2.2x (144 heads) to 2.4x (9,216 neurons) faster than
+    # the argsort of uniform keys
+    shuffled = np.broadcast_to(flat, (n_perm, *flat.shape)).copy()  # (n_perm, N, ., .)
+    rng.permuted(shuffled, axis=-1, out=shuffled)
     return shuffled.reshape(n_perm, *x.shape)
 
 

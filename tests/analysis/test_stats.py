@@ -81,6 +81,22 @@ def test_spearman_between_rejects_different_head_counts():
         stats.spearman_between(np.zeros((2, 10)), np.zeros((2, 12)))
 
 
+def test_mean_spearman_between_is_the_mean_of_the_defined_pairs():
+    rng = _rng(8)
+    a, b = np.round(rng.random((7, 6, 12)), 1), np.round(rng.random((5, 6, 12)), 1)  # with ties
+    a[2] = 0.5  # a constant run: its rhos are undefined and left out
+    expected = np.nanmean(stats.spearman_between(a, b, dtype=np.float64))
+    assert stats.mean_spearman_between(a, b) == pytest.approx(expected, abs=1e-12)
+    assert math.isnan(stats.mean_spearman_between(np.ones((2, 6, 12)), b))
+
+
+def test_pearson_to_matches_pearson_matrix():
+    rng = _rng(9)
+    v, x = rng.random((6, 12)), rng.random((4, 6, 12))
+    expected = stats.pearson_matrix(np.concatenate([v[None], x]), dtype=np.float64)[0, 1:]
+    np.testing.assert_allclose(stats.pearson_to(v, x), expected, atol=1e-12)
+
+
 def test_spearman_groups_is_spearman_of_group_means():
     a = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]])  # mean (1, .5, 0, .5)
     b = np.array([[0.9, 0.6, 0.1, 0.2]])  # ranks (4, 3, 1, 2); a's mean ranks (4, 2.5, 1, 2.5)

@@ -14,6 +14,9 @@ a 6 x 1536 ``neurons.predictivity`` map (random floats: ~370 MB).
 - ``load_10000_neurons``: ``load_sweep`` with an empty cache and its
   ``neurons.predictivity`` map (6 x 1536 per run); ``--pg URL`` repeats the
   loading figures on PostgreSQL
+- ``spearman_neurons_1000_vs_1000``: ``queries.spearman_overlap`` of two groups of
+  1,000 runs on the neuron map (every pairwise rho, the mean-map rho with a
+  1,000-permutation null, top-20 % overlap); best of 2 after a first call
 - ``pearson_agreement_10000``: ``queries.agreement(across="run")``, the run x run
   Pearson matrix (float32) and its mean, without nulls or the stem cell
   statistic; best of 2 after a first call ("cold_seconds")
@@ -157,6 +160,18 @@ def bench_loading(registry: Registry, sweep_id: str, neuron_sweep_id: str | None
     assert values.shape == (10_000, LAYERS, NEURONS) and has.all()
     _emit("load_10000_neurons", seconds, "< 5", map="neurons.predictivity (6, 1536)",
           megabytes=round(values.nbytes / 2**20), **extra)
+    if backend == "sqlite":  # the same numbers whatever the backend: once
+        # two groups of 1,000 runs (one task's dp runs of 20 seeds each), the neuron map
+        a = {"task": [TASKS[0]], "pipeline": ["dp"], "seed": [str(s) for s in range(20)]}
+        b = {**a, "task": [TASKS[1]]}
+        times = []
+        for _ in range(3):  # the first call also first-touches its rank arrays
+            rho, seconds = _timed(lambda: queries.spearman_overlap(
+                data, a, b, map_name="neurons.predictivity", k_frac=0.2, n_perm=1000))
+            times.append(seconds)
+        assert (rho["n_a"], rho["n_b"]) == (1_000, 1_000)
+        _emit("spearman_neurons_1000_vs_1000", min(times[1:]), "< 1", cold_seconds=times[0],
+              map="neurons.predictivity (6, 1536)", n_perm=1000, spearman=rho["spearman"])
     clear_cache()
 
 
@@ -203,7 +218,7 @@ def bench_queries(registry: Registry, sweep_id: str) -> None:
 
     # not a target: what the stem cell statistic costs at this size (50 seeds per cell)
     result, seconds = _timed(lambda: queries.agreement(data, "task", n_perm=0))
-    _emit("stem_cell_10000_once", seconds, None, cells=result.n_groups, stem_cell=result.stem_cell,
+    _emit("stem_cell_10000_once", seconds, None, cells=result.n_cells, stem_cell=result.stem_cell.observed,
           note="200 cells x 50 seeds, no null; the service refuses nulls above 200,000 fits")
 
     a, b = {"task": [TASKS[0]]}, {"task": [TASKS[1]]}
