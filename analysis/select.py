@@ -11,7 +11,6 @@ naming it and the nearest valid one.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
