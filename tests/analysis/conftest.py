@@ -130,3 +130,24 @@ def fresh_sweep(tmp_path) -> Sweep:
 def sweep_builder():
     """``build_sweep`` itself, for module fixtures that need a sweep of their own."""
     return build_sweep
+
+
+@pytest.fixture
+def count_selects():
+    """``count_selects(registry, fn)`` -> (fn(), the SELECT statements it ran on the registry's engine)."""
+    from sqlalchemy import event
+
+    def run(registry, fn):
+        statements = []
+
+        def count(_conn, _cursor, statement, *_):
+            statements.append(statement)
+
+        event.listen(registry._engine, "before_cursor_execute", count)
+        try:
+            value = fn()
+        finally:
+            event.remove(registry._engine, "before_cursor_execute", count)
+        return value, [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+
+    return run

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from sqlalchemy import event
 
 from analysis.loading import clear_cache, load_sweep
 from analysis.select import QueryError
@@ -42,33 +41,19 @@ def mixed(tmp_path):
     clear_cache()
 
 
-def _selects(registry, fn):
-    statements = []
-
-    def count(_conn, _cursor, statement, *_):
-        statements.append(statement)
-
-    event.listen(registry._engine, "before_cursor_execute", count)
-    try:
-        value = fn()
-    finally:
-        event.remove(registry._engine, "before_cursor_execute", count)
-    return value, [s for s in statements if s.lstrip().upper().startswith("SELECT")]
-
-
-def test_maps_load_by_name_on_first_use_with_one_query_each(mixed):
+def test_maps_load_by_name_on_first_use_with_one_query_each(mixed, count_selects):
     registry, sweep_id, _ = mixed
-    data, selects = _selects(registry, lambda: load_sweep(registry, sweep_id))
+    data, selects = count_selects(registry, lambda: load_sweep(registry, sweep_id))
     assert not any("run_maps.data" in s for s in selects)  # no map read while loading the runs
     assert data.maps == ["heads.gate", "heads.log_alpha", "neurons.predictivity"]
     info = data.map_info["neurons.predictivity"]
     assert (info.kind, info.count, info.rows, info.cols) == ("neurons", 1, 6, 1536)
 
-    (values, has), selects = _selects(registry, lambda: data.map("neurons.predictivity"))
+    (values, has), selects = count_selects(registry, lambda: data.map("neurons.predictivity"))
     assert len(selects) == 1 and values.shape == (6, 6, 1536)
     assert has.tolist() == [False, False, False, False, True, False] and (values[4] == 0.5).all()
     assert np.isnan(values[~has]).all() and not values.flags.writeable
-    again, selects = _selects(registry, lambda: data.map("neurons.predictivity"))
+    again, selects = count_selects(registry, lambda: data.map("neurons.predictivity"))
     assert selects == [] and again[0] is values  # kept with the cached sweep
     assert load_sweep(registry, sweep_id).map("neurons.predictivity")[0] is values
 
@@ -117,18 +102,18 @@ def test_stored_configs_are_flattened_columns(mixed):
     assert lam[[0, 2, 4]].tolist() == [0.01] * 3 and np.isnan(lam[[1, 3, 5]]).all()
 
 
-def test_subsets_keep_maps_lazy_and_aligned(mixed):
+def test_subsets_keep_maps_lazy_and_aligned(mixed, count_selects):
     registry, sweep_id, _ = mixed
     data = load_sweep(registry, sweep_id)
     sel = data.subset(np.array([4, 0]))  # before any map was loaded
-    (values, has), selects = _selects(registry, lambda: sel.map("heads.gate"))
+    (values, has), selects = count_selects(registry, lambda: sel.map("heads.gate"))
     assert len(selects) == 1 and has.tolist() == [True, True]
     np.testing.assert_array_equal(values, np.stack([GATES * 2, GATES * 0]))
     assert sel.config["seed"].tolist() == [2, 0] and sel.seed.tolist() == [2, 0]
     deeper = sel.subset(np.array([False, True]))
     np.testing.assert_array_equal(deeper.gates[0], GATES * 0)
     assert deeper.map("neurons.predictivity")[1].tolist() == [False]
-    _, selects = _selects(registry, lambda: data.map("heads.gate"))
+    _, selects = count_selects(registry, lambda: data.map("heads.gate"))
     assert selects == []  # the subset's load is the sweep's
 
 

@@ -8,7 +8,6 @@ import math
 import matplotlib.image
 import numpy as np
 import pytest
-from sqlalchemy import event
 
 from analysis import figure_plan, figures, queries, select, stats
 from analysis.loading import load_sweep
@@ -45,30 +44,15 @@ def test_load_gives_every_run_in_cell_order(data, sweep):
     assert not data.gates.flags.writeable  # shared between callers: read only
 
 
-def _selects(registry, fn):
-    """(fn(), the SELECT statements it ran on the registry's engine)."""
-    statements = []
-
-    def count(_conn, _cursor, statement, *_):
-        statements.append(statement)
-
-    event.listen(registry._engine, "before_cursor_execute", count)
-    try:
-        value = fn()
-    finally:
-        event.remove(registry._engine, "before_cursor_execute", count)
-    return value, [s for s in statements if s.lstrip().upper().startswith("SELECT")]
-
-
-def test_cache_hit_is_at_most_one_query_and_the_same_object(fresh_sweep):
+def test_cache_hit_is_at_most_one_query_and_the_same_object(fresh_sweep, count_selects):
     with Registry(fresh_sweep.url) as registry:
         first = load_sweep(registry, fresh_sweep.sweep_id)
         # nothing committed since: PRAGMA data_version says so, no query on the registry at all
-        second, selects = _selects(registry, lambda: load_sweep(registry, fresh_sweep.sweep_id))
+        second, selects = count_selects(registry, lambda: load_sweep(registry, fresh_sweep.sweep_id))
         assert second is first and selects == []
         # a commit that touches no run of the sweep: one version query, still the same object
         registry.set_sweep(fresh_sweep.sweep_id, status="finished")
-        third, selects = _selects(registry, lambda: load_sweep(registry, fresh_sweep.sweep_id))
+        third, selects = count_selects(registry, lambda: load_sweep(registry, fresh_sweep.sweep_id))
         assert third is first and len(selects) == 1 and "max(runs.updated_at)" in selects[0]
 
 
@@ -382,7 +366,7 @@ def test_figure_plan_covers_every_kind(data):
 
 
 @pytest.mark.postgres
-def test_load_and_cache_on_postgresql(fresh_pg_database):
+def test_load_and_cache_on_postgresql(fresh_pg_database, count_selects):
     """No commit counter on PostgreSQL: every load runs the version query, and a finish shows."""
     from experiments.config import parse_config
 
@@ -394,7 +378,7 @@ def test_load_and_cache_on_postgresql(fresh_pg_database):
             registry.claim(cfg.run_key, "w")
             registry.finish(cfg.run_key, {"accuracy": 0.5}, np.eye(6, 12))
         first = load_sweep(registry, sweep_id)
-        again, selects = _selects(registry, lambda: load_sweep(registry, sweep_id))
+        again, selects = count_selects(registry, lambda: load_sweep(registry, sweep_id))
         assert again is first and len(selects) == 1 and first.has_gates.sum() == 5
         registry.claim(configs[5].run_key, "w")
         registry.finish(configs[5].run_key, {"accuracy": 1.0}, np.eye(6, 12))

@@ -36,7 +36,6 @@ machine is shared, read timings next to it. Not a pytest test.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import socket
@@ -45,13 +44,15 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from pg_schema import pg_schema  # noqa: E402
 
 from analysis import queries  # noqa: E402
 from analysis.loading import clear_cache, load_sweep  # noqa: E402
@@ -175,24 +176,6 @@ def bench_loading(registry: Registry, sweep_id: str, neuron_sweep_id: str | None
     clear_cache()
 
 
-@contextlib.contextmanager
-def _pg_schema(url: str) -> Iterator[str]:
-    """A URL whose search_path is a fresh schema; the schema is dropped after."""
-    import sqlalchemy as sa
-
-    schema = f"bench_{uuid.uuid4().hex[:12]}"
-    engine = sa.create_engine(url)
-    with engine.begin() as connection:
-        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield sa.make_url(url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
-            hide_password=False)
-    finally:
-        with engine.begin() as connection:
-            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        engine.dispose()
-
-
 def loading(url: str, backend: str) -> str:
     """Fill a registry at ``url`` (a gate sweep and a neuron sweep) and time loading them;
     returns the gate sweep's id."""
@@ -297,7 +280,7 @@ def main() -> None:
         url = f"sqlite:///{Path(tmp) / 'registry.db'}"
         sweep_id = loading(url, "sqlite")
         if args.pg:
-            with _pg_schema(args.pg) as pg_url:
+            with pg_schema(args.pg) as pg_url:
                 loading(pg_url, "postgresql")
         if args.only_loading:
             return

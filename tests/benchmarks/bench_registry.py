@@ -21,20 +21,20 @@ the machine is shared, so read timings next to it. Not a pytest test.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from pg_schema import pg_schema  # noqa: E402
 
 from orchestrator.grid import expand, parse_grid  # noqa: E402
 from orchestrator.registry import Registry, Run, RunMap  # noqa: E402
@@ -122,23 +122,6 @@ def bench_stages(backend: str, url: str) -> None:
     registry.close()
 
 
-@contextlib.contextmanager
-def _pg_schema(url: str) -> Iterator[str]:
-    """A URL whose search_path is a fresh schema; the schema is dropped after."""
-    schema = f"bench_{uuid.uuid4().hex[:12]}"
-    engine = sa.create_engine(url)
-    with engine.begin() as connection:
-        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield sa.engine.make_url(url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
-            hide_password=False
-        )
-    finally:
-        with engine.begin() as connection:
-            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        engine.dispose()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pg", default=PG_URL, help="PostgreSQL URL (a schema is created in it)")
@@ -156,9 +139,9 @@ def main() -> None:
         bench_backend("sqlite", f"sqlite:///{Path(tmp) / 'registry.db'}")
         bench_stages("sqlite", f"sqlite:///{Path(tmp) / 'staged.db'}")
     if not args.no_pg:
-        with _pg_schema(args.pg) as url:
+        with pg_schema(args.pg) as url:
             bench_backend("postgresql", url)
-        with _pg_schema(args.pg) as url:
+        with pg_schema(args.pg) as url:
             bench_stages("postgresql", url)
 
 
