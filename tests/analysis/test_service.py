@@ -176,6 +176,7 @@ def test_zz_a_finished_run_shows_up_at_once(served):
 # --------------------------------------------------------------------------- fuzz (ASGI, no Ray)
 
 
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_fuzz_finds_no_server_error(sweep, mode):
     """Requests generated from the OpenAPI document (valid ones, then invalid ones), on

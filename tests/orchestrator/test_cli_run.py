@@ -75,6 +75,7 @@ def test_methods_lists_every_method_its_keys_defaults_and_short_names(capsys):
     assert "unknown method 'head-gates'; did you mean 'head_gates'?" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 def test_run_then_ui_shows_it(tmp_path):
     home = tmp_path / "home"
     result = _headsweep(["run", _write(tmp_path / "c.yaml", TINY), "--set", "seed=2", "--set", "lambda=0.2",

@@ -102,6 +102,7 @@ def _drive(sweep_id: str, home, seconds: float) -> dict:
     return counts
 
 
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 def test_gpu_packing_half_a_gpu_per_run_gives_8_concurrent(home):
     grid = {**TRIVIAL, "axes": {"seed": list(range(16))}, "resources": {"cpus": 0.25, "gpus": 0.5}}
     registry, sweep_id = _register(grid)
@@ -136,6 +137,7 @@ def _cli(*args, timeout=600):
                           env=os.environ.copy(), timeout=timeout)
 
 
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ray_cluster, tmp_path):
     grid_file = tmp_path / "grid.yaml"
     grid_file.write_text(yaml.safe_dump(SLOW_GRID))
@@ -182,6 +184,7 @@ def test_resources_no_node_can_satisfy_fail_at_submit_and_write_nothing(home, tm
 
 
 # last in the module: the second node stays until the module's cluster is torn down
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 def test_trials_land_on_both_nodes(home, ray_cluster, tmp_path):
     base = ray_cluster["ports"]["gcs"] + len(cluster.PORTS)  # the rest of the head's block
     ports = [f"--dashboard-agent-listen-port={base}", f"--dashboard-agent-grpc-port={base + 1}",

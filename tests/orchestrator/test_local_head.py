@@ -112,6 +112,7 @@ GRID = {
 }
 
 
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 def test_a_sweep_submitted_from_checkout_b_runs_b_code_on_a_head(head_a, tmp_path):
     """Checkout B (a copy of the packages with a marker added) submits to the head that A started, in the
     same home: the driver job and the trial import B's code, and the run records B's source hash."""
