@@ -60,14 +60,18 @@ def _grey(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP)
 
 
 def agreement_png(result: Agreement, filters: Filters | None = None) -> bytes:
-    """``result`` as an annotated heat map; the title gives the stem cell statistic and its null."""
+    """``result`` as an annotated heat map; the title gives the mean off-diagonal r (and, across
+    seeds, the stem cell statistic), each with its chance level under the within-layer null."""
     text = f"{result.map_name} r across {result.across}\n{describe(filters)}"
-    stem = result.stem_cell
-    if math.isfinite(stem.observed):  # short lines: the heat map of 2 labels is ~4 inches wide
-        text += f"\nstem cell r = {stem.observed:.2f}"
-        within = stem.nulls.get("within_layers")
-        if within is not None:
-            text += f"\nchance {within.null_mean:.2f} (within layers), {within.p_text}"
+    lines = [("mean r", result.mean_offdiag)]
+    if result.across == "seed":
+        lines.append(("stem cell r", result.stem_cell))
+    for name, tested in lines:  # short lines: the heat map of 2 labels is ~4 inches wide
+        if math.isfinite(tested.observed):
+            text += f"\n{name} = {tested.observed:.2f}"
+            within = tested.nulls.get("within_layers")
+            if within is not None:
+                text += f"\nchance {within.null_mean:.2f} (in layers), {within.p_text}"
     return figures.agreement_heatmap(result.matrix, result.labels, text)
 
 
