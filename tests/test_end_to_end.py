@@ -99,6 +99,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 def test_every_endpoint_through_serve(finished_sweep):
     from ray import serve
 

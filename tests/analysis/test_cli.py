@@ -125,6 +125,7 @@ def test_figures_writes_every_png(sweep, tmp_path, capsys):
     assert rgb.shape[:2] == (392, 904)
 
 
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 @pytest.mark.ray
 def test_serve_blocks_until_ctrl_c(sweep):
     with socket.socket() as s:
