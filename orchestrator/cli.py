@@ -237,10 +237,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def show_status(sweep_id: str) -> None:
+    from orchestrator import sweeps
     from orchestrator.registry import Registry
 
     registry = Registry(settings.registry_url())
     sweep = registry.get_sweep(sweep_id)
+    gone = sweeps.driver_gone(registry, sweep)
+    if gone:
+        sweep = registry.get_sweep(sweep_id)
     counts = registry.sweep_counts(sweep_id)
     total = sum(counts.values())
     done = sum(counts.get(s, 0) for s in RUN_DONE)
@@ -248,6 +252,8 @@ def show_status(sweep_id: str) -> None:
 
     out.print(f"[bold]{sweep_id}[/bold] ({sweep['name']}): {sweep['status']}  {_count_text(counts)}")
     out.print(ProgressBar(total=max(total, 1), completed=done, width=60), f"{done}/{total}")
+    if gone:
+        out.print(f"[red]stopped: {gone}[/red]")
     dag = registry.sweep_dag(sweep_id)
     if dag["upstream"]:
         out.print(f"stages: {dag['upstream']} upstream runs that {dag['dependants']} runs start from "
@@ -300,7 +306,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
     table = Table(title="sweeps")
     for column in ("sweep", "name", "created", "status", "runs", "finished", "failed", "running", "progress"):
         table.add_column(column)
-    for sweep in Registry(settings.registry_url()).list_sweeps():
+    from orchestrator import sweeps
+
+    registry = Registry(settings.registry_url())
+    for sweep in registry.list_sweeps():
+        if sweeps.driver_gone(registry, sweep):  # a dead driver's sweep is failed, not running
+            sweep = {**sweep, "status": "failed"}
         counts = sweep["counts"]
         total = sum(counts.values())
         done = sum(counts.get(s, 0) for s in RUN_DONE)

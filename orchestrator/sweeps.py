@@ -110,9 +110,21 @@ def start_driver(registry: Registry, sweep_id: str, head: dict[str, str] | None 
 
 def driver_alive(sweep: dict) -> bool:
     driver = sweep.get("driver") or ""
-    if not driver or driver.startswith("pid:"):
-        return False
-    return cluster.driver_status(cluster.known_dashboard(), driver) in ("PENDING", "RUNNING")
+    return bool(driver) and cluster.driver_status(cluster.known_dashboard(), driver) in ("PENDING", "RUNNING")
+
+
+def driver_gone(registry: Registry, sweep: dict) -> str | None:
+    """Why a sweep that is not done has lost its driver (its Ray job failed, was stopped or is gone
+    with its head), after marking the sweep failed, so ``status`` and ``ls`` never show a dead sweep
+    as running; None while the driver runs, or when the sweep is done or never had a driver."""
+    driver = sweep.get("driver") or ""
+    if sweep["status"] in DONE or not driver:
+        return None
+    state = cluster.driver_status(cluster.known_dashboard(), driver)
+    if state in ("PENDING", "RUNNING") or registry.get_sweep(sweep["id"])["status"] in DONE:
+        return None  # alive, or it ended after writing the sweep's final status
+    registry.set_sweep(sweep["id"], status="failed")
+    return f"its driver {driver} is {state.lower()}: `headsweep resume {sweep['id']}` runs what is left"
 
 
 def resume(sweep_id: str, track: bool = True) -> str | None:
@@ -151,7 +163,6 @@ def wait(sweep_id: str, on_update=None, poll_s: float = 1.0) -> dict:
             return sweep
         if time.monotonic() - last_driver_check > 10:
             last_driver_check = time.monotonic()
-            if sweep.get("driver") and not driver_alive(sweep) and registry.get_sweep(sweep_id)["status"] not in DONE:
-                registry.set_sweep(sweep_id, status="failed")
+            if driver_gone(registry, sweep):
                 return registry.get_sweep(sweep_id)
         time.sleep(poll_s)

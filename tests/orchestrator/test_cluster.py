@@ -159,6 +159,10 @@ def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ra
         time.sleep(0.5)
     interrupted = registry.sweep_counts(sweep_id)
     assert interrupted.get("finished", 0) < 4, interrupted
+    # status and ls tell the truth at once: the sweep failed, and how to go on
+    told = " ".join(_cli("status", sweep_id).stdout.split())
+    assert f"{sweep_id} (detached): failed" in told and f"headsweep resume {sweep_id}" in told, told
+    assert registry.get_sweep(sweep_id)["status"] == "failed"
 
     resumed = _cli("resume", sweep_id, "--wait")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
