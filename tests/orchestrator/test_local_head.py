@@ -70,6 +70,7 @@ def test_nothing_the_local_head_starts_listens_beyond_loopback(head_a, tmp_path)
         client.stop_job(job)
 
 
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 def test_each_home_has_its_own_head_and_stops_only_its_own(head_a, tmp_path):
     assert cluster.local_head(home=head_a["home"]) == {k: head_a[k] for k in ("address", "dashboard")}  # reused
     a_pids = cluster.head_pids(head_a["home"])
