@@ -125,16 +125,16 @@ def _results_table(rows: list[dict[str, Any]], title: str) -> Table:
     constant = [k for k in groups if len(rows) > 1 and len({str(r[k]) for r in rows}) == 1]
     caption = "  ".join(f"{k}: {_fmt(rows[0][k])}" for k in constant)
     caption += "\n95% CI: t interval below 10 runs (t), percentile bootstrap from 10 (bootstrap)"
-    table = Table(title=title, caption=caption.strip(), box=box.SIMPLE)
+    table = Table(title=title, caption=caption.strip(), box=box.SIMPLE, pad_edge=False)
     shown = [k for k in groups if k not in constant]
     for column in shown:
-        table.add_column(column, overflow="fold")
+        table.add_column(column, no_wrap=True)
     for column in ("mean", "std", "n", "95% CI", "runs"):
         table.add_column(column, justify="right", no_wrap=column == "95% CI")
     for row in rows:
         ci = f"[{_fmt(row['ci_lo'])}, {_fmt(row['ci_hi'])}] {row['ci_method']}"
         table.add_row(*(_fmt(row[k]) for k in shown),
-                      _fmt(row["mean"]), _fmt(row["std"]), str(row["n"]), ci, str(row["runs"]))
+                      _fmt(row["mean"]), _fmt2(row["std"]), str(row["n"]), ci, str(row["runs"]))
     return table
 
 
@@ -200,6 +200,11 @@ def _print_agreement(result, sweep: str) -> None:
     out.print(tests)
     out.print(f"{short}: Pearson r between {across}, {result.mean_offdiag.pooled}")
     out.print(f"stem cell: He & Choi's multiple correlation of 3 seeds, {result.stem_cell.pooled}")
+
+
+def _fmt2(value: float | None) -> str:
+    """Two significant digits (a spread needs no more)."""
+    return "-" if value is None or not math.isfinite(value) else f"{value:.2g}"
 
 
 def _fmt3(value: float | None) -> str:
