@@ -167,6 +167,7 @@ def _killed_once(cfg, ctx, marker_dir) -> RunResult:
     return real_run(cfg, ctx)
 
 
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 def test_a_killed_worker_is_retried_from_its_checkpoint(local_ray, home):
     grid = {**GRID, "axes": {"seed": [0]}}
     registry, sweep_id = _submit(grid, track=False)
@@ -208,6 +209,7 @@ def test_cancel_stops_running_trials_and_scheduling(local_ray, home):
     assert "RUNNING" not in {r.info.status for r in runs}
 
 
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 def test_orphans_are_reconciled_and_rerun(local_ray, home):
     registry, sweep_id = _submit(GRID)
     keys = registry.unfinished(sweep_id)
