@@ -25,17 +25,22 @@ ALIASES = {"task": "task.name"}
 SHARED_SECTIONS = ("task", "train")
 
 
-def dotted_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
-    """Every leaf key of a section model, dotted and as users write them (``lambda``, not ``lambda_``)."""
-    keys = []
+def _leaves(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key as users write it, its pydantic field) of every leaf key of a section model."""
+    leaves = []
     for name, field in model.model_fields.items():
         key = prefix + (field.alias or name)
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            keys.extend(dotted_keys(annotation, f"{key}."))
+            leaves.extend(_leaves(annotation, f"{key}."))
         else:
-            keys.append(key)
-    return keys
+            leaves.append((key, field))
+    return leaves
+
+
+def dotted_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every leaf key of a section model, dotted and as users write them (``lambda``, not ``lambda_``)."""
+    return [key for key, _ in _leaves(model, prefix)]
 
 
 def _methods() -> dict[str, Any]:
@@ -145,15 +150,8 @@ def wrong_section(key: str, method: str) -> str | None:
 
 def describe(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, default as JSON, description) of every leaf key of a section model."""
-    rows = []
-    for name, field in model.model_fields.items():
-        key = prefix + (field.alias or name)
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            rows.extend(describe(annotation, f"{key}."))
-        else:
-            rows.append((key, json.dumps(field.get_default(call_default_factory=True)), field.description or ""))
-    return rows
+    return [(key, json.dumps(field.get_default(call_default_factory=True)), field.description or "")
+            for key, field in _leaves(model, prefix)]
 
 
 def defaults(model: type[BaseModel]) -> dict[str, Any]:

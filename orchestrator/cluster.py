@@ -21,7 +21,7 @@ The local head belongs to its ``HEADSWEEP_HOME``:
 How loopback-only works in Ray 2.60: with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
 (Ray's single-machine mode, the default on macOS and Windows) the node IP is
 127.0.0.1, and then the GCS, the raylet, the agents, the workers and the
-metrics servers bind 127.0.0.1 instead of 0.0.0.0 or the machine's address.
+metrics servers bind 127.0.0.1 instead of every interface or the machine's address.
 Every process that connects to the head by GCS address needs the same
 variable (else Ray rewrites 127.0.0.1 into the machine's address); the head's
 own processes, and so the driver job and its trials, inherit it. The
@@ -89,12 +89,13 @@ def temp_dir(home: Path | None = None) -> str:
 
 
 def _port_free(port: int) -> bool:
-    for host in ("127.0.0.1", "0.0.0.0"):
-        with socket.socket() as probe:
-            try:
-                probe.bind((host, port))
-            except OSError:
-                return False
+    """Whether the head could bind ``port`` on 127.0.0.1 (a listener on every interface holding it
+    makes this bind fail too, so loopback is the only address probed)."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
     return True
 
 
