@@ -22,8 +22,10 @@ or FFN neurons ``(6, 1536)``; "layer" is a row of the map.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -112,24 +114,65 @@ def rank_rows(x: np.ndarray) -> np.ndarray:
     """Rank each row's values, 1..P, ties given their average rank (float64, ``(N, P)``).
 
     The same as ``scipy.stats.rankdata(x, method="average", axis=1)`` at a fraction of its
-    time (1,000 x 9,216 neuron scores: ~0.2 s against 1.5 s): one float64 argsort per row
-    (numpy sorts float64 with SIMD), then each run of equal values gets the mean of its ranks.
+    time: blocks of rows (see :func:`_sorted_ranks`) written into one output.
     """
-    x = _as_rows(x).astype(np.float64, copy=False)
+    x = _as_rows(x)
+    ranks = np.empty(x.shape)
+    for rows in _row_blocks(*x.shape):
+        order, sorted_ranks = _sorted_ranks(x[rows])
+        np.put_along_axis(ranks[rows], order, sorted_ranks, axis=1)
+    return ranks
+
+
+_RANK_BLOCK_ELEMENTS = 1 << 19
+"""Values ranked at once: each temporary of a block (~4 MB) stays in cache; whole-array
+temporaries of 2,000 x 9,216 ranks (150 MB each) cost more in fresh pages than in sorting."""
+
+
+def _row_blocks(n: int, p: int) -> list[slice]:
+    rows = max(1, _RANK_BLOCK_ELEMENTS // max(p, 1))
+    return [slice(start, min(start + rows, n)) for start in range(0, n, rows)]
+
+
+def _sorted_ranks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, ranks)`` of a block of rows: ``order`` sorts each row (argsort) and
+    ``ranks[i, k]`` is the average rank (1-based) of the row's ``k``-th smallest value.
+
+    One float64 argsort per row, then each run of equal values gets the mean of its ranks."""
+    x = x.astype(np.float64, copy=False)
     n, p = x.shape
-    if n == 0 or p == 0:
-        return np.zeros((n, p))
-    order = np.argsort(x, axis=1)  # (N, P)
+    order = np.argsort(x, axis=1)
     ordered = np.take_along_axis(x, order, axis=1)
-    starts = np.ones((n, p), dtype=bool)  # True where a run of equal values begins
-    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    starts = np.empty((n, p), dtype=bool)  # True where a run of equal values begins
+    starts[:, :1] = True
+    np.not_equal(ordered[:, 1:], ordered[:, :-1], out=starts[:, 1:])
     flat = starts.ravel()
     first = np.flatnonzero(flat)  # flat index of each run's first element
-    sizes = np.diff(np.append(first, n * p))
+    sizes = np.diff(first, append=n * p)
     mean_rank = first % p + (sizes + 1) / 2.0  # 1-based mean rank of each run
-    ranks = np.empty((n, p))
-    np.put_along_axis(ranks, order, mean_rank[np.cumsum(flat) - 1].reshape(n, p), axis=1)
-    return ranks
+    return order, mean_rank[np.cumsum(flat) - 1].reshape(n, p)
+
+
+def _standardised_rank_sum(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(sum_i u_i, n)`` over the ``n`` non-constant rows of ``x``, ``u_i`` its standardised
+    ranks (centred, unit norm), without the ``(N, P)`` ranks: each block's values are summed
+    straight into the units they rank (``bincount``). Blocks run on up to 4 threads (numpy's
+    sort releases the GIL)."""
+    x = _as_rows(x)
+    p = x.shape[1]
+
+    def block(rows: slice) -> tuple[np.ndarray, int]:
+        order, ranks = _sorted_ranks(x[rows])
+        ranks -= (p + 1) / 2.0  # the mean of 1..P, ties or not
+        norm = np.sqrt(np.einsum("ij,ij->i", ranks, ranks))
+        varied = norm > 0  # a constant row's ranks are all equal: its correlations are undefined
+        u = ranks[varied] / norm[varied, None]
+        return np.bincount(order[varied].ravel(), weights=u.ravel(), minlength=p), int(varied.sum())
+
+    blocks = _row_blocks(*x.shape)
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1, len(blocks) or 1)) as pool:
+        parts = list(pool.map(block, blocks))
+    return sum((part for part, _ in parts), np.zeros(p)), sum(count for _, count in parts)
 
 
 def spearman_matrix(x: np.ndarray, dtype=None) -> np.ndarray:
@@ -171,15 +214,9 @@ def mean_spearman_between(a: np.ndarray, b: np.ndarray) -> float:
     a, b = _as_rows(a), _as_rows(b)
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"groups have different numbers of heads: {a.shape[1]} vs {b.shape[1]}")
-    sums = []
-    for x in (a, b):
-        with np.errstate(invalid="ignore", divide="ignore"):
-            u = _standardise_rows(rank_rows(x))  # (N, P)
-        defined = u[~np.isnan(u).any(axis=1)]
-        if not len(defined):
-            return math.nan
-        sums.append((defined.sum(axis=0), len(defined)))
-    (su, na), (sv, nb) = sums
+    (su, na), (sv, nb) = _standardised_rank_sum(a), _standardised_rank_sum(b)
+    if not na or not nb:
+        return math.nan
     return float(np.clip(su @ sv / (na * nb), -1.0, 1.0))
 
 

@@ -245,11 +245,36 @@ class RunConfig(_Frozen):
 
         return run_and_group_key(self)
 
+    @cached_property
+    def _key_material(self) -> dict[str, Any]:
+        from experiments.run_keys import key_material
+
+        return key_material(self)
+
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> RunConfig:
         """A copy without the cached keys (they would be stale after ``update``)."""
         copy = super().model_copy(update=update, deep=deep)
-        copy.__dict__.pop("_keys", None)
-        copy.__dict__.pop("upstreams", None)
+        for cached in ("_keys", "_key_material", "upstreams", "_seeded"):
+            copy.__dict__.pop(cached, None)
+        return copy
+
+    def with_seed(self, seed: int) -> RunConfig:
+        """This config with another (already validated) seed, keyed without validating or
+        flattening it again: the grid's fast path for cells that differ only by seed.
+
+        Equal to validating the changed config (tests/experiments/test_run_keys.py): the seed
+        enters a run key only as itself and through the upstreams, which follow the seed
+        unless their stage sets one (see :func:`resolve_stage`)."""
+        from experiments.run_keys import reseeded_keys
+
+        seeded = self.__dict__.setdefault("_seeded", {})  # an upstream shared by many cells: once per seed
+        if seed in seeded:
+            return seeded[seed]
+        copy = seeded[seed] = self.model_copy(update={"seed": seed})
+        upstreams = {role: up if "seed" in getattr(self, role) else up.with_seed(seed)
+                     for role, up in self.upstreams.items()}
+        copy.__dict__["upstreams"] = upstreams
+        copy.__dict__["_keys"] = reseeded_keys(self, seed, upstreams)
         return copy
 
     def __reduce__(self):  # the class is made per method at run time: pickle the dict instead

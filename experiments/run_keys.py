@@ -37,15 +37,25 @@ def run_and_group_key(cfg: RunConfig) -> tuple[str, str]:
     A run with stages hashes its upstreams' keys, not how the stage was written: the run key
     holds each upstream's run key, the group key each upstream's group key (so the seeds of a
     cell, each starting from its own seed's fine-tune, still share a group)."""
-    material = key_material(cfg)
+    material = cfg._key_material  # cached on the config; never changed here
     upstreams = cfg.upstreams
+    group = {**material, "config": {k: v for k, v in material["config"].items() if k != "seed"}}
     if upstreams:
-        material["stages"] = {role: up.run_key for role, up in upstreams.items()}
-    run_key = _hash(material)
-    material["config"].pop("seed")
+        group["stages"] = {role: up.group_key for role, up in upstreams.items()}
+    return _run_key(material, cfg.seed, upstreams), _hash(group)
+
+
+def reseeded_keys(cfg: RunConfig, seed: int, upstreams: dict[str, RunConfig]) -> tuple[str, str]:
+    """The keys of ``cfg`` with ``seed`` (and those ``upstreams``), from ``cfg``'s key material:
+    only the run key is hashed again, the group key is the same."""
+    return _run_key(cfg._key_material, seed, upstreams), cfg.group_key
+
+
+def _run_key(material: dict[str, Any], seed: int, upstreams: dict[str, RunConfig]) -> str:
+    keyed = {**material, "config": {**material["config"], "seed": seed}}
     if upstreams:
-        material["stages"] = {role: up.group_key for role, up in upstreams.items()}
-    return run_key, _hash(material)
+        keyed["stages"] = {role: up.run_key for role, up in upstreams.items()}
+    return _hash(keyed)
 
 
 def key_material(cfg: RunConfig) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -189,7 +190,7 @@ def expand(spec: GridSpec) -> list[RunConfig]:
                 applied.update(used)
                 if not is_include and resolver.excluded(flat, method, spec.exclude):
                     continue
-                cfg = validate(_nest(flat))
+                cfg = validate(flat)
                 if cfg.task not in data_checked:
                     check_data(cfg)
                     data_checked.add(cfg.task)
@@ -330,18 +331,34 @@ def _label(values: Mapping[str, Any]) -> str:
 
 
 class _CellValidator:
-    """``parse_config(cell, check_files=False)`` with the name checks cached.
+    """``parse_config(cell, check_files=False)`` of a flat cell, done once per cell up to its seed.
 
     Valid cells take the fast path: one pydantic validation with the method's
-    config class, then the names (task, model, pipeline) looked up in a cache.
-    A cell that fails is re-run through ``parse_config``, so its message is
-    exactly the one ``headsweep run`` would print.
+    config class, then the names (task, model, pipeline) looked up in a cache. A
+    cell equal to an earlier one but for a seed that already validated is that
+    config ``with_seed`` (no validation, one hash). A cell that fails is re-run
+    through ``parse_config``, so its message is exactly the one ``headsweep run``
+    would print.
     """
 
     def __init__(self) -> None:
         self._names: dict[tuple[Any, ...], ConfigError | None] = {}
+        self._by_rest: dict[str, RunConfig] = {}  # the cell without its seed -> its first config
+        self._seeds: set[int] = set()  # seeds some valid cell had
 
-    def __call__(self, cell: dict[str, Any]) -> RunConfig:
+    def __call__(self, flat: dict[str, Any]) -> RunConfig:
+        seed = flat.get("seed")
+        seeded = type(seed) is int  # not bool, not absent
+        rest = json.dumps({k: v for k, v in flat.items() if k != "seed"}, sort_keys=True, default=repr)
+        if seeded and seed in self._seeds and rest in self._by_rest:
+            return self._by_rest[rest].with_seed(seed)
+        cfg = self._validate(_nest(flat))
+        if seeded:
+            self._seeds.add(seed)
+            self._by_rest.setdefault(rest, cfg)
+        return cfg
+
+    def _validate(self, cell: dict[str, Any]) -> RunConfig:
         try:
             cfg = config_class(cell.get("method", DEFAULT_METHOD)).model_validate(cell)
             self._check_names(cfg)

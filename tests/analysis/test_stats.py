@@ -90,6 +90,18 @@ def test_mean_spearman_between_is_the_mean_of_the_defined_pairs():
     assert math.isnan(stats.mean_spearman_between(np.ones((2, 6, 12)), b))
 
 
+def test_ranks_are_the_same_in_blocks_of_rows(monkeypatch):
+    """Rows are ranked (and summed) a block at a time, on threads: any block size gives the same."""
+    rng = _rng(10)
+    a, b = np.round(rng.random((9, 6, 12)), 1), np.round(rng.random((7, 6, 12)), 1)
+    a[4] = 0.3
+    whole_ranks, whole_mean = stats.rank_rows(a), stats.mean_spearman_between(a, b)
+    monkeypatch.setattr(stats, "_RANK_BLOCK_ELEMENTS", 2 * 72)  # 2 rows a block: 5 and 4 blocks
+    np.testing.assert_array_equal(stats.rank_rows(a), whole_ranks)
+    np.testing.assert_array_equal(whole_ranks, scipy.stats.rankdata(a.reshape(9, -1), axis=1))
+    assert stats.mean_spearman_between(a, b) == pytest.approx(whole_mean, abs=1e-12)
+
+
 def test_pearson_to_matches_pearson_matrix():
     rng = _rng(9)
     v, x = rng.random((6, 12)), rng.random((4, 6, 12))

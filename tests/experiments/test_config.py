@@ -153,6 +153,26 @@ def test_config_is_frozen_pickles_and_copies_without_stale_keys():
     assert cfg.model_copy(update={"seed": 2}).run_key == parse_config({"seed": 2}).run_key
 
 
+@pytest.mark.parametrize("raw", [
+    {"seed": 1, "head_gates": {"lambda": 0.05}},
+    {"seed": 1, "head_gates": {"pipeline": "sp"}},  # a default stage: its fine-tune follows the seed
+    {"seed": 1, "init_from": {"method": "finetune", "train": {"max_steps": 7}}},
+    {"seed": 1, "init_from": {"method": "finetune", "seed": 9}},  # the stage fixes its seed
+    {"seed": 1, "head_gates": {"pipeline": "sp"}, "teacher": {"method": "finetune", "init_from": {"method": "finetune"}}},
+])
+def test_with_seed_equals_validating_the_config_with_that_seed(raw):
+    """The grid's fast path: keys, upstreams and the dict of ``with_seed`` are those of a fresh parse."""
+    template = parse_config(raw, check_files=False)
+    for seed in (0, 4):
+        fast, slow = template.with_seed(seed), parse_config({**raw, "seed": seed}, check_files=False)
+        assert fast == slow and fast.to_dict() == slow.to_dict()
+        assert (fast.run_key, fast.group_key) == (slow.run_key, slow.group_key)
+        assert {role: (up.run_key, up.seed) for role, up in fast.upstreams.items()} == {
+            role: (up.run_key, up.seed) for role, up in slow.upstreams.items()}
+    assert template.with_seed(4) is template.with_seed(4)  # an upstream shared by many cells: one copy per seed
+    assert template.with_seed(4).run_key != template.run_key and template.with_seed(4).group_key == template.group_key
+
+
 def test_every_method_keeps_the_contract():
     for name, module in METHODS.items():
         check_method(name, module)

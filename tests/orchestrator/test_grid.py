@@ -69,6 +69,23 @@ def test_cells_equal_parse_config_of_the_same_dicts():
     assert {c.labels()["pipeline"] for c in configs} == {"dp", None}  # head_gates' default; finetune has none
 
 
+def test_cells_that_differ_by_seed_equal_parse_config_with_stages():
+    """Cells that differ only by seed reuse the first one's validation (``with_seed``): same configs,
+    keys and upstreams as validating each."""
+    spec = _spec(base={"init_from": {"method": "finetune"}}, axes={"lambda": [0.1, 0.2], "seed": [0, 1, 2]})
+    configs = expand(spec)
+    expected = [parse_config({"init_from": {"method": "finetune"}, "head_gates": {"lambda": lam}, "seed": s},
+                             check_files=False) for lam in (0.1, 0.2) for s in (0, 1, 2)]
+    assert configs == expected
+    assert [(c.run_key, c.group_key, c.upstreams["init_from"].run_key) for c in configs] == [
+        (c.run_key, c.group_key, c.upstreams["init_from"].run_key) for c in expected]
+
+
+def test_a_bad_seed_fails_even_after_good_cells():
+    with pytest.raises(ConfigError, match=r"cell 2 \(seed=-1\): seed: .*greater than or equal to 0"):
+        expand(_spec(axes={"seed": [0, 1, -1]}))
+
+
 def test_a_methods_keys_apply_to_its_own_cells_only():
     """The documented behaviour: lambda varies the head_gates cells; finetune's equal cells are one run."""
     spec = _spec(
