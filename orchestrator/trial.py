@@ -109,18 +109,18 @@ def claim_when_free(registry: Registry, run_key: str, worker: str, stale_after_s
         time.sleep(HEARTBEAT_S / 2)
 
 
-def stage_hooks(registry: Registry, run_key: str, checkpoints: str | None) -> dict[str, Any]:
-    """``load_upstream`` / ``save_weights`` of a run's context (DESIGN.md decision 10): its upstream
-    runs' weights come from the checkpoint store, by the run keys the registry recorded at submit;
-    it keeps its own final weights there only when some run starts from it."""
+def stage_hooks(claimed: dict[str, Any], checkpoints: str | None) -> dict[str, Any]:
+    """``load_upstream`` / ``save_weights`` of a claimed run's context (DESIGN.md decision 10): its
+    upstream runs' weights come from the checkpoint store, by the run keys the registry recorded
+    at submit (``claimed["upstreams"]``); it keeps its own final weights there only when some run
+    starts from it (``claimed["has_dependants"]``)."""
     from orchestrator.checkpoints import CheckpointStore
 
-    store = CheckpointStore(checkpoints)
-    upstreams = registry.upstreams_of(run_key)
+    store, upstreams, run_key = CheckpointStore(checkpoints), claimed["upstreams"], claimed["run_key"]
     hooks: dict[str, Any] = {}
     if upstreams:
         hooks["load_upstream"] = lambda role: store.load(upstreams[role])
-    if registry.has_dependants(run_key):
+    if claimed["has_dependants"]:
         hooks["save_weights"] = lambda weights: store.save(run_key, weights)
     return hooks
 
@@ -162,7 +162,7 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
     ctx = RunContext(
         tracker=tracker, checkpointer=TuneCheckpointer(env["checkpoint_every_s"]),
         should_stop=_cancel_poll(registry, sweep_id), device=device,
-        **stage_hooks(registry, run_key, env.get("checkpoints")),
+        **stage_hooks(claimed, env.get("checkpoints")),
     )
     beat = _Heartbeat(registry, run_key, worker)
     beat.start()

@@ -15,11 +15,11 @@ from datetime import timedelta
 from typing import Any
 
 import numpy as np
-from sqlalchemy import and_, delete, insert, or_, select, update
+from sqlalchemy import and_, delete, exists, insert, or_, select, update
 
 from experiments.result import KINDS, UnitMap, check_map_name
 from orchestrator.registry.db import Database, NotFound, json_safe, now, retrying
-from orchestrator.registry.schema import Run, RunMap, pack_map
+from orchestrator.registry.schema import Run, RunDep, RunMap, pack_map
 from orchestrator.registry.store import in_sweep
 from orchestrator.status import RunStatus
 
@@ -69,8 +69,10 @@ class RunLifecycle(Database):
         """Atomically take a run: pending, failed, or running with a heartbeat older than
         ``stale_after_s`` (its worker died) -> running, attempts + 1.
 
-        Returns ``{run_key, config, mlflow_run_id, attempts}`` (a retried attempt
-        reuses its MLflow run), or None when the run is finished, cancelled or
+        Returns ``{run_key, config, mlflow_run_id, attempts, upstreams, has_dependants}``
+        (a retried attempt reuses its MLflow run; ``upstreams``: ``{role: upstream run key}``
+        of its stages; ``has_dependants``: whether some run starts from it, so it must keep
+        its final weights; read in the same transaction), or None when the run is finished, cancelled or
         held by a live worker: then the caller must not run it. A Ray trial
         retrying its own crashed attempt may pass ``stale_after_s=0``.
         """
@@ -88,7 +90,12 @@ class RunLifecycle(Database):
                         updated_at=when, worker=worker)
                 .returning(Run.run_key, Run.config, Run.mlflow_run_id, Run.attempts)
             ).first()
-        return None if row is None else row._asdict()
+            if row is None:
+                return None
+            upstreams = connection.execute(
+                select(RunDep.role, RunDep.upstream_key).where(RunDep.run_key == run_key)).all()
+            has_dependants = connection.execute(select(exists().where(RunDep.upstream_key == run_key))).scalar()
+        return row._asdict() | {"upstreams": dict(upstreams), "has_dependants": bool(has_dependants)}
 
     @retrying
     def heartbeat(self, run_key: str, worker: str | None = None) -> bool:

@@ -73,19 +73,6 @@ class StageGraph(Database):
             {"run_key": run, "role": role, "upstream_key": up} for run, role, up in sorted(set(edges))])
 
     @retrying
-    def upstreams_of(self, run_key: str) -> dict[str, str]:
-        """``{role: upstream run key}`` of a run ({} without stages)."""
-        with self._read() as connection:
-            rows = connection.execute(select(RunDep.role, RunDep.upstream_key).where(RunDep.run_key == run_key))
-            return {role: up for role, up in rows}
-
-    @retrying
-    def has_dependants(self, run_key: str) -> bool:
-        """Whether some run starts from this one (then it must keep its final weights)."""
-        with self._read() as connection:
-            return connection.execute(select(exists().where(RunDep.upstream_key == run_key))).scalar()
-
-    @retrying
     def sweep_dag(self, sweep_id: str) -> dict[str, int]:
         """{"upstream": runs of the sweep that others start from, "dependants": runs with stages}."""
         member = select(SweepRun.run_key).where(SweepRun.sweep_id == sweep_id)

@@ -184,7 +184,8 @@ def test_claim_finish_and_retry_reuse_the_mlflow_run(registry):
     _submit(registry, configs)
     key = configs[0].run_key
     claimed = registry.claim(key, "host:1")
-    assert claimed == {"run_key": key, "config": configs[0].to_dict(), "mlflow_run_id": None, "attempts": 1}
+    assert claimed == {"run_key": key, "config": configs[0].to_dict(), "mlflow_run_id": None, "attempts": 1,
+                       "upstreams": {}, "has_dependants": False}
     assert registry.get_config(key) == configs[0].to_dict()
     registry.set_mlflow_run(key, "mlflow-1")
     assert registry.fail(key, "boom")
@@ -387,7 +388,8 @@ def test_orphans_are_listed_and_reset(registry, registry_url):
     assert registry.get_run(alive)["status"] == "running"
     assert registry.orphans(sweep_id, stale_after_s=60) == []
     assert registry.claim(dead, "w:3") == {
-        "run_key": dead, "config": configs[1].to_dict(), "mlflow_run_id": "mlflow-dead", "attempts": 2
+        "run_key": dead, "config": configs[1].to_dict(), "mlflow_run_id": "mlflow-dead", "attempts": 2,
+        "upstreams": {}, "has_dependants": False,
     }
 
 

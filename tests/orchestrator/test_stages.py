@@ -85,12 +85,15 @@ def test_a_sweep_registers_its_upstreams_and_runs_them_in_waves(registry):
     ups = {c.upstreams["init_from"].run_key for c in cells}
     first = registry.next_wave(sweep_id, set())
     assert set(first) == ups  # the dependants wait
-    assert registry.has_dependants(first[0]) and not registry.has_dependants(cells[0].run_key)
-    assert registry.upstreams_of(cells[0].run_key) == {"init_from": cells[0].upstreams["init_from"].run_key}
-    for key in first:
-        assert registry.claim(key, "w") and registry.finish(key, {"accuracy": 1.0}, worker="w")
+    for key in first:  # a claim says what the run's context needs: its upstreams, whether to keep its weights
+        claimed = registry.claim(key, "w")
+        assert claimed["upstreams"] == {} and claimed["has_dependants"]
+        assert registry.finish(key, {"accuracy": 1.0}, worker="w")
     second = registry.next_wave(sweep_id, set(first))
     assert second == [c.run_key for c in cells]  # in cell order
+    claimed = registry.claim(cells[0].run_key, "w")
+    assert claimed["upstreams"] == {"init_from": cells[0].upstreams["init_from"].run_key}
+    assert not claimed["has_dependants"]
     assert registry.next_wave(sweep_id, set(first) | set(second)) == []
 
 
