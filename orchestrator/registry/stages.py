@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, exists, select, update
+from sqlalchemy import and_, select, update
 
 from experiments.config import RunConfig
-from orchestrator.registry.db import Database, insert_ignore, now, retrying
+from orchestrator.registry.db import Database, now, retrying
 from orchestrator.registry.schema import Run, RunDep, SweepRun
 from orchestrator.status import RunStatus
 
@@ -45,6 +45,11 @@ def with_upstreams(configs: Iterable[RunConfig]) -> tuple[dict[str, RunConfig], 
     return ordered, edges
 
 
+def edge_rows(edges: Sequence[Edge]) -> list[dict[str, str]]:
+    """The ``run_deps`` rows of ``edges`` (a run's edges never change: its key hashes its upstreams' keys)."""
+    return [{"run_key": run, "role": role, "upstream_key": up} for run, role, up in sorted(set(edges))]
+
+
 def dag_summary(keyed: dict[str, RunConfig], edges: Sequence[Edge]) -> dict[str, Any]:
     """How the DAG looks: upstream runs (by method), and how many runs start from them."""
     upstream_keys = {up for _, _, up in edges}
@@ -65,12 +70,6 @@ def describe_dag(summary: dict[str, Any]) -> str:
 
 class StageGraph(Database):
     """Stage edges in the registry: recording them, the driver's waves, a run's upstreams."""
-
-    @staticmethod
-    def record_edges(connection: Connection, edges: Sequence[Edge]) -> None:
-        """Insert the edges (a run's edges never change: its key hashes its upstreams' keys)."""
-        insert_ignore(connection, RunDep, [
-            {"run_key": run, "role": role, "upstream_key": up} for run, role, up in sorted(set(edges))])
 
     @retrying
     def sweep_dag(self, sweep_id: str) -> dict[str, int]:

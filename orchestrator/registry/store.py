@@ -6,7 +6,7 @@ Every method is one transaction and returns plain dicts and lists, never ORM obj
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -14,12 +14,14 @@ from sqlalchemy import Connection, delete, func, insert, select, update
 
 from experiments.config import RunConfig
 from orchestrator.grid import gc_paused
-from orchestrator.registry.db import NotFound, insert_ignore, key_in, now, retrying
-from orchestrator.registry.schema import Run, RunMap, Sweep, SweepRun
-from orchestrator.registry.stages import StageGraph, dag_summary, with_upstreams
+from orchestrator.registry.db import NotFound, insert_ignore_batches, key_in, now, retrying
+from orchestrator.registry.schema import Run, RunDep, RunMap, Sweep, SweepRun
+from orchestrator.registry.stages import StageGraph, dag_summary, edge_rows, with_upstreams
 from orchestrator.status import RunStatus, SweepStatus
 
 _LIVE_SWEEP = (SweepStatus.SUBMITTED, SweepStatus.RUNNING)
+_BATCH = 2_500
+"""Rows per insert when registering a grid: the next batch is built while the last one is written."""
 
 
 def _run_row(cfg: RunConfig, run_key: str, when: datetime) -> dict[str, Any]:
@@ -140,12 +142,16 @@ class SweepStore(StageGraph):
                 "cancel_requested": False, "status": SweepStatus.SUBMITTED,
             })
             new = sorted(key for key in keys if key not in statuses)  # sorted: no PG insert deadlocks
-            insert_ignore(connection, Run, [_run_row(keyed[key], key, when) for key in new])
-            insert_ignore(connection, SweepRun, [
-                {"sweep_id": sweep_id, "run_key": key, "position": position}
-                for position, key in enumerate(keys)
-            ])
-            self.record_edges(connection, edges)
+
+            def batches() -> Iterator[tuple[Any, list[dict[str, Any]]]]:  # runs before what refers to them
+                for start in range(0, len(new), _BATCH):
+                    yield Run, [_run_row(keyed[key], key, when) for key in new[start:start + _BATCH]]
+                for start in range(0, len(keys), _BATCH):
+                    yield SweepRun, [{"sweep_id": sweep_id, "run_key": key, "position": position}
+                                     for position, key in enumerate(keys[start:start + _BATCH], start)]
+                yield RunDep, edge_rows(edges)
+
+            insert_ignore_batches(connection, batches())
             requeue = sorted(key for key, status in statuses.items() if status in requeue_from)
             self._requeue(connection, requeue, requeue_from, when)
             forced = sorted(key for key in rerun if key in statuses and key not in requeue)
