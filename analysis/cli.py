@@ -26,7 +26,11 @@ from rich.table import Table
 from experiments.config import ConfigError, suggest
 
 FORMATS = ("table", "csv", "parquet", "json")
-out = Console()
+AGREEMENT_FORMATS = ("table", "csv", "json")
+SWEEP_HELP = "a sweep id, or 'last' (the newest sweep)"
+# A terminal wraps tables at its width; a pipe or a file gets them whole (rich's default there is
+# 80 columns, which folds a run x run matrix into unreadable pieces).
+out = Console(width=None if sys.stdout.isatty() else 100_000)
 
 
 def _registry(args: argparse.Namespace):
@@ -151,12 +155,22 @@ def cmd_agreement(args: argparse.Namespace) -> int:
     result = queries.agreement(data, args.across, where, n_perm=args.n_perm, map_name=args.map, pool=pool)
     if args.format == "json":
         print(json.dumps(queries.agreement_json(result), indent=2))
+    elif args.format == "csv":
+        _write_rows(_matrix_rows(result), "csv", None)
     else:
         _print_agreement(result, args.sweep)
     if args.png:
         Path(args.png).write_bytes(figure_plan.agreement_png(result, where))
-        out.print(f"heat map -> {args.png}")
+        print(f"heat map -> {args.png}", file=sys.stderr)  # stdout may be the csv or json
     return 0
+
+
+def _matrix_rows(result) -> list[dict[str, Any]]:
+    """The agreement matrix as rows: the label, its r with every label, its runs."""
+    from analysis import select
+
+    return [{result.across: label, **{other: select.py(v) for other, v in zip(result.labels, row, strict=True)},
+             "runs": n} for label, row, n in zip(result.labels, result.matrix, result.n_runs, strict=True)]
 
 
 def _print_agreement(result, sweep: str) -> None:
@@ -258,7 +272,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     where_help = "only these runs, e.g. task:sst2,pipeline:dp,seed:0|1"
 
     p = subparsers.add_parser("results", help="a metric's mean, std, n and 95%% CI per group")
-    p.add_argument("sweep")
+    p.add_argument("sweep", help=SWEEP_HELP)
     p.add_argument("--group-by", default="", help="comma-separated axes, e.g. task,sparsity,pipeline "
                                                   "(default: per cell, over seeds)")
     p.add_argument("--metric", help="default: accuracy, else the first metric")
@@ -269,29 +283,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_results)
 
     p = subparsers.add_parser("agreement", help="do runs keep the same units? (across seeds, tasks, pipelines, ...)")
-    p.add_argument("sweep", help="sweep id, or 'last'")
+    p.add_argument("sweep", help=SWEEP_HELP)
     p.add_argument("--across", required=True,
                    help="seed, run, task, pipeline, model, method, lambda, sparsity or any config key")
     p.add_argument("--map", default="heads.gate", help="the unit map to compare (default heads.gate; "
                                                        "e.g. heads.log_alpha)")
     p.add_argument("--pool", help="comma-separated axes to average over instead of matching on them")
-    p.add_argument("--format", default="table", choices=("table", "json"), help="table (default) or json")
+    p.add_argument("--format", default="table", choices=AGREEMENT_FORMATS,
+                   help="table (default; the statistics too), csv (the matrix) or json (everything)")
     p.add_argument("--png", help="also write the heat map to this PNG file")
     p.add_argument("--n-perm", type=int, default=1000,
-                   help="permutations of each null (units shuffled within layers, and across all units); 0 = none")
+                   help="permutations of each null (units shuffled within layers, and across all units); "
+                        "default 1000, 0 = no test")
     p.add_argument("--where", help=where_help)
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_agreement)
 
     p = subparsers.add_parser("figures", help="every figure of a sweep as PNG files")
-    p.add_argument("sweep")
+    p.add_argument("sweep", help=SWEEP_HELP)
     p.add_argument("--out", default="figs", help="folder for the PNG files (default: figs)")
     p.add_argument("--where", help=where_help)
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_figures)
 
     p = subparsers.add_parser("serve", help="the analysis HTTP service on Ray Serve (127.0.0.1)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_serve)

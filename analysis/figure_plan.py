@@ -19,8 +19,11 @@ from analysis.select import (
     DEFAULT_MAP,
     Filters,
     QueryError,
+    as_codes,
     axis_values,
     check_metric,
+    column,
+    config_keys_of,
     default_metric,
     describe,
     did_you_mean,
@@ -29,10 +32,13 @@ from analysis.select import (
     map_runs,
     map_stack,
     select,
+    varying_config,
 )
 from experiments.units import OPEN_THRESHOLD
 
 FIGURE_KINDS = ("rgb", "grey", "agreement", "curves")
+CELL_AXES = ("task", "model", "method", "pipeline", "sparsity", "lambda")
+"""The labels that name a cell, seed aside (any other config key of a grid names it too)."""
 CURVE_X = ("sparsity", "lambda", "open_heads")
 
 
@@ -42,14 +48,41 @@ def _title(data: SweepData, filters: Filters | None) -> str:
 
 def _rgb(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP) -> bytes:
     sel, x, _, _ = map_runs(select(data, filters), map_name, switch=False)
-    for idx in groups_in_cell_order(sel):
-        if len(idx) >= 3:
-            idx = idx[np.argsort(sel.seed[idx], kind="stable")][:3]
-            seeds = ", ".join(str(s) for s in sel.seed[idx])
-            title = (f"{sel.task[idx[0]]} / {sel.pipeline[idx[0]] or sel.method[idx[0]]} / "
-                     f"{sel.model[idx[0]]}: seeds {seeds}")
-            return figures.rgb_seed_map(x[idx[0]], x[idx[1]], x[idx[2]], title)
-    raise QueryError(f"the rgb map needs a cell with 3 finished seeds; none in {describe(filters)}")
+    cells = [idx for idx in groups_in_cell_order(sel) if len(idx) >= 3]
+    if not cells:
+        raise QueryError(f"the rgb map needs a cell with 3 finished seeds; none in {describe(filters)}")
+    if len(cells) > 1:
+        raise QueryError(_several_cells(sel, cells, filters))
+    idx = cells[0][np.argsort(sel.seed[cells[0]], kind="stable")][:3]
+    seeds = ", ".join(str(s) for s in sel.seed[idx])
+    title = (f"{sel.task[idx[0]]} / {sel.pipeline[idx[0]] or sel.method[idx[0]]} / "
+             f"{sel.model[idx[0]]}: seeds {seeds}")
+    return figures.rgb_seed_map(x[idx[0]], x[idx[1]], x[idx[2]], title)
+
+
+def _several_cells(sel: SweepData, cells: list[np.ndarray], filters: Filters | None) -> str:
+    """Why a one-cell figure refuses: how many cells match, and the values that tell them apart."""
+    firsts = sel.subset(np.array([idx[0] for idx in cells]))
+    keys = _keys_apart(firsts)
+    codes = [as_codes(column(firsts, key)) for key in keys]
+    named = [",".join(f"{key}:{col[i]}" for key, col in zip(keys, codes, strict=True)) for i in range(len(cells))]
+    shown = "; ".join(named[:4]) + (f"; ... ({len(named)} in all)" if len(named) > 4 else "")
+    return (f"{len(cells)} cells with 3 finished seeds match {describe(filters)}, and the rgb map draws one: "
+            f"they differ in {', '.join(keys)}; add one cell's values to the filters ({shown})")
+
+
+def _keys_apart(cells: SweepData) -> list[str]:
+    """The axes (labels first, then other config keys) that tell these runs' cells apart, in order
+    until they do."""
+    labels = [axis for axis in CELL_AXES if len(axis_values(cells, axis)) > 1]
+    covered = {key for axis in labels for key in config_keys_of(cells, axis)}
+    candidates = labels + sorted(k for k in varying_config(cells) if k != "seed" and k not in covered)
+    keys: list[str] = []
+    for key in candidates:
+        keys.append(key)
+        if len(set(zip(*(as_codes(column(cells, k)).tolist() for k in keys), strict=True))) == len(cells):
+            return keys
+    return keys + ["group_key"]
 
 
 def _grey(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP) -> bytes:
@@ -135,8 +168,9 @@ def figure(data: SweepData, kind: str, filters: Filters | None = None, across: s
            max_run_perms: int | None = None, map_name: str = DEFAULT_MAP) -> bytes:
     """One figure of the selection as PNG bytes.
 
-    ``rgb``: He & Choi's map of the first cell with 3 finished seeds (its 3
-    lowest seeds); ``grey``: mean gate over every selected run;
+    ``rgb``: He & Choi's map of the one cell with 3 finished seeds that the
+    filters select (its 3 lowest seeds; QueryError naming the cells, by what
+    tells them apart, when several match); ``grey``: mean gate over every selected run;
     ``agreement``: ``agreement(across)`` as an annotated heat map (title: the
     stem cell statistic and its null band); ``curves``: ``metric`` vs ``x``
     (default: sparsity, else lambda, else open heads), mean line and std

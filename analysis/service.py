@@ -5,6 +5,7 @@ directly); ``serve_app`` runs the same app on Ray Serve, bound to 127.0.0.1
 unless told otherwise. Each endpoint translates query parameters into a
 ``queries`` call and its answer into a pydantic model; nothing else.
 
+Every ``{sweep_id}`` in a path may be ``last``, the newest sweep, as on the command line.
 Bad input is a 4xx ``{"detail": "one line"}``: 404 for an unknown sweep,
 400 for an unknown axis, metric, value or query parameter (with the nearest
 valid one), 422 for a malformed parameter. Answers are memoised,
@@ -23,15 +24,17 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, Field
 
 from analysis import figure_plan, queries, select
 from analysis.loading import AXES, SweepData, load_sweep
 from analysis.select import QueryError
 from experiments.naming import suggest
+from orchestrator import sweeps
 from orchestrator.registry import NotFound, Registry
 from orchestrator.status import RUN_DONE
 
@@ -189,6 +192,13 @@ class _State:
         self.registry = Registry(registry_url)
         self.memo = _Memo(_MEMO_SIZE)
 
+    def resolve(self, sweep_id: str) -> str:
+        """``last`` -> the newest sweep's id, as on the command line (404 when there is none)."""
+        try:
+            return sweeps.resolve(self.registry, sweep_id)
+        except NotFound as err:
+            raise HTTPException(404, str(err)) from None
+
     def data(self, sweep_id: str) -> SweepData:
         try:
             return load_sweep(self.registry, sweep_id)
@@ -249,6 +259,15 @@ def axis_filters(
 Filters = Annotated[dict[str, list[str]], Depends(axis_filters)]
 
 
+def sweep_path(request: Request, sweep_id: Annotated[str, Path(
+        description=f"A sweep id, or '{sweeps.LAST}' (the newest sweep), as on the command line.")]) -> str:
+    """The sweep id of the path, ``last`` resolved."""
+    return request.app.state.analysis.resolve(sweep_id)
+
+
+SweepId = Annotated[str, Depends(sweep_path)]
+
+
 def _frozen(filters: dict[str, list[str]]) -> tuple:
     return tuple(sorted((k, tuple(v)) for k, v in filters.items()))
 
@@ -277,8 +296,11 @@ def build_app(registry_url: str) -> FastAPI:
     """The FastAPI app over the registry at ``registry_url`` (no Ray needed)."""
     state = _State(registry_url)
     errors = {code: {"model": ErrorOut} for code in (400, 404, 422)}
-    app = FastAPI(title="headsweep analysis", version="1", responses=errors,
-                  description="Read-only answers about sweeps: runs, aggregates, gate agreement, figures.")
+    # /docs and /redoc load Swagger UI and ReDoc from the fastapi-offline package, not from a CDN:
+    # they work on a machine with no internet
+    app = FastAPIOffline(title="headsweep analysis", version="1", responses=errors,
+                         description="Read-only answers about sweeps: runs, aggregates, gate agreement, figures.")
+    app.state.analysis = state  # read by sweep_path
 
     @app.exception_handler(QueryError)
     def _query_error(_: Request, err: QueryError) -> JSONResponse:
@@ -298,7 +320,7 @@ def build_app(registry_url: str) -> FastAPI:
         return [_sweep_out(s) for s in state.registry.list_sweeps()]
 
     @app.get("/sweeps/{sweep_id}", response_model=SweepDetailOut, summary="One sweep, its axes and metrics")
-    def get_sweep(sweep_id: str, request: Request) -> SweepDetailOut:
+    def get_sweep(sweep_id: SweepId, request: Request) -> SweepDetailOut:
         _check_params(request, axes=False)
         data = state.data(sweep_id)
         sweep = state.registry.get_sweep(sweep_id)
@@ -307,7 +329,7 @@ def build_app(registry_url: str) -> FastAPI:
 
     @app.get("/sweeps/{sweep_id}/runs", response_model=RunsPage, summary="Runs, filtered by any axis")
     def list_runs(
-        sweep_id: str, request: Request, filters: Filters,
+        sweep_id: SweepId, request: Request, filters: Filters,
         offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> Response:
@@ -322,7 +344,7 @@ def build_app(registry_url: str) -> FastAPI:
     @app.get("/sweeps/{sweep_id}/aggregate", response_model=AggregateOut,
              summary="Mean, std, n and 95 % CI of a metric per group")
     def aggregate(
-        sweep_id: str, request: Request, filters: Filters,
+        sweep_id: SweepId, request: Request, filters: Filters,
         metric: Annotated[str, Query(min_length=1, description="e.g. accuracy")] = "accuracy",
         group_by: Annotated[str, Query(description="Comma-separated axes; empty = per cell (over seeds).")] = "",
     ) -> Response:
@@ -342,7 +364,7 @@ def build_app(registry_url: str) -> FastAPI:
     @app.get("/sweeps/{sweep_id}/agreement", response_model=AgreementOut,
              summary="Agreement of a unit map across seeds, tasks, ... with both permutation nulls")
     def agreement(
-        sweep_id: str, request: Request, filters: Filters,
+        sweep_id: SweepId, request: Request, filters: Filters,
         across: Annotated[str, Query(description="seed, run, task, pipeline, model, method, lambda, "
                                                  "sparsity or a config key.")] = "seed",
         map: Annotated[str, Query(description="Unit map, e.g. heads.gate, heads.log_alpha.")] = "heads.gate",
@@ -365,7 +387,7 @@ def build_app(registry_url: str) -> FastAPI:
     @app.get("/sweeps/{sweep_id}/spearman", response_model=SpearmanOut,
              summary="Spearman and top-k overlap of two groups' unit maps, with chance levels")
     def spearman(
-        sweep_id: str, request: Request, filters: Filters,
+        sweep_id: SweepId, request: Request, filters: Filters,
         a: Annotated[str, Query(description="Group a, e.g. task:sst2,pipeline:dp (values joined by |).")],
         b: Annotated[str, Query(description="Group b, e.g. task:ud-pos.")],
         k: Annotated[float, Query(gt=0, le=1, description="Top-k as a fraction of the units.")] = 0.2,
@@ -383,7 +405,7 @@ def build_app(registry_url: str) -> FastAPI:
              responses={200: {"content": {"image/png": {}}, "description": "A PNG image."}},
              summary="A figure of the selection as PNG")
     def figure(
-        sweep_id: str, kind: Literal["rgb", "grey", "agreement", "curves"], request: Request,
+        sweep_id: SweepId, kind: Literal["rgb", "grey", "agreement", "curves"], request: Request,
         filters: Filters,
         across: str = "seed",
         metric: Annotated[str | None, Query(min_length=1)] = None,

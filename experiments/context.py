@@ -46,6 +46,8 @@ class RunContext:
     load_upstream: Callable[[str], dict] | None = None
     """Stages: role (``"init_from"``, later ``"teacher"``, ``"bias_model"``) -> that upstream run's
     saved final weights (a ``RunState.weights()`` state dict). None: the run has no upstream."""
+    save_artifact: Callable[[str, bytes], None] | None = None
+    """Keeps a large artifact of the run (``RunResult.artifacts``: name, bytes) by its run key."""
     save_weights: Callable[[dict], None] | None = None
     """Stages: when set, the run hands its final weights (``RunState.weights()``: encoder and
     decoders) to it once, at the end (``loop.train_steps`` does); other runs start from them."""

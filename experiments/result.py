@@ -70,6 +70,9 @@ class RunResult:
     """``(E,)`` int: the step of each evaluation."""
     steps: int = 0
     seconds: float = 0.0  # wall time, filled in by experiments.run
+    artifacts: Mapping[str, bytes] = field(default_factory=dict)
+    """Large objects by file name (``masks.npz``): logged to the tracker, and kept by run key in
+    the orchestrator's store (``RunContext.save_artifact``) where analysis reads them."""
 
     def __post_init__(self) -> None:
         for name, unit_map in self.maps.items():

@@ -30,6 +30,10 @@ def run(cfg: RunConfig, ctx: RunContext | None = None) -> RunResult:
     result = replace(result, seconds=time.perf_counter() - started)
     ctx.tracker.log_metrics({"run_seconds": result.seconds}, result.steps)
     log_maps(ctx.tracker, result, cfg.labels())
+    for name, data in result.artifacts.items():
+        ctx.tracker.log_artifact(name, data)
+        if ctx.save_artifact is not None:
+            ctx.save_artifact(name, data)
     return result
 
 

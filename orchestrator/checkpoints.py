@@ -1,4 +1,5 @@
-"""The checkpoint store: final weights of the runs that other runs start from (stages).
+"""The checkpoint store: final weights of the runs that other runs start from (stages), and
+the large artifacts of every run (a weight mask: ``masks.npz``), by run key.
 
 DESIGN.md decision 10: a run named as ``init_from`` (or ``teacher``, ``bias_model``)
 by another run keeps its final weights here, under its run key, so every dependant
@@ -40,24 +41,35 @@ class CheckpointStore:
         return f"{self.base}/{run_key}/{FILE_NAME}"
 
     def exists(self, run_key: str) -> bool:
-        return self.fs.exists(self.path(run_key))
+        """Whether the run's final weights are here."""
+        return self.has(run_key, FILE_NAME)
 
     def save(self, run_key: str, state: dict[str, Any]) -> str:
         """Write ``state`` (tensors and plain values) for ``run_key``; returns its path."""
         buffer = io.BytesIO()
         torch.save(state, buffer)
-        final = self.path(run_key)
-        partial = f"{final}.partial-{uuid.uuid4().hex[:8]}"
-        self.fs.makedirs(f"{self.base}/{run_key}", exist_ok=True)
-        with self.fs.open(partial, "wb") as file:
-            file.write(buffer.getvalue())
-        self.fs.mv(partial, final)
-        return final
+        return self.put(run_key, FILE_NAME, buffer.getvalue())
 
     def load(self, run_key: str) -> dict[str, Any]:
         """The state saved for ``run_key``; FileNotFoundError naming the run when there is none."""
-        path = self.path(run_key)
-        if not self.fs.exists(path):
+        if not self.has(run_key, FILE_NAME):
             raise FileNotFoundError(f"no checkpoint of run {run_key} in {self.root} (did its upstream run finish?)")
-        with self.fs.open(path, "rb") as file:
-            return torch.load(io.BytesIO(file.read()), map_location="cpu", weights_only=True)
+        return torch.load(io.BytesIO(self.get(run_key, FILE_NAME)), map_location="cpu", weights_only=True)
+
+    def put(self, run_key: str, name: str, data: bytes) -> str:
+        """Write file ``name`` of ``run_key`` (atomically: a temporary name, then moved); its path."""
+        final = f"{self.base}/{run_key}/{name}"
+        partial = f"{final}.partial-{uuid.uuid4().hex[:8]}"
+        self.fs.makedirs(f"{self.base}/{run_key}", exist_ok=True)
+        with self.fs.open(partial, "wb") as file:
+            file.write(data)
+        self.fs.mv(partial, final)
+        return final
+
+    def has(self, run_key: str, name: str) -> bool:
+        return self.fs.exists(f"{self.base}/{run_key}/{name}")
+
+    def get(self, run_key: str, name: str) -> bytes:
+        """File ``name`` of ``run_key``; FileNotFoundError when it is not there."""
+        with self.fs.open(f"{self.base}/{run_key}/{name}", "rb") as file:
+            return file.read()

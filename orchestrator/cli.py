@@ -95,7 +95,7 @@ def _run_tracked(cfg, args: argparse.Namespace, store, save: bool):
         experiment_id = tracking.ensure_experiment(mlflow, args.experiment)
         tracker = tracking.MlflowTracker(mlflow, tracking.start_run(mlflow, experiment_id, cfg.run_name()))
         finish = tracker.finish
-    hooks = {}
+    hooks = {"save_artifact": lambda name, data: store.put(cfg.run_key, name, data)}
     if cfg.upstreams:
         hooks["load_upstream"] = lambda role: store.load(cfg.upstreams[role].run_key)
     if save:
@@ -181,7 +181,10 @@ def _sweep_progress() -> Progress:
 
 
 def _count_text(counts: dict[str, int]) -> str:
-    return "  ".join(f"{status} {counts.get(status, 0)}" for status in STATUSES if counts.get(status))
+    """'3 of 12 runs finished, 2 running, 7 pending': finished first, then each other status with runs."""
+    others = [f"{counts[status]} {status}" for status in STATUSES
+              if status != RunStatus.FINISHED and counts.get(status)]
+    return ", ".join([f"{counts.get(RunStatus.FINISHED, 0)} of {sum(counts.values())} runs finished", *others])
 
 
 def follow(sweep_id: str) -> int:
@@ -250,7 +253,7 @@ def show_status(sweep_id: str) -> None:
     done = sum(counts.get(s, 0) for s in RUN_DONE)
     from rich.progress_bar import ProgressBar
 
-    out.print(f"[bold]{sweep_id}[/bold] ({sweep['name']}): {sweep['status']}  {_count_text(counts)}")
+    out.print(f"[bold]{sweep_id}[/bold] ({sweep['name']}): {sweep['status']}: {_count_text(counts)}")
     out.print(ProgressBar(total=max(total, 1), completed=done, width=60), f"{done}/{total}")
     if gone:
         out.print(f"[red]stopped: {gone}[/red]")
@@ -290,14 +293,20 @@ def _known_sweep(sweep_id: str) -> None:
         raise ConfigError(f"unknown sweep '{sweep_id}'{suggest(sweep_id, known)}")
 
 
-def _last_sweep() -> str:
-    """``last`` on the command line: the most recently created sweep."""
-    from orchestrator.registry import Registry
+def _resolve_sweep(args: argparse.Namespace) -> None:
+    """``last`` as the sweep argument -> the newest sweep of the registry the command reads
+    (``--db`` where the command takes it)."""
+    if getattr(args, "sweep", None) is None:  # a command without one: no registry to open
+        return
+    from orchestrator import sweeps
+    from orchestrator.registry import NotFound, Registry
 
-    sweeps = Registry(settings.registry_url()).list_sweeps()
-    if not sweeps:
-        raise ConfigError("no sweeps yet: submit one with `headsweep submit GRID`")
-    return max(sweeps, key=lambda s: s["created_at"])["id"]
+    if args.sweep != sweeps.LAST:
+        return
+    try:
+        args.sweep = sweeps.resolve(Registry(getattr(args, "db", None) or settings.registry_url()), args.sweep)
+    except NotFound as err:
+        raise ConfigError(str(err)) from None
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -339,11 +348,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     _known_sweep(args.sweep)
     counts = sweeps.cancel(args.sweep)
-    out.print(f"{args.sweep}: cancel requested; running trials stop at their next check. {_count_text(counts)}")
+    out.print(f"{args.sweep}: cancel requested; running trials stop at their next check; {_count_text(counts)}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from analysis.cli import SWEEP_HELP, register  # results, agreement, figures, serve
+
     parser = argparse.ArgumentParser(prog="headsweep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -371,30 +382,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("status", help="counts, progress, ETA and failures of a sweep (all sweeps without one)")
-    p.add_argument("sweep", nargs="?")
+    p.add_argument("sweep", nargs="?", help=SWEEP_HELP + "; without one, every sweep (as ls)")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("ls", help="sweeps with their progress")
     p.set_defaults(func=cmd_ls)
 
     p = sub.add_parser("resume", help="run what is not finished after a crash")
-    p.add_argument("sweep")
-    p.add_argument("--wait", action="store_true")
-    p.add_argument("--no-track", action="store_true")
+    p.add_argument("sweep", help=SWEEP_HELP)
+    p.add_argument("--wait", action="store_true", help="follow the sweep with a progress bar until it ends")
+    p.add_argument("--no-track", action="store_true", help="do not record the resumed runs in MLflow")
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("cancel", help="stop scheduling and stop running trials")
-    p.add_argument("sweep")
+    p.add_argument("sweep", help=SWEEP_HELP)
     p.set_defaults(func=cmd_cancel)
-
-    from analysis.cli import register  # the analysis commands: results, agreement, figures, serve
 
     register(sub)
 
     p = sub.add_parser("ui", help="MLflow UI on 127.0.0.1")
-    p.add_argument("--tracking-uri")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the HEADSWEEP_HOME SQLite store)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=5000, help="port to listen on (default: 5000)")
     p.set_defaults(func=cmd_ui)
     return parser
 
@@ -416,8 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     args = build_parser().parse_args(argv)
     try:
-        if getattr(args, "sweep", None) == "last":
-            args.sweep = _last_sweep()
+        _resolve_sweep(args)
         return args.func(args)
     except ConfigError as err:
         print(f"headsweep: error: {err}", file=sys.stderr)  # one line, never wrapped

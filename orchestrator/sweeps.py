@@ -15,10 +15,24 @@ from pathlib import Path
 from experiments.config import ConfigError
 from orchestrator import cluster, settings
 from orchestrator.grid import check_resources, expand, load_grid
-from orchestrator.registry import Registry
+from orchestrator.registry import NotFound, Registry
 from orchestrator.status import SWEEP_DONE
 
 DONE = SWEEP_DONE  # a sweep whose driver has ended
+LAST = "last"
+"""Stands for the most recently created sweep wherever a sweep id is asked for (CLI and HTTP API)."""
+
+
+def resolve(registry: Registry, sweep_id: str) -> str:
+    """``last`` -> the id of the newest sweep in ``registry``; any other id as given.
+
+    NotFound when ``last`` is asked of a registry with no sweeps."""
+    if sweep_id != LAST:
+        return sweep_id
+    sweeps = registry.list_sweeps()  # newest first
+    if not sweeps:
+        raise NotFound("no sweeps yet: submit one with `headsweep submit GRID`")
+    return sweeps[0]["id"]
 
 
 @dataclass(frozen=True)

@@ -110,14 +110,15 @@ def claim_when_free(registry: Registry, run_key: str, worker: str, stale_after_s
 
 
 def stage_hooks(claimed: dict[str, Any], checkpoints: str | None) -> dict[str, Any]:
-    """``load_upstream`` / ``save_weights`` of a claimed run's context (DESIGN.md decision 10): its
+    """``save_artifact`` / ``load_upstream`` / ``save_weights`` of a claimed run's context: its large
+    artifacts (a mask) go to the checkpoint store under its run key; (DESIGN.md decision 10) its
     upstream runs' weights come from the checkpoint store, by the run keys the registry recorded
     at submit (``claimed["upstreams"]``); it keeps its own final weights there only when some run
     starts from it (``claimed["has_dependants"]``)."""
     from orchestrator.checkpoints import CheckpointStore
 
     store, upstreams, run_key = CheckpointStore(checkpoints), claimed["upstreams"], claimed["run_key"]
-    hooks: dict[str, Any] = {}
+    hooks: dict[str, Any] = {"save_artifact": lambda name, data: store.put(run_key, name, data)}
     if upstreams:
         hooks["load_upstream"] = lambda role: store.load(upstreams[role])
     if claimed["has_dependants"]:

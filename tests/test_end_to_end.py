@@ -72,7 +72,7 @@ def test_figures_are_logged_to_the_sweeps_parent_run(finished_sweep):
 def test_every_cli_command(finished_sweep, tmp_path, capsys):
     sweep = finished_sweep["sweep"]
     assert headsweep(["status", sweep]) == 0
-    assert "finished 6" in capsys.readouterr().out
+    assert "finished: 6 of 6 runs finished" in capsys.readouterr().out
     assert headsweep(["ls"]) == 0
     assert sweep in capsys.readouterr().out
     assert headsweep(["results", sweep, "--group-by", "task", "--format", "json"]) == 0

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import os
 import re
@@ -110,6 +112,35 @@ def test_agreement_as_json(sweep, capsys):
     assert answer["labels"] == ["synthetic-cls", "synthetic-tag"] and set(answer["matched_on"]) == {
         "head_gates.lambda", "head_gates.pipeline", "init_from.method"}
     assert [n["null"] for n in answer["mean_offdiag"]["nulls"]] == ["within_layers", "all_units"]
+
+
+def test_agreement_as_csv_is_the_json_matrix(sweep, capsys):
+    argv = ("agreement", sweep.sweep_id, "--across", "task", "--n-perm", "0", "--db", sweep.url)
+    assert _run(*argv, "--format", "json") == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert _run(*argv, "--format", "csv") == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert list(rows[0]) == ["task", "synthetic-cls", "synthetic-tag", "runs"]
+    assert [r["task"] for r in rows] == answer["labels"] and [int(r["runs"]) for r in rows] == answer["n_runs"]
+    matrix = [[float(r[label]) for label in answer["labels"]] for r in rows]
+    np.testing.assert_allclose(matrix, answer["matrix"], rtol=1e-12)
+
+
+def test_agreement_across_runs_is_not_cut_in_a_pipe(sweep, data):
+    """Piped (no terminal; COLUMNS=80), the run x run table keeps every run key and value whole
+    on its line, however wide that makes it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "agreement", sweep.sweep_id, "--across", "run", "--n-perm", "0",
+         "--where", "pipeline:dp", "--db", sweep.url],
+        capture_output=True, text=True, cwd=ROOT, env=os.environ | {"COLUMNS": "80"}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    keys = set(data.run_key[data.has_gates & (data.pipeline == "dp")].tolist())
+    rows = {cells[0]: cells for cells in map(str.split, result.stdout.splitlines()) if cells[:1] in ([k] for k in keys)}
+    header = next(cells for cells in map(str.split, result.stdout.splitlines()) if cells[:1] == ["run"])
+    assert len(keys) == 12 and set(header[1:-1]) == keys == set(rows) and header[-1] == "runs"
+    for cells in rows.values():
+        assert len(cells) == 1 + 12 + 1 and all(re.fullmatch(r"-?\d(\.\d+)?", v) for v in cells[1:])
+    assert "…" not in result.stdout
 
 
 def test_figures_writes_every_png(sweep, tmp_path, capsys):

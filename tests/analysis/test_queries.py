@@ -153,6 +153,23 @@ def test_aggregate_per_cell_is_over_seeds(data):
     assert (first["ci_lo"], first["ci_hi"]) == pytest.approx((ci.ci_lo, ci.ci_hi))
 
 
+def test_confidence_intervals_do_not_depend_on_the_order_of_group_by(data, monkeypatch):
+    """One generator per group, seeded by the group's own runs: a group's bootstrap CI is the same
+    whichever order the groups come in (task-major or pipeline-major), and when asked for alone."""
+    monkeypatch.setattr(stats, "T_INTERVAL_BELOW", 2)  # the cells' 6 runs get a bootstrap (random) CI
+    gates = {"method": ["head_gates"]}
+
+    def by_group(group_by, filters=gates):
+        rows = queries.aggregate(data, group_by, "accuracy", filters)
+        assert {r["ci_method"] for r in rows} == {"bootstrap"}
+        return {(r["task"], r["pipeline"]): (r["ci_lo"], r["ci_hi"]) for r in rows}
+
+    forward, backward = by_group(["task", "pipeline"]), by_group(["pipeline", "task"])
+    assert list(forward) != list(backward) and forward == backward and len(forward) == 4
+    alone = by_group(["task", "pipeline"], gates | {"task": [TAG], "pipeline": ["sp"]})
+    assert alone[(TAG, "sp")] == forward[(TAG, "sp")]
+
+
 def test_aggregate_rejects_unknown_metric_and_axis(data):
     with pytest.raises(QueryError, match="unknown metric 'acc'; did you mean 'accuracy'"):
         queries.aggregate(data, ["task"], "acc")
@@ -350,6 +367,12 @@ def test_curves_points_per_pipeline(data):
     ("curves", {"x": "sparsity"}, "no finished run has both accuracy and sparsity"),
     ("curves", {"x": "heads"}, "unknown x 'heads'"),
     ("rgb", {"filters": {"seed": ["0", "1"]}}, "needs a cell with 3 finished seeds"),
+    # several cells match: an error naming them by the values that tell them apart, never the first
+    ("rgb", {"filters": {"task": [TAG], "pipeline": ["sp"]}},
+     f"2 cells with 3 finished seeds match task:{TAG},pipeline:sp, and the rgb map draws one: "
+     r"they differ in lambda; add one cell's values to the filters \(lambda:0.01; lambda:0.1\)"),
+    ("rgb", {}, "8 cells .* they differ in task, pipeline, lambda; .*task:synthetic-cls,pipeline:dp,lambda:0.01; "
+                r".*\.\.\. \(8 in all\)"),
 ])
 def test_figure_bad_questions(data, kind, kwargs, message):
     with pytest.raises(QueryError, match=message):

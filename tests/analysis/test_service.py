@@ -3,6 +3,7 @@ schemathesis fuzz of its OpenAPI document against the ASGI app (no 5xx, ever).""
 
 from __future__ import annotations
 
+import re
 import socket
 
 import httpx
@@ -114,7 +115,7 @@ def test_agreement_and_spearman(served):
 
 @pytest.mark.ray
 @pytest.mark.parametrize(("kind", "params"), [
-    ("rgb", {"task": TAG}), ("grey", {}), ("agreement", {"across": "task", "n_perm": 20}),
+    ("rgb", {"task": TAG, "pipeline": "sp", "lambda": "0.1"}), ("grey", {}), ("agreement", {"across": "task", "n_perm": 20}),
     ("curves", {"task": CLS, "metric": "accuracy", "x": "lambda"}),
 ])
 def test_figures_are_pngs(served, kind, params):
@@ -141,6 +142,7 @@ def test_figures_are_pngs(served, kind, params):
     ("{s}/spearman?a=task:synthetic-cls&b=task:synthetic-tag&k=1.5", 422, "query parameter 'k'"),
     ("{s}/figures/rbg.png", 422, "path parameter 'kind'"),
     ("{s}/figures/curves.png?x=sparsity", 400, "no finished run has both accuracy and sparsity"),
+    ("{s}/figures/rgb.png?task=synthetic-tag", 400, "4 cells with 3 finished seeds match task:synthetic-tag"),
 ])
 def test_bad_input_is_a_clear_4xx(served, path, status, detail):
     client, sweep = served
@@ -171,6 +173,49 @@ def test_zz_a_finished_run_shows_up_at_once(served):
     assert (before["n"], after["n"]) == (12, 13) and after["mean"] < before["mean"]
     detail = client.get(f"/sweeps/{sweep.sweep_id}").json()
     assert detail["progress"] == 1.0
+
+
+# --------------------------------------------------------------------------- the ASGI app, no Ray
+
+
+@pytest.fixture(scope="module")
+def asgi(sweep):
+    from fastapi.testclient import TestClient
+
+    with TestClient(build_app(sweep.url)) as client:
+        yield client
+
+
+def test_last_is_the_newest_sweep_on_every_endpoint(asgi, sweep, tmp_path):
+    assert asgi.get("/sweeps/last").json()["id"] == sweep.sweep_id
+    for path, params in [("runs", {"task": CLS}), ("aggregate", {"group_by": "task"}),
+                         ("agreement", {"across": "task", "n_perm": 10}),
+                         ("spearman", {"a": f"task:{CLS}", "b": f"task:{TAG}", "n_perm": 10}),
+                         ("figures/grey.png", {"task": CLS})]:
+        last = asgi.get(f"/sweeps/last/{path}", params=params)
+        assert last.status_code == 200, (path, last.text)
+        assert last.content == asgi.get(f"/sweeps/{sweep.sweep_id}/{path}", params=params).content, path
+    parameter = asgi.get("/openapi.json").json()["paths"]["/sweeps/{sweep_id}"]["get"]["parameters"][0]
+    assert "'last'" in parameter["description"]
+    from fastapi.testclient import TestClient
+
+    with Registry(f"sqlite:///{tmp_path / 'empty.db'}") as empty, TestClient(build_app(empty.url)) as client:
+        none = client.get("/sweeps/last/runs")
+    assert none.status_code == 404 and "no sweeps yet" in none.json()["detail"]
+
+
+@pytest.mark.parametrize(("page", "asset"), [("/docs", "swagger-ui-bundle.js"), ("/redoc", "redoc.standalone.js")])
+def test_docs_load_nothing_from_another_host(asgi, page, asset):
+    """/docs and /redoc work offline: every script, style sheet and icon they load is served here."""
+    html = asgi.get(page)
+    assert html.status_code == 200 and "text/html" in html.headers["content-type"]
+    urls = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", html.text)
+    assert any(url.endswith(asset) for url in urls) and re.search(r"https?://", html.text) is None
+    for url in urls:
+        assert url.startswith("/"), url  # this server, not a CDN
+        response = asgi.get(url)
+        assert response.status_code == 200 and len(response.content) > 1000, url
+    assert "/openapi.json" in html.text and asgi.get("/openapi.json").status_code == 200
 
 
 # --------------------------------------------------------------------------- fuzz (ASGI, no Ray)

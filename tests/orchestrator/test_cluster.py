@@ -174,7 +174,7 @@ def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ra
     assert {r.info.status for r in runs} == {"FINISHED"}  # nothing left RUNNING, parent included
 
     status = _cli("status", sweep_id)
-    assert "finished 4" in status.stdout
+    assert "finished: 4 of 4 runs finished" in status.stdout
 
 
 def test_resources_no_node_can_satisfy_fail_at_submit_and_write_nothing(home, tmp_path):
