@@ -216,6 +216,45 @@ def _print_agreement(result, sweep: str) -> None:
     out.print(f"stem cell: He & Choi's multiple correlation of 3 seeds, {result.stem_cell.pooled}")
 
 
+@_bad_input_is_config_error
+def cmd_iou(args: argparse.Namespace) -> int:
+    """Mask IoU of kept weights between runs that differ in one axis, beside chance."""
+    from analysis import masks
+
+    data, where = _load(args)
+    pool = [a.strip() for a in (args.pool or "").split(",") if a.strip()]
+    result = masks.mask_iou(data, args.across, masks.stored_masks(), where, pool)
+    if args.format == "json":
+        print(json.dumps(result, indent=2))
+        return 0
+    if args.format == "csv":
+        _write_rows([{args.across: label, **dict(zip(result["labels"], row, strict=True))}
+                     for label, row in zip(result["labels"], result["matrix"], strict=True)], "csv", None)
+        return 0
+    table = Table(title=f"weight masks: IoU of kept weights across {args.across} ({args.sweep})", box=box.SIMPLE)
+    table.add_column(args.across, overflow="fold")
+    for label in result["labels"]:
+        table.add_column(label, justify="right", overflow="fold")
+    for label, row in zip(result["labels"], result["matrix"], strict=True):
+        table.add_row(label, *(_fmt3(v) for v in row))
+    out.print(table)
+    roles = Table(title="mean IoU per matrix (rows: layers)", box=box.SIMPLE)
+    roles.add_column("layer", justify="right")
+    for role in result["per_role"]:
+        roles.add_column(role, justify="right")
+    for layer in range(len(next(iter(result["per_role"].values()), []))):
+        roles.add_row(str(layer), *(_fmt3(values[layer]) for values in result["per_role"].values()))
+    out.print(roles)
+    for note in result["notes"]:
+        out.print(f"note: {note}")
+    out.print(f"IoU {_fmt3(result['iou'])}, chance {_fmt3(result['chance'])} (random masks of the same "
+              f"density per matrix), excess {_signed(result['excess'])}: {result['pooled']}; "
+              f"compared only runs equal on: {', '.join(result['matched_on'])}")
+    out.print(f"the density maps against their permutation nulls: headsweep agreement {args.sweep} "
+              f"--map heads.mask_density --across {args.across}")
+    return 0
+
+
 def _fmt2(value: float | None) -> str:
     """Two significant digits (a spread needs no more)."""
     return "-" if value is None or not math.isfinite(value) else f"{value:.2g}"
@@ -298,6 +337,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--where", help=where_help)
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_agreement)
+
+    p = subparsers.add_parser("iou", help="do runs keep the same weights? mask IoU across seeds, pipelines, losses, ...")
+    p.add_argument("sweep", help=SWEEP_HELP)
+    p.add_argument("--across", required=True, help="seed, or any axis (pipeline, loss, method, task, a config key): "
+                   "pairs of runs that differ in it only")
+    p.add_argument("--pool", help="comma-separated axes to average over instead of matching on them")
+    p.add_argument("--format", default="table", choices=AGREEMENT_FORMATS, help="table (default), csv or json")
+    p.add_argument("--where", help=where_help)
+    p.add_argument("--db", help=db_help)
+    p.set_defaults(func=cmd_iou)
 
     p = subparsers.add_parser("figures", help="every figure of a sweep as PNG files")
     p.add_argument("sweep", help=SWEEP_HELP)

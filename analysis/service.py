@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, Field
 
-from analysis import figure_plan, queries, select
+from analysis import figure_plan, masks, queries, select
 from analysis.loading import AXES, SweepData, load_sweep
 from analysis.select import QueryError
 from experiments.naming import suggest
@@ -163,6 +163,22 @@ class SpearmanOut(BaseModel):
     chance_jaccard: float = Field(description="Expected Jaccard of two independent random top-k sets.")
     chance_overlap: float = Field(description="Expected overlap of two independent random top-k sets (k / P).")
     notes: list[str]
+
+
+class MaskIouOut(BaseModel):
+    across: str
+    labels: list[str]
+    pairs: int = Field(description="Pairs of runs compared: they differ in `across` only.")
+    runs: int = Field(description="Runs whose stored masks were read.")
+    iou: float = Field(description="Mean IoU of the kept weights over the pairs, pooled over every matrix.")
+    chance: float = Field(description="Mean IoU of random masks with the same density per matrix.")
+    excess: float
+    matrix: list[list[float | None]] = Field(description="Mean IoU between each two values of `across`.")
+    per_matrix: dict[str, float] = Field(description="Mean IoU per matrix (layer.<l>.<role>).")
+    per_role: dict[str, list[float]] = Field(description="Mean IoU per matrix role, one value per layer.")
+    matched_on: list[str]
+    notes: list[str]
+    pooled: str
 
 
 # --------------------------------------------------------------------------- state
@@ -400,6 +416,18 @@ def build_app(registry_url: str) -> FastAPI:
             sweep_id, ("spearman", _frozen(filters), _frozen(group_a), _frozen(group_b), k, map, n_perm),
             lambda data: _json(SpearmanOut(
                 a=a, b=b, **queries.spearman_overlap(data, group_a, group_b, map, k, filters, n_perm))))
+
+    @app.get("/sweeps/{sweep_id}/mask-iou", response_model=MaskIouOut,
+             summary="Do runs keep the same weights? IoU of stored weight masks, beside chance")
+    def mask_iou(
+        sweep_id: SweepId, request: Request, filters: Filters,
+        across: Annotated[str, Query(description="seed, or any axis: pairs of runs that differ in it only.")] = "seed",
+        pool: Annotated[str, Query(description="Comma-separated axes to average over.")] = "",
+    ) -> Response:
+        _check_params(request, "across", "pool")
+        pooled = tuple(a.strip() for a in pool.split(",") if a.strip())
+        return state.answer(sweep_id, ("mask-iou", _frozen(filters), across, pooled), lambda data: _json(MaskIouOut(
+            **masks.mask_iou(data, across, masks.stored_masks(), filters, pooled))))
 
     @app.get("/sweeps/{sweep_id}/figures/{kind}.png", response_class=Response,
              responses={200: {"content": {"image/png": {}}, "description": "A PNG image."}},

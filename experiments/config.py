@@ -287,10 +287,14 @@ def _rebuild(raw: dict[str, Any]) -> RunConfig:
 
 def section_value(section: BaseModel, key: str, default: Any = None) -> Any:
     """The value of ``key`` as users write it (``lambda``, not ``lambda_``), or ``default``."""
-    for name, field in type(section).model_fields.items():
-        if key in (name, field.alias):
-            return getattr(section, name)
-    return default
+    name = _attribute(type(section), key)
+    return default if name is None else getattr(section, name)
+
+
+@lru_cache(maxsize=1024)
+def _attribute(cls: type[BaseModel], key: str) -> str | None:
+    """The attribute of the field written ``key`` (its name or its alias), or None."""
+    return next((name for name, field in cls.model_fields.items() if key in (name, field.alias)), None)
 
 
 _CLASSES: dict[tuple[str, type[BaseModel]], type[RunConfig]] = {}
@@ -473,12 +477,39 @@ def with_stages(cfg: RunConfig, *, check_files: bool = True) -> RunConfig:
     filled in, every upstream resolved (so a typo in a stage fails at submit too) and, unless
     ``check_files`` is False, the data of the run and of its upstreams checked."""
     cfg = _with_default_stages(cfg)
+    check_method_rules(cfg)
     for upstream in cfg.upstreams.values():
         if check_files:
             check_data(upstream)
     if check_files:
         check_data(cfg)
     return cfg
+
+
+def check_method_rules(cfg: RunConfig) -> None:
+    """What a method or a stage asks of the whole config: the method's own ``check(cfg)``;
+    a ``bias_model`` stage must be a method that hands on a bias model (``BIAS_MODEL``) and
+    the run's task must define bias features (the run reads p_b on its own data)."""
+    from experiments.methods import METHODS
+    from experiments.tasks import bias_feature_names
+
+    check = getattr(METHODS[cfg.method], "check", None)
+    if check is not None:
+        try:
+            check(cfg)
+        except ConfigError:
+            raise
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    if cfg.bias_model is not None:
+        method = cfg.bias_model.get("method")
+        if isinstance(method, str) and method in METHODS and not getattr(METHODS[method], "BIAS_MODEL", False):
+            makers = ", ".join(name for name, module in METHODS.items() if getattr(module, "BIAS_MODEL", False))
+            raise ConfigError(f"bias_model.method: method '{method}' hands on no bias model (methods that do: {makers})")
+        try:
+            bias_feature_names(cfg.task)
+        except ValueError as err:
+            raise ConfigError(f"{err}; a run with a bias_model stage reads its p_b on this task") from None
 
 
 def _method_of(raw: dict[str, Any]) -> str:

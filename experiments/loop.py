@@ -128,7 +128,8 @@ def train_steps(
 
     - Resume: a checkpoint from ``ctx.checkpointer`` replaces the state (step, weights,
       optimisers, RNG, values) before the first step; otherwise the state starts as built.
-    - Each step: the batch of ``state.step`` (seeded order over ``data.train``), then
+    - Each step: the batch of ``state.step`` (seeded order over ``data.train``; its example
+      indices in ``state.batch_index``, for losses that look examples up), then
       ``step_fn(state, batch)``, which does the forward, backward and optimiser steps and
       returns the step's values (``loss`` at least; ``open_heads`` for the progress bar).
       The loop then counts the step.
@@ -148,7 +149,8 @@ def train_steps(
     tc, train = state.cfg.train, state.data.train
     state.train()
     while state.step < total:
-        batch = take(train, batch_indices(state.step, len(train), tc.batch_size, state.cfg.seed), state.device)
+        state.batch_index = batch_indices(state.step, len(train), tc.batch_size, state.cfg.seed)
+        batch = take(train, state.batch_index, state.device)
         values = step_fn(state, batch)
         state.step += 1
         if state.step % tc.eval_every == 0 or state.step == total:

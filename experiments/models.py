@@ -175,7 +175,7 @@ def load_backbone(name: str, seed: int) -> tuple[Any, Any]:
     architecture has it, eager otherwise): the head hooks sit on the output
     projection, so they work with either.
     """
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoConfig, AutoModel
 
     check_model_name(name)
     randomise = name.startswith(RANDOM_PREFIX)
@@ -192,8 +192,17 @@ def load_backbone(name: str, seed: int) -> tuple[Any, Any]:
             model = AutoModel.from_config(config, dtype=torch.float32)
     else:
         model = AutoModel.from_pretrained(spec.path(), dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained((spec.tokenizer or spec.path)())
-    return model.eval(), tokenizer
+    return model.eval(), load_tokenizer(name)
+
+
+def load_tokenizer(name: str) -> Any:
+    """The tokenizer of model ``name`` (any name ``load_backbone`` takes), without its weights."""
+    from transformers import AutoTokenizer
+
+    check_model_name(name)
+    base = name.removeprefix(RANDOM_PREFIX)
+    spec = MODELS.get(base, ModelSpec(path=lambda: base))
+    return AutoTokenizer.from_pretrained((spec.tokenizer or spec.path)())
 
 
 def architecture_of(model: nn.Module) -> Architecture:

@@ -7,7 +7,7 @@ trajectory, the evaluation steps). Two views of it leave the run:
 
 - ``state_dict()``: a checkpoint, everything a resumed run needs to continue
   bit-identically (including the global torch RNG that drives dropout);
-- ``weights()``: the encoder's and decoders' weights, what a dependant run
+- ``weights()``: the encoder's, decoders' and interventions' weights, what a dependant run
   (stages: ``init_from``) starts from.
 
 :func:`set_up` builds the state every method starts from.
@@ -41,6 +41,8 @@ class RunState:
     generators: dict[str, torch.Generator] = field(default_factory=dict)
     step: int = 0
     """Optimiser steps taken so far."""
+    batch_index: torch.Tensor | None = None
+    """Example indices (into ``data.train``) of the step's batch, set by ``train_steps``."""
     values: dict[str, Any] = field(default_factory=lambda: {"eval_steps": []})
     """Plain values that belong in a checkpoint: ``eval_steps``, a gate ``trajectory``, ..."""
     device: str = "cpu"
@@ -117,12 +119,16 @@ class RunState:
     # ----------------------------------------------------------------- stages
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The encoder's and decoders' weights as one flat state dict (CPU copies):
-        ``encoder.<param>`` and ``decoders.<role>.<param>``. What a dependant run starts from;
-        interventions (gates) and optimisers are not part of it."""
-        named = {"encoder": self.encoder} | {f"decoders.{name}": module for name, module in self.decoders.items()}
+        """What a dependant run (stages) starts from, as one flat state dict of CPU copies:
+        ``encoder.<param>``, ``decoders.<role>.<param>`` and ``interventions.<role>.<param>``
+        (gates, mask scores: a ``prune_then_ft`` run reads its upstream's masks there).
+        A weight under a parametrisation (a mask) is handed on as the plain weight it wraps,
+        under its plain name. Optimisers are not part of it."""
+        named = {"encoder": self.encoder}
+        named |= {f"decoders.{name}": module for name, module in self.decoders.items()}
+        named |= {f"interventions.{name}": module for name, module in self.interventions.items()}
         return {
-            f"{prefix}.{key}": tensor.detach().to("cpu", copy=True)
+            f"{prefix}.{key.replace('.parametrizations.weight.original', '.weight')}": tensor.detach().to("cpu", copy=True)
             for prefix, module in named.items()
             for key, tensor in module.state_dict().items()
         }

@@ -19,7 +19,6 @@ import uuid
 from typing import Any
 
 import fsspec
-import torch
 
 from orchestrator import settings
 
@@ -46,12 +45,16 @@ class CheckpointStore:
 
     def save(self, run_key: str, state: dict[str, Any]) -> str:
         """Write ``state`` (tensors and plain values) for ``run_key``; returns its path."""
+        import torch  # here: readers of artifacts (analysis) need no torch
+
         buffer = io.BytesIO()
         torch.save(state, buffer)
         return self.put(run_key, FILE_NAME, buffer.getvalue())
 
     def load(self, run_key: str) -> dict[str, Any]:
         """The state saved for ``run_key``; FileNotFoundError naming the run when there is none."""
+        import torch
+
         if not self.has(run_key, FILE_NAME):
             raise FileNotFoundError(f"no checkpoint of run {run_key} in {self.root} (did its upstream run finish?)")
         return torch.load(io.BytesIO(self.get(run_key, FILE_NAME)), map_location="cpu", weights_only=True)

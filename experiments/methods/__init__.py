@@ -12,7 +12,12 @@ one file plus one line here, or one file named in ``HEADSWEEP_METHODS`` (below).
 - ``SHORT_NAMES``: keys of its ``Config`` that grids and ``--set`` may write without the
   section (``lambda`` for ``head_gates.lambda``);
 - ``run(cfg, ctx) -> RunResult``, reading its keys from ``cfg.section``;
-- ``NAME`` (optional, for methods outside this package): its name in ``METHODS``.
+- ``NAME`` (optional, for methods outside this package): its name in ``METHODS``;
+- ``stages(section)`` (optional): the upstream runs it starts from by default (head_gates' SP);
+- ``check(cfg)`` (optional): more validation of a whole run config, at submit (raises
+  ``ConfigError`` naming the key; bias_only: the task must define bias features);
+- ``BIAS_MODEL = True`` (optional): its runs hand on a bias model (experiments/bias.py), so
+  they may fill a ``bias_model`` stage (bias_only).
 
 Validation, "did you mean", ``--set``, grid axes and ``headsweep methods`` read these,
 so nothing else changes when a method is added.
@@ -38,11 +43,14 @@ import importlib
 import os
 from types import ModuleType
 
-from experiments.methods import finetune, head_gates
+from experiments.methods import bias_only, finetune, head_gates, imp, mask_train
 
 METHODS: dict[str, ModuleType] = {
     "head_gates": head_gates,
     "finetune": finetune,
+    "bias_only": bias_only,  # not "bias_model": that is the stage role, a reserved key
+    "mask_train": mask_train,
+    "imp": imp,
 }
 
 _RESERVED = ("seed", "model", "method", "task", "train", "init_from", "teacher", "bias_model")

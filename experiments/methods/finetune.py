@@ -2,29 +2,43 @@
 
 AdamW on encoder and decoder with linear warm-up and decay; evaluates every
 ``train.eval_every`` steps. It learns no gates, so it reports no maps; its
-``open_heads`` is every head.
+``open_heads`` is every head. ``loss`` picks the objective: cross-entropy, or a
+debiasing loss with a bias model (and, for ``conf_reg``, a teacher) as stages
+(experiments/debias.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from experiments.config import Section
 from experiments.context import RunContext
+from experiments.debias import LOSSES, check_loss, loss_stages, objective
 from experiments.loop import forward_logits, num_steps, train_steps
-from experiments.maths.losses import task_loss
 from experiments.maths.schedules import linear_warmup_decay
 from experiments.result import RunResult
 from experiments.state import adamw, set_up
 
 VERSION = "1"
 PIPELINES = ("none",)
-SHORT_NAMES = ()
+SHORT_NAMES = ("loss",)
 
 
 class Config(Section):
-    """finetune has no keys of its own: it reads ``train`` (lr, decoder_lr, epochs, ...)."""
+    """finetune's own keys; it also reads ``train`` (lr, decoder_lr, epochs, ...)."""
+
+    loss: str = Field("ce", description="Training objective: " + "; ".join(f"{k}: {v}" for k, v in LOSSES.items()) + ".")
+
+
+def stages(section: Config) -> dict[str, dict]:
+    """A debiasing loss starts from a bias model (and conf_reg a teacher): experiments/debias.py."""
+    return loss_stages(section.loss)
+
+
+def check(cfg) -> None:
+    check_loss(cfg, cfg.section.loss)
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
@@ -40,9 +54,11 @@ def run(cfg, ctx: RunContext) -> RunResult:
     all_heads = state.num_layers * state.num_heads
 
     # The loop body; train_steps does the batches, evaluations, checkpoints and progress.
+    loss_fn = objective(cfg.section.loss, cfg, ctx, state)
+
     def step(state, batch) -> dict[str, float]:
         ids, mask, labels = batch
-        loss = task_loss(forward_logits(encoder, decoder, ids, mask), labels)
+        loss = loss_fn(forward_logits(encoder, decoder, ids, mask), labels, state.batch_index)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)

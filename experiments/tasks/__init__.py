@@ -25,7 +25,18 @@ undecodable text); ``fingerprint`` is the content hash of every file a task
 reads (None for generated data), so a changed file never reuses a result.
 Built-ins: ``sst2`` and ``ud-pos`` are fixed configurations of the general
 tasks over the shared data; ``synthetic-cls`` and ``synthetic-tag`` generate
-their data from ``data_seed``.
+their data from ``data_seed``; ``synthetic-shortcut`` is synthetic-cls with a
+planted shortcut (a marker word that agrees with the label 90 % of the time in
+train and dev) and an ``ood`` evaluation set where it does not.
+
+Bias features (debiasing with a bias model, DESIGN.md decision 10): a task MAY
+also expose ``bias_feature_names(cfg) -> tuple[str, ...]`` (ValueError naming
+the key when this config has none) and ``bias_features(cfg, inputs) -> (N, F)``
+float32 tensor of hand-crafted features of raw examples; its ``load`` then fills
+``Split.features`` of every split. ``synthetic-shortcut``: the marker counts;
+``classification`` with a text pair: word-overlap, negation and hashed
+hypothesis-only bag-of-words features. Use :func:`bias_feature_names` here,
+which says clearly when a task defines none.
 """
 
 from __future__ import annotations
@@ -33,14 +44,23 @@ from __future__ import annotations
 from types import ModuleType
 
 from experiments.naming import suggest
-from experiments.tasks import classification, sst2, synthetic_cls, synthetic_tag, tagging, ud_pos
+from experiments.tasks import (
+    classification,
+    sst2,
+    synthetic_cls,
+    synthetic_shortcut,
+    synthetic_tag,
+    tagging,
+    ud_pos,
+)
 from experiments.tasks._common import Split, TaskData
 
-__all__ = ["TASKS", "Split", "TaskData", "get_task"]
+__all__ = ["TASKS", "Split", "TaskData", "bias_feature_names", "get_task"]
 
 TASKS: dict[str, ModuleType] = {
     "synthetic-cls": synthetic_cls,
     "synthetic-tag": synthetic_tag,
+    "synthetic-shortcut": synthetic_shortcut,
     "sst2": sst2,
     "ud-pos": ud_pos,
     "classification": classification,
@@ -55,3 +75,17 @@ def get_task(name: str) -> ModuleType:
     except KeyError:
         hint = suggest(name, TASKS) or f"; known tasks: {', '.join(TASKS)}"
         raise ValueError(f"unknown task '{name}'{hint}") from None
+
+
+def bias_feature_names(task_cfg) -> tuple[str, ...]:
+    """The names of the bias features the task defines for this config, in column order of
+    ``Split.features``. ValueError, one line naming the key, when it defines none: a task
+    without ``bias_feature_names`` ("task.name: task 'sst2' defines no bias features ..."), or
+    the task's own reason for this config (classification with one text column)."""
+    module = get_task(task_cfg.name)
+    names = getattr(module, "bias_feature_names", None)
+    if names is None:
+        with_features = ", ".join(name for name, m in TASKS.items() if hasattr(m, "bias_feature_names"))
+        raise ValueError(f"task.name: task '{task_cfg.name}' defines no bias features "
+                         f"(tasks that do: {with_features})")
+    return names(task_cfg)

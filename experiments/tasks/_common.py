@@ -10,8 +10,8 @@ from __future__ import annotations
 import csv
 import os
 import zlib
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -38,11 +38,15 @@ class Split:
     attention_mask: (N, T) long, 1 on real tokens.
     labels: (N,) long for classification; (N, T) long for tagging, with
         IGNORE_INDEX (-100) on positions that are not scored.
+    features: (N, F) float32 hand-crafted bias features of each example (the task's
+        ``bias_features``, read from the raw text before tokenisation), or None when the
+        task defines none for this config (see experiments.tasks.bias_feature_names).
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     labels: torch.Tensor
+    features: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.input_ids.shape != self.attention_mask.shape or self.input_ids.dim() != 2:
@@ -58,6 +62,10 @@ class Split:
             raise ValueError(
                 f"tagging labels {tuple(self.labels.shape)} must be (N, T) = "
                 f"{tuple(self.input_ids.shape)}"
+            )
+        if self.features is not None and (self.features.dim() != 2 or self.features.shape[0] != self.input_ids.shape[0]):
+            raise ValueError(
+                f"features {tuple(self.features.shape)} must be (N, F) with N={self.input_ids.shape[0]}"
             )
 
     def __len__(self) -> int:
@@ -266,17 +274,21 @@ def tagging_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, fl
 
 
 def build_task_data(
-    cfg, tokenizer, read_split, encode, label_names: tuple[str, ...], eval_sets: Sequence[str] = ()
+    cfg, tokenizer, read_split, encode, label_names: tuple[str, ...], eval_sets: Sequence[str] = (),
+    features: Callable[[list], torch.Tensor] | None = None,
 ) -> TaskData:
     """The splits of a task: ``read_split(split) -> (inputs, labels)``, a random subset of
     ``max_train`` / ``max_eval`` drawn from ``data_seed``, then ``encode`` (encode_sentences or
     encode_words) to ``max_length`` tokens. Each extra evaluation set ``name`` is read as split
-    ``eval_sets.<name>`` and subset like dev (``max_eval``, its own draw)."""
+    ``eval_sets.<name>`` and subset like dev (``max_eval``, its own draw). ``features``, when
+    given, maps the kept raw inputs to their (N, F) bias features (``Split.features``)."""
 
     def one(split: str, limit: int | None) -> Split:
         inputs, labels = read_split(split)
         keep = subset_indices(len(inputs), limit, cfg.data_seed, split)
-        return encode(tokenizer, [inputs[i] for i in keep], [labels[i] for i in keep], cfg.max_length)
+        kept = [inputs[i] for i in keep]
+        encoded = encode(tokenizer, kept, [labels[i] for i in keep], cfg.max_length)
+        return encoded if features is None else replace(encoded, features=features(kept))
 
     return TaskData(
         train=one("train", cfg.max_train),

@@ -23,11 +23,33 @@ whitespace. ``max_train`` / ``max_eval`` draw random subsets from ``data_seed``
 file, a label outside ``task.labels``, an evaluation label never seen in train
 and undecodable text each give a one-line ValueError. A grid of many cells over
 the same files reads them once: checks are cached by the files' content hash.
+
+Bias features (for a bias-only model, method ``bias_only``), text pairs only: the
+shallow cues NLI models are known to lean on, from the pair's lower-cased words
+(``[a-z0-9']+``), first text = premise, second = hypothesis:
+
+- ``all_in_premise``: every hypothesis word occurs in the premise (the lexical-overlap
+  heuristic of McCoy et al. 2019; a feature of Clark et al. 2019's HANS bias model);
+- ``subsequence``: the hypothesis is a contiguous word subsequence of the premise;
+- ``overlap``: the fraction of hypothesis words that occur in the premise;
+- ``negation``: the hypothesis holds a negation word (``NEGATIONS`` or ``*n't``:
+  Gururangan et al. 2018's annotation artefact);
+- ``log_length_ratio``: log((1 + hypothesis words) / (1 + premise words));
+- ``hyp:<k>`` for k < ``HYPOTHESIS_BUCKETS``: hypothesis-only bag of words, each word
+  hashed (crc32) into one of 128 buckets, 1 where a bucket's word occurs (no vocabulary,
+  so every split and file gets the same columns).
+
+A single-text config defines none (a bag of words of the only text is a classifier, not a bias).
 """
 
 from __future__ import annotations
 
+import math
+import re
+import zlib
 from dataclasses import dataclass
+
+import torch
 
 from experiments.tasks._common import (
     ClassificationDecoder,
@@ -73,6 +95,12 @@ class Examples:
     texts: list
     labels: list[str]
     lines: list[int]
+
+
+NEGATIONS = frozenset({"not", "no", "never", "nobody", "nothing", "none", "neither", "nor", "nowhere", "cannot"})
+HYPOTHESIS_BUCKETS = 128
+PAIR_FEATURES = ("all_in_premise", "subsequence", "overlap", "negation", "log_length_ratio")
+_WORD = re.compile(r"[a-z0-9']+")
 
 
 def spec(cfg) -> Spec:
@@ -142,7 +170,8 @@ def load_spec(s: Spec, cfg, tokenizer) -> TaskData:
 
     names = s.names or values
     eval_sets = [src.role.removeprefix("eval_sets.") for src in s.sources[2:]]
-    return build_task_data(cfg, tokenizer, read_split, encode_sentences, names, eval_sets)
+    features = pair_features if len(s.text) == 2 else None
+    return build_task_data(cfg, tokenizer, read_split, encode_sentences, names, eval_sets, features)
 
 
 def check(cfg) -> None:
@@ -164,3 +193,42 @@ build_decoder = ClassificationDecoder  # (hidden_size, num_labels) -> nn.Module
 
 
 compute_metrics = classification_accuracy  # (logits, labels) -> {'accuracy': ...}
+
+
+# --------------------------------------------------------------------------- bias features
+
+
+def bias_feature_names(cfg) -> tuple[str, ...]:
+    """The pair features (module docstring); ValueError naming ``task.text`` for one text column."""
+    text = cfg.text if cfg.text is not None else DEFAULT_TEXT
+    if isinstance(text, str) or len(text) != 2:
+        raise ValueError(f"task.text: task '{cfg.name}' defines bias features only for text pairs "
+                         f"(text: [premise, hypothesis]); this config reads one text column")
+    return PAIR_FEATURES + tuple(f"hyp:{k}" for k in range(HYPOTHESIS_BUCKETS))
+
+
+def bias_features(cfg, texts: list[tuple[str, str]]) -> torch.Tensor:
+    """(N, 5 + HYPOTHESIS_BUCKETS) float32 features of (premise, hypothesis) pairs."""
+    bias_feature_names(cfg)  # one text column: the same ValueError
+    return pair_features(texts)
+
+
+def pair_features(texts: list[tuple[str, str]]) -> torch.Tensor:
+    """(N, 5 + HYPOTHESIS_BUCKETS) float32: ``PAIR_FEATURES`` then the hashed hypothesis words."""
+    rows = []
+    for premise, hypothesis in texts:
+        p, h = _WORD.findall(premise.lower()), _WORD.findall(hypothesis.lower())
+        seen = set(p)
+        inside = sum(word in seen for word in h)
+        bag = [0.0] * HYPOTHESIS_BUCKETS
+        for word in h:
+            bag[zlib.crc32(word.encode()) % HYPOTHESIS_BUCKETS] = 1.0
+        rows.append([
+            float(bool(h) and inside == len(h)),
+            float(bool(h) and any(p[j : j + len(h)] == h for j in range(len(p) - len(h) + 1))),
+            inside / len(h) if h else 0.0,
+            float(any(word in NEGATIONS or word.endswith("n't") for word in h)),
+            math.log((1 + len(h)) / (1 + len(p))),
+            *bag,
+        ])
+    return torch.tensor(rows, dtype=torch.float32).reshape(len(texts), len(PAIR_FEATURES) + HYPOTHESIS_BUCKETS)

@@ -65,24 +65,45 @@ def _sentiment_phrase(rng: random.Random, positive: bool) -> list[str]:
     return [rng.choice(POSITIVE if positive else NEGATIVE)]
 
 
-def make_example(rng: random.Random, label: int) -> str:
-    """One sentence whose majority effective polarity is `label` (1 = positive)."""
-    majority = rng.randint(1, MAX_COUNT)
-    minority = rng.randint(0, majority - 1)
+def make_chunks(
+    rng: random.Random, label: int, max_count: int = MAX_COUNT, margin: int | None = None
+) -> list[list[str]]:
+    """One sentence whose majority effective polarity is `label` (1 = positive), as chunks:
+    single filler words and whole sentiment phrases ("not" + its word stay one chunk), so a
+    caller may insert more chunks anywhere without splitting a phrase.
+
+    The majority count is drawn from 1..max_count, the minority from 0..majority - 1, or,
+    with ``margin``, fixed at majority - margin (at least 0): a harder count."""
+    majority = rng.randint(1, max_count)
+    minority = rng.randint(0, majority - 1) if margin is None else max(0, majority - margin)
     polarities = [label == 1] * majority + [label == 0] * minority
-    # Insert whole phrases into a list of chunks so nothing lands between "not" and its word.
     chunks = [[rng.choice(FILLER)] for _ in range(rng.randint(*FILLER_RANGE))]
     for positive in polarities:
         chunks.insert(rng.randint(0, len(chunks)), _sentiment_phrase(rng, positive))
+    return chunks
+
+
+def join_chunks(chunks: list[list[str]]) -> str:
     return " ".join(word for chunk in chunks for word in chunk)
+
+
+def make_example(rng: random.Random, label: int) -> str:
+    """One sentence whose majority effective polarity is `label` (1 = positive)."""
+    return join_chunks(make_chunks(rng, label))
 
 
 def generate(n: int, seed: int) -> tuple[list[str], list[int]]:
     """n sentences with exactly balanced labels (n // 2 positive when n is odd)."""
     rng = random.Random(seed)
+    labels = balanced_labels(rng, n)
+    return [make_example(rng, y) for y in labels], labels
+
+
+def balanced_labels(rng: random.Random, n: int) -> list[int]:
+    """n labels 0/1 in random order, n // 2 of them 1 (so exactly balanced for an even n)."""
     labels = [i % 2 for i in range(n)]
     rng.shuffle(labels)
-    return [make_example(rng, y) for y in labels], labels
+    return labels
 
 
 def load(cfg, tokenizer) -> TaskData:

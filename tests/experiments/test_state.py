@@ -109,3 +109,20 @@ def test_load_state_dict_refuses_a_checkpoint_of_other_objects():
     a.optimizers["model"] = torch.optim.SGD(a.encoder.parameters(), lr=0.1)
     with pytest.raises(KeyError, match="optimizers"):
         b.load_state_dict(a.state_dict())
+
+
+def test_weights_of_a_masked_run_are_the_plain_weights_and_its_interventions():
+    """A masked Linear hands on its plain weight under its plain name; interventions go along."""
+    from experiments.masks import MaskScores, attach_masks, maskable_weights
+
+    state = _state(0)
+    plain = state.weights()
+    linears = maskable_weights(state.encoder)
+    scores = MaskScores({name: lin.weight for name, lin in linears.items()}, sparsity=0.5)
+    handle = attach_masks(linears, scores.mask)
+    state.interventions["masks"] = scores
+    weights = state.weights()
+    handle.remove()
+    assert {k: v for k, v in weights.items() if not k.startswith("interventions.")}.keys() == plain.keys()
+    assert all(torch.equal(weights[k], plain[k]) for k in plain)  # unmasked values, plain names
+    assert any(k.startswith("interventions.masks.scores.") for k in weights)

@@ -32,8 +32,9 @@ def make_cfg(name, **overrides):
 # --------------------------------------------------------------------------- registry
 
 
-def test_registry_has_exactly_the_six_tasks_with_the_full_interface():
-    assert list(TASKS) == ["synthetic-cls", "synthetic-tag", "sst2", "ud-pos", "classification", "tagging"]
+def test_registry_has_exactly_the_seven_tasks_with_the_full_interface():
+    assert list(TASKS) == ["synthetic-cls", "synthetic-tag", "synthetic-shortcut", "sst2", "ud-pos",
+                           "classification", "tagging"]
     for name, module in TASKS.items():
         missing = [attr for attr in INTERFACE if not hasattr(module, attr)]
         assert not missing, f"{name} lacks {missing}"

@@ -1,0 +1,135 @@
+"""Do runs keep the same weights? Intersection over union of stored weight masks.
+
+A ``mask_train`` or ``imp`` run keeps its binary mask as the artifact ``masks.npz`` (one bit
+per weight of every masked matrix, experiments/masks.py) in the orchestrator's store, and its
+densities as unit maps (``heads.mask_density``, ...) in the registry. :func:`mask_iou`
+compares the masks of pairs of runs that differ in one axis only:
+
+- ``across="seed"``: every pair of seeds of a cell (runs equal on every other key);
+- any other axis (``pipeline``, ``loss``, ``method``, ``task``, a config key): every pair of
+  runs with different values of it that are equal on the other axes (``queries.strata``,
+  seeds included: a pair shares its seed).
+
+Per pair, the IoU of the kept weights ``|A & B| / |A | B|`` per matrix and pooled over all
+of them (``experiments.masks.mask_iou``), beside what chance gives: two masks drawn at random
+with the same density per matrix, ``E|A & B| / E|A | B| = p q / (p + q - p q)`` pooled the
+same way. The result averages over pairs, also per layer and matrix role, and per pair of
+values of the axis. The density maps' agreement with its permutation null is
+``queries.agreement(..., map_name="heads.mask_density")``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+
+from analysis.loading import SweepData
+from analysis.queries import Filters, QueryError, check_across, strata
+from analysis.select import as_codes, column, group_indices, map_runs, select, value_label
+from experiments.mask_format import chance_iou, read_masks
+from experiments.mask_format import mask_iou as iou_of
+
+DENSITY_MAP = "heads.mask_density"
+"""The map every masked run has: which runs have a stored mask to compare."""
+MASKS_FILE = "masks.npz"
+_LAYER = re.compile(r"^layer\.(\d+)\.(\w+)$")
+
+
+def mask_iou(data: SweepData, across: str, load_masks: Callable[[str], bytes | None],
+             filters: Filters | None = None, pool: Sequence[str] = (), max_runs: int = 200) -> dict[str, Any]:
+    """Mean IoU of the kept weights over pairs of runs that differ in ``across`` only (see the
+    module docstring), with chance. ``load_masks(run_key)``: that run's ``masks.npz`` bytes, or
+    None when it has none; ``max_runs`` bounds the masks read (about 1.4 MB each for MiniLM)."""
+    check_across(across, data)
+    sel, _, notes, _ = map_runs(select(data, filters), DENSITY_MAP, switch=False)
+    if len(sel) == 0:
+        raise QueryError(f"no finished run with a weight mask ({DENSITY_MAP}) in the selection")
+    pairs, labels, matched = _pairs(sel, across, pool)
+    if not pairs:
+        raise QueryError(f"no two runs with masks differ in {across} only")
+    keys = sorted({i for pair in pairs for i in pair[:2]})
+    if len(keys) > max_runs:
+        raise QueryError(f"{len(keys)} runs' masks is more than this answers at once ({max_runs}): filter the runs")
+    masks, missing = {}, []
+    for i in keys:
+        data_bytes = load_masks(sel.run_key[i])
+        if data_bytes is None:
+            missing.append(sel.run_key[i])
+        else:
+            masks[i] = read_masks(data_bytes)
+    if missing:
+        notes.append(f"{len(missing)} runs have no stored {MASKS_FILE} and were left out (e.g. {missing[0]})")
+    pairs = [p for p in pairs if p[0] in masks and p[1] in masks]
+    if not pairs:
+        raise QueryError(f"no pair of runs that differ in {across} only has both masks stored")
+
+    per_pair = [pair_iou(masks[i], masks[j]) for i, j, _ in pairs]
+    names = list(per_pair[0]["per_matrix"])
+    n = len(labels)
+    by_value, count = np.zeros((n, n)), np.zeros((n, n))
+    for (_, _, (a, b)), result in zip(pairs, per_pair, strict=True):
+        for u, v in ((a, b), (b, a)):
+            by_value[u, v] += result["iou"]
+            count[u, v] += 1
+    with np.errstate(invalid="ignore"):
+        matrix = np.where(count > 0, by_value / np.maximum(count, 1), np.nan)
+    iou = float(np.mean([r["iou"] for r in per_pair]))
+    chance = float(np.mean([r["chance"] for r in per_pair]))
+    return {
+        "across": across, "labels": labels, "pairs": len(pairs), "runs": len(masks),
+        "iou": iou, "chance": chance, "excess": iou - chance,
+        "matrix": [[None if np.isnan(v) else float(v) for v in row] for row in matrix],
+        "per_matrix": {name: float(np.mean([r["per_matrix"][name] for r in per_pair])) for name in names},
+        "per_role": _by_role({name: np.mean([r["per_matrix"][name] for r in per_pair]) for name in names}),
+        "matched_on": matched, "notes": notes,
+        "pooled": f"mean over {len(pairs)} pairs of runs that differ in {across} only",
+    }
+
+
+def stored_masks(root: str | None = None) -> Callable[[str], bytes | None]:
+    """``load_masks`` for :func:`mask_iou`: a run's ``masks.npz`` from the orchestrator's store
+    (``HEADSWEEP_CHECKPOINTS`` or the home's ``checkpoints`` folder), None when it has none."""
+    from orchestrator.checkpoints import CheckpointStore
+
+    store = CheckpointStore(root)
+    return lambda run_key: store.get(run_key, MASKS_FILE) if store.has(run_key, MASKS_FILE) else None
+
+
+def pair_iou(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, Any]:
+    """IoU of two runs' masks per matrix and pooled, and chance: random masks of the same densities."""
+    per_matrix, overall = iou_of(a, b)
+    return {"per_matrix": per_matrix, "iou": overall, "chance": chance_iou(a, b)}
+
+
+def _pairs(sel: SweepData, across: str, pool: Sequence[str]) -> tuple[list, list[str], list[str]]:
+    """[(run i, run j, (value index of i, of j))], the values' labels, the axes matched on."""
+    if across == "seed":
+        labels = [str(s) for s in sorted(set(sel.seed.tolist()))]
+        at = {s: labels.index(str(s)) for s in set(sel.seed.tolist())}
+        pairs = [(i, j, (at[sel.seed[i]], at[sel.seed[j]]))
+                 for idx in group_indices(sel, ["group_key"]) for i, j in combinations(idx.tolist(), 2)]
+        return pairs, labels, ["every key but the seed"]
+    codes = as_codes(column(sel, across))
+    values = sorted(set(codes.tolist()), key=str)
+    labels = [value_label(v) for v in values]
+    position = {v: k for k, v in enumerate(values)}
+    blocks, axes = strata(sel, across, pool)
+    seeds = sel.seed
+    pairs = [(i, j, (position[codes[i]], position[codes[j]]))
+             for block in blocks for i, j in combinations(block.tolist(), 2)
+             if codes[i] != codes[j] and seeds[i] == seeds[j]]
+    return pairs, labels, axes["matched"] + ["seed"]
+
+
+def _by_role(per_matrix: dict[str, float]) -> dict[str, list[float]]:
+    """``{role: [IoU of layer 0, layer 1, ...]}`` for the ``layer.<l>.<role>`` matrices."""
+    roles: dict[str, dict[int, float]] = {}
+    for name, value in per_matrix.items():
+        match = _LAYER.match(name)
+        if match:
+            roles.setdefault(match[2], {})[int(match[1])] = float(value)
+    return {role: [layers[k] for k in sorted(layers)] for role, layers in roles.items()}

@@ -1,0 +1,169 @@
+"""Iterative magnitude pruning (Liu et al. 2022 after Frankle & Carbin 2019; PAPERS.md).
+
+Rounds of 10 % of the original weights: round ``k`` removes ``1 / (10 - k)`` of the weights
+still kept, by magnitude within each matrix (Q, K, V, attention output, FFN in and out of
+every layer; experiments/masks.py), so ``sparsity: 0.3`` takes three rounds. Between
+rounds the masked model trains for one phase (``train.max_steps`` or ``train.epochs``
+steps, AdamW with warm-up and decay restarted each phase); pruned weights stay at zero
+through the mask, a parametrisation (no model file edited).
+
+Pipelines (DESIGN.md "pipeline"):
+- ``ft_then_prune`` (a): start from a fine-tuned model (an ``init_from`` finetune stage);
+  each round prunes, then trains one phase from where it is.
+- ``prune_then_ft`` (b, lottery tickets with rewinding): each round trains one phase, prunes,
+  and rewinds every weight (encoder and decoder) to the start: the pretrained model, or with
+  ``rewind_steps`` an early fine-tuning checkpoint (an ``init_from`` finetune stage of that
+  many steps); after the last round the subnetwork trains one more phase from the start.
+
+``loss`` is any objective of experiments/debias.py. Reports the evaluation metrics of the
+final model, ``sparsity`` (realised), the mask's density maps (``heads.mask_density``,
+``neurons.mask_density``, ``weights.mask_density``) and the mask as ``masks.npz``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from pydantic import Field, field_validator
+from torch import nn
+
+from experiments.config import Section
+from experiments.context import RunContext
+from experiments.debias import LOSSES, check_loss, loss_stages, objective
+from experiments.loop import forward_logits, num_steps, train_steps
+from experiments.mask_format import pack_masks
+from experiments.masks import (
+    attach_masks,
+    imp_prune,
+    mask_maps,
+    maskable_weights,
+    realised_sparsity,
+)
+from experiments.maths.schedules import linear_warmup_decay
+from experiments.result import RunResult
+from experiments.state import adamw, set_up
+
+VERSION = "1"
+PIPELINES = ("ft_then_prune", "prune_then_ft")
+SHORT_NAMES = ("sparsity", "pipeline", "loss")
+ROUNDS = 10
+"""Each round removes 10 % of the original weights (PAPERS.md)."""
+
+
+class Config(Section):
+    """imp's own keys: ``imp: {sparsity: 0.5, pipeline: prune_then_ft}``."""
+
+    pipeline: str = Field(
+        PIPELINES[0], description="ft_then_prune: prune a fine-tuned model (init_from stage) and keep training; "
+        "prune_then_ft: train, prune, rewind to the start each round, then train the subnetwork.",
+    )
+    sparsity: float = Field(0.5, ge=0.1, le=0.9, description="Final fraction removed per matrix: 0.1, 0.2, ..., 0.9 "
+                            "(one round of 10 % each).")
+    rewind_steps: int | None = Field(
+        None, gt=0, description="prune_then_ft: rewind to a fine-tune of this many steps (init_from stage) "
+        "instead of the pretrained weights.")
+    loss: str = Field("ce", description="Training objective: " + "; ".join(f"{k}: {v}" for k, v in LOSSES.items()) + ".")
+
+    @field_validator("sparsity")
+    @classmethod
+    def _whole_rounds(cls, value: float) -> float:
+        if abs(value * ROUNDS - round(value * ROUNDS)) > 1e-9:
+            raise ValueError(f"{value} is not a whole number of {100 // ROUNDS} % rounds (0.1, 0.2, ..., 0.9)")
+        return value
+
+
+def stages(section: Config) -> dict[str, dict]:
+    """ft_then_prune starts from a fine-tune; prune_then_ft with ``rewind_steps`` from an early one;
+    a debiasing loss from a bias model (and a teacher): experiments/debias.py."""
+    upstreams = loss_stages(section.loss)
+    if section.pipeline == "ft_then_prune":
+        upstreams["init_from"] = {"method": "finetune"}
+    elif section.rewind_steps is not None:
+        upstreams["init_from"] = {"method": "finetune", "train": {"max_steps": section.rewind_steps}}
+    return upstreams
+
+
+def check(cfg) -> None:
+    check_loss(cfg, cfg.section.loss)
+    if cfg.section.rewind_steps is not None and cfg.section.pipeline != "prune_then_ft":
+        raise ValueError("imp.rewind_steps: only prune_then_ft rewinds (ft_then_prune keeps training)")
+
+
+class FixedMasks(nn.Module):
+    """The current masks as bool buffers (so they are in every checkpoint), by matrix name."""
+
+    def __init__(self, linears: dict[str, nn.Linear]):
+        super().__init__()
+        self.names = tuple(linears)
+        for i, linear in enumerate(linears.values()):
+            self.register_buffer(f"mask{i}", torch.ones_like(linear.weight, dtype=torch.bool))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return getattr(self, f"mask{self.names.index(name)}")
+
+    def as_dict(self) -> dict[str, torch.Tensor]:
+        return {name: self[name] for name in self.names}
+
+
+def run(cfg, ctx: RunContext) -> RunResult:
+    tc, hp = cfg.train, cfg.section
+    state = set_up(cfg, ctx)  # with init_from: the fine-tuned (a) or early fine-tuned (b) model
+    encoder, decoder = state.encoder, state.decoder
+    linears = maskable_weights(encoder, pooler=False)  # our decoders read [CLS], not the pooler
+    rounds = round(hp.sparsity * ROUNDS)
+    rewinding = hp.pipeline == "prune_then_ft"
+    phase = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
+    total = phase * (rounds + 1 if rewinding else rounds)
+    start = state.weights()  # what rewinding returns to (CPU copies)
+    masks = FixedMasks(linears).to(state.device)
+    state.interventions["masks"] = masks
+    loss_fn = objective(hp.loss, cfg, ctx, state)
+
+    params = list(encoder.parameters()) + list(decoder.parameters())
+    optimizer = adamw([(list(encoder.parameters()), tc.lr), (list(decoder.parameters()), tc.decoder_lr)], tc.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(  # warm-up and decay within each phase
+        optimizer, lambda s: linear_warmup_decay(s % phase, phase, tc.warmup_ratio))
+    state.optimizers["model"], state.schedulers["model"] = optimizer, scheduler
+    handle = attach_masks(linears, masks.__getitem__)
+
+    def prune(k: int) -> None:
+        """Round k: the next 10 % by magnitude; with rewinding, every weight back to the start."""
+        nonlocal handle
+        handle.remove()
+        with torch.no_grad():
+            pruned = imp_prune({name: lin.weight for name, lin in linears.items()}, masks.as_dict(), k)
+            for name, mask in pruned.items():
+                masks[name].copy_(mask)
+        if rewinding:
+            state.load_weights(start)
+        optimizer.state.clear()  # a new phase starts its optimiser afresh
+        handle = attach_masks(linears, masks.__getitem__)
+
+    def step(state, batch) -> dict[str, float]:
+        if state.step % phase == 0:  # a phase boundary: prune first (rewinding: after the first phase)
+            k = state.step // phase - (1 if rewinding else 0)
+            if 0 <= k < rounds:
+                prune(k)
+        ids, mask, labels = batch
+        loss = loss_fn(forward_logits(encoder, decoder, ids, mask), labels, state.batch_index)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+        optimizer.step(), scheduler.step()
+        return {"loss": loss.item(), "sparsity": realised_sparsity(masks.as_dict())[1]}
+
+    metrics = train_steps(state, ctx, total, step)
+
+    final = {name: mask.cpu() for name, mask in masks.as_dict().items()}
+    handle.remove()
+    return RunResult(
+        run_key=cfg.run_key,
+        group_key=cfg.group_key,
+        metrics=dict(metrics) | {"sparsity": realised_sparsity(final)[1]},
+        maps=mask_maps(final, state.num_layers, state.num_heads),
+        eval_steps=np.asarray(state.values["eval_steps"]),
+        steps=state.step,
+        artifacts={"masks.npz": pack_masks(final)},
+    )
+
+

@@ -1,0 +1,100 @@
+"""Mask IoU across seeds and pipelines from stored masks, against chance (a real SQLite registry)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analysis.loading import load_sweep
+from analysis.masks import mask_iou
+from analysis.select import QueryError
+from experiments.config import parse_config
+from experiments.mask_format import pack_masks
+from orchestrator.registry import Registry
+
+LAYERS, HEADS, HIDDEN = 2, 4, 8
+NAMES = [f"layer.{layer}.{role}" for layer in range(LAYERS) for role in ("query", "key", "value", "attn_out")]
+
+
+def _masks(rng: np.random.Generator, base: dict[str, np.ndarray], keep_same: float) -> dict[str, np.ndarray]:
+    """Half the weights kept; each entry copied from ``base`` with probability ``keep_same``."""
+    out = {}
+    for name in NAMES:
+        fresh = rng.random((HIDDEN, HIDDEN)) < 0.5
+        out[name] = np.where(rng.random((HIDDEN, HIDDEN)) < keep_same, base[name], fresh)
+    return out
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """mask_train runs: 2 pipelines x 3 seeds; seeds of a pipeline share most of their mask."""
+    rng = np.random.default_rng(0)
+    configs, stored = [], {}
+    base = {p: {n: rng.random((HIDDEN, HIDDEN)) < 0.5 for n in NAMES} for p in ("prune_only", "ft_then_prune")}
+    for pipeline in ("prune_only", "ft_then_prune"):
+        for seed in range(3):
+            cfg = parse_config({"model": "tiny-bert", "method": "mask_train", "seed": seed,
+                                "mask_train": {"pipeline": pipeline}}, check_files=False)
+            configs.append(cfg)
+            stored[cfg.run_key] = pack_masks(_masks(rng, base[pipeline], keep_same=0.8))
+    registry = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    sweep_id, _ = registry.create_sweep("masks", "", configs, {"cpus": 1}, None, 1)
+    for cfg in configs:
+        registry.claim(cfg.run_key, "w")
+        registry.finish(cfg.run_key, {"accuracy": 0.9}, worker="w",
+                        maps={"heads.mask_density": rng.random((LAYERS, HEADS))})
+    yield load_sweep(registry, sweep_id), stored
+    registry.close()
+
+
+def test_seeds_share_their_masks_beyond_chance(sweep):
+    data, stored = sweep
+    result = mask_iou(data, "seed", stored.get)
+    assert result["pairs"] == 2 * 3 and result["runs"] == 6  # 3 seed pairs in each of 2 cells
+    assert result["chance"] == pytest.approx(1 / 3, abs=0.05)  # two random halves: .25 / .75
+    # 80 % copied from the cell's base mask: IoU of two such runs is ~ (.64 + .36 * 1/4 ...) well above chance
+    assert result["iou"] > result["chance"] + 0.3 and result["excess"] == pytest.approx(result["iou"] - result["chance"])
+    assert set(result["per_role"]) == {"query", "key", "value", "attn_out"} and len(result["per_role"]["key"]) == LAYERS
+    assert result["labels"] == ["0", "1", "2"] and result["matrix"][0][0] is None
+
+
+def test_pipelines_share_only_what_chance_gives(sweep):
+    data, stored = sweep
+    result = mask_iou(data, "pipeline", stored.get)
+    assert result["pairs"] == 3 and "seed" in result["matched_on"]  # one pair per seed
+    assert abs(result["iou"] - result["chance"]) < 0.08  # independent base masks
+
+
+def test_runs_without_a_stored_mask_are_named_and_left_out(sweep):
+    data, stored = sweep
+    missing = dict(list(stored.items())[1:])
+    result = mask_iou(data, "seed", missing.get)
+    assert result["runs"] == 5 and "1 runs have no stored masks.npz" in result["notes"][0]
+    with pytest.raises(QueryError, match="no pair of runs"):
+        mask_iou(data, "seed", lambda key: None)
+    with pytest.raises(QueryError, match="more than this answers"):
+        mask_iou(data, "seed", stored.get, max_runs=2)
+
+
+def test_the_cli_and_the_service_answer_from_the_store(sweep, tmp_path, monkeypatch, capsys):
+    """``headsweep iou`` and ``/sweeps/{id}/mask-iou`` read the masks kept in the checkpoint store."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from analysis.service import build_app
+    from orchestrator.checkpoints import CheckpointStore
+    from orchestrator.cli import main
+
+    data, stored = sweep
+    root = tmp_path / "store"
+    monkeypatch.setenv("HEADSWEEP_CHECKPOINTS", root.as_uri())
+    for key, packed in stored.items():
+        CheckpointStore().put(key, "masks.npz", packed)
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    expected = mask_iou(data, "seed", stored.get)
+    answer = TestClient(build_app(url)).get("/sweeps/last/mask-iou", params={"across": "seed"})
+    assert answer.status_code == 200 and answer.json()["iou"] == pytest.approx(expected["iou"])
+    capsys.readouterr()
+    assert main(["iou", "last", "--across", "seed", "--format", "json", "--db", url]) == 0
+    assert json.loads(capsys.readouterr().out)["iou"] == pytest.approx(expected["iou"])

@@ -1,0 +1,149 @@
+"""Cost of weight-mask training and size of stored masks on the real MiniLM.
+
+    .venv/bin/python tests/benchmarks/bench_masks.py
+
+Prints one JSON line per figure. A and B are measured side by side in one
+process, repetitions interleaved (A, B, A, B, ...), and the medians compared,
+so machine noise hits both alike.
+
+1. ``mask_train_step``: forward + backward + optimizer step (cross-entropy of
+   a linear decoder over [CLS]) with every maskable matrix (Q, K, V, attention
+   output, FFN in and out of each layer, pooler, decoder) masked by
+   straight-through scores, weights frozen, AdamW on the scores only; vs a
+   dense fine-tuning step (AdamW on encoder and decoder) on the same batch.
+   Target ratio <= 1.5.
+2. ``mask_storage``: ``pack_masks`` of the trained run's masks (50 % sparsity)
+   against the fp32 weights they cover; also a 70 % magnitude mask and random
+   50 % masks (the incompressible worst case). Target <= 1/30.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_heads  # noqa: E402  (its batch, timing and interleaving, so the two read alike)
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from experiments.mask_format import pack_masks  # noqa: E402
+from experiments.masks import (  # noqa: E402
+    MaskScores,
+    attach_masks,
+    magnitude_mask,
+    maskable_weights,
+    realised_sparsity,
+    unpack_masks,
+)
+from experiments.models import load_backbone  # noqa: E402
+
+BATCH, TOKENS, NUM_LABELS, THREADS = bench_heads.BATCH, bench_heads.TOKENS, bench_heads.NUM_LABELS, bench_heads.THREADS
+_batch, _interleaved, _ms = bench_heads._batch, bench_heads._interleaved, bench_heads._ms
+TRAIN_REPS = 7
+SPARSITY = 0.5
+
+
+def _step(encoder, decoder, optimizer, batch, labels):
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        cls = encoder(**batch).last_hidden_state[:, 0]  # (B, hidden)
+        nn.functional.cross_entropy(decoder(cls), labels).backward()
+        optimizer.step()
+
+    return step
+
+
+def bench_mask_train_step(model, batch) -> tuple[dict, MaskScores]:
+    labels = torch.randint(0, NUM_LABELS, (BATCH,), generator=torch.Generator().manual_seed(1))
+    hidden = model.config.hidden_size
+
+    dense = copy.deepcopy(model).train()
+    dense_decoder = nn.Linear(hidden, NUM_LABELS)
+    dense_opt = torch.optim.AdamW([*dense.parameters(), *dense_decoder.parameters()], lr=2e-5)
+
+    masked = copy.deepcopy(model).train().requires_grad_(False)
+    masked_decoder = nn.Linear(hidden, NUM_LABELS).requires_grad_(False)
+    linears = maskable_weights(masked, masked_decoder)
+    scores = MaskScores({name: lin.weight for name, lin in linears.items()}, SPARSITY)
+    handle = attach_masks(linears, scores.mask)
+    scores_opt = torch.optim.AdamW(scores.parameters(), lr=1e-2)
+
+    masked_times, dense_times = _interleaved(
+        _step(masked, masked_decoder, scores_opt, batch, labels),
+        _step(dense, dense_decoder, dense_opt, batch, labels),
+        TRAIN_REPS,
+    )
+    handle.remove()
+    figure = {
+        "bench": "masks",
+        "figure": "mask_train_step",
+        "mask_train_ms": _ms(masked_times),
+        "dense_ms": _ms(dense_times),
+        "ratio": round(_ms(masked_times) / _ms(dense_times), 3),
+        "target": "<= 1.5",
+        "ratio_of_min": round(min(masked_times) / min(dense_times), 3),
+        "matrices": len(linears),
+        "scores": sum(s.numel() for s in scores.scores),
+        "dense_params": sum(p.numel() for p in dense.parameters()) + hidden * NUM_LABELS + NUM_LABELS,
+        "batch": [BATCH, TOKENS],
+        "threads": torch.get_num_threads(),
+        "reps": TRAIN_REPS,
+    }
+    return figure, scores
+
+
+def _storage(masks: dict[str, torch.Tensor]) -> dict:
+    start = time.perf_counter()
+    packed = pack_masks(masks)
+    pack_ms = (time.perf_counter() - start) * 1000.0
+    start = time.perf_counter()
+    back = unpack_masks(packed)
+    unpack_ms = (time.perf_counter() - start) * 1000.0
+    assert all(torch.equal(back[name], mask) for name, mask in masks.items())
+    fp32_bytes = 4 * sum(mask.numel() for mask in masks.values())
+    return {
+        "packed_bytes": len(packed),
+        "fp32_bytes": fp32_bytes,
+        "ratio": round(len(packed) / fp32_bytes, 5),
+        "one_in": round(fp32_bytes / len(packed), 1),
+        "sparsity": round(realised_sparsity(masks)[1], 4),
+        "pack_ms": round(pack_ms, 1),
+        "unpack_ms": round(unpack_ms, 1),
+    }
+
+
+def bench_mask_storage(model, scores: MaskScores) -> dict:
+    trained = {name: mask.cpu() for name, mask in scores.binary_masks().items()}
+    linears = maskable_weights(model)
+    generator = torch.Generator().manual_seed(4)
+    return {
+        "bench": "masks",
+        "figure": "mask_storage",
+        "trained_run": _storage(trained),
+        "magnitude_0.7": _storage({n: magnitude_mask(lin.weight, 0.7) for n, lin in linears.items()}),
+        "random_0.5": _storage({n: torch.rand(lin.weight.shape, generator=generator) < 0.5
+                                for n, lin in linears.items()}),
+        "target": "<= 1/30 (0.03333)",
+    }
+
+
+def main() -> None:
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(0)
+    model, _ = load_backbone("minilm-l6", 0)
+    batch = _batch(torch.Generator().manual_seed(0))
+    figure, scores = bench_mask_train_step(model, batch)
+    print(json.dumps(figure), flush=True)
+    print(json.dumps(bench_mask_storage(model, scores)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""mask_train and imp end to end on a tiny random model: pipelines, stages, sparsity, maps, resume."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from experiments import RunContext, parse_config, run
+from experiments.config import ConfigError
+from experiments.masks import unpack_masks
+from experiments.tracking import MemoryTracker
+
+TINY = {
+    "model": "tiny-bert",
+    "task": {"name": "synthetic-cls", "num_train": 64, "num_eval": 32, "max_length": 24},
+    "train": {"max_steps": 4, "batch_size": 8, "eval_every": 2, "lr": 1e-3},
+}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def _cfg(method: str, **section):
+    return parse_config({**copy.deepcopy(TINY), "method": method, method: section})
+
+
+def _chain(cfg, tracker=None):
+    """Run a config after its upstreams (each once), weights handed on in memory; the last result."""
+    from orchestrator.registry.stages import with_upstreams
+
+    chain, edges = with_upstreams([cfg])
+    store: dict[str, dict] = {}
+    for key, step in chain.items():
+        ctx = RunContext(tracker=tracker if key == cfg.run_key and tracker else MemoryTracker(),
+                         load_upstream=lambda role, step=step: store[step.upstreams[role].run_key],
+                         save_weights=lambda weights, key=key: store.__setitem__(key, weights))
+        result = run(step, ctx)
+    return result, store
+
+
+def _densities(result):
+    return result.maps["weights.mask_density"].values  # (L, 6): kept fraction per matrix
+
+
+def test_mask_train_hits_the_sparsity_of_every_matrix_and_leaves_the_weights_alone():
+    tracker = MemoryTracker()
+    cfg = _cfg("mask_train", sparsity=0.7, initial_sparsity=0.2, reset_every=2)
+    result, store = _chain(cfg, tracker)
+    np.testing.assert_allclose(_densities(result), 0.3, atol=0.005)  # every matrix within 0.5 %
+    assert result.metrics["sparsity"] == pytest.approx(0.7, abs=0.005)
+    assert set(result.maps) == {"heads.mask_density", "neurons.mask_density", "weights.mask_density"}
+    assert result.maps["heads.mask_density"].values.shape == (2, 4)
+    masks = unpack_masks(result.artifacts["masks.npz"])
+    assert tracker.artifacts["masks.npz"] == result.artifacts["masks.npz"]  # also in MLflow
+    assert len(masks) == 2 * 6 and all(m.dtype == torch.bool for m in masks.values())
+    # prune_only trains scores and the decoder, never the encoder's weights: they are the pretrained ones
+    from experiments.models import load_backbone
+    from experiments.seeding import derive_seed
+
+    pretrained, _ = load_backbone(cfg.model, derive_seed(cfg.seed, "model_init"))
+    after = store[cfg.run_key]
+    assert all(torch.equal(after[f"encoder.{k}"], v) for k, v in pretrained.state_dict().items())
+
+
+def test_mask_train_pipelines_start_from_their_stages():
+    ft = _cfg("mask_train", pipeline="ft_then_prune", sparsity=0.5)
+    assert ft.upstreams["init_from"].method == "finetune"
+    b = _cfg("mask_train", pipeline="prune_then_ft", sparsity=0.5, lr=0.05)
+    upstream = b.upstreams["init_from"]
+    assert (upstream.method, upstream.section.pipeline, upstream.section.sparsity, upstream.section.lr) == (
+        "mask_train", "prune_only", 0.5, 0.05)
+    result, store = _chain(b)
+    saved = store[upstream.run_key]
+    scores = {k: v for k, v in saved.items() if k.startswith("interventions.masks.")}
+    assert scores, "a prune_only run hands its mask on"
+    # prune_then_ft fine-tunes the subnetwork with the upstream's mask fixed: same densities
+    upstream_result, _ = _chain(upstream)
+    np.testing.assert_array_equal(_densities(result), _densities(upstream_result))
+
+
+def test_a_schedule_that_falls_or_a_sparsity_outside_0_1_fails_with_the_key():
+    with pytest.raises(ConfigError, match=r"mask_train.*final sparsity \(0.3\) is below its initial sparsity \(0.5\)"):
+        _cfg("mask_train", sparsity=0.3, initial_sparsity=0.5)
+    with pytest.raises(ConfigError, match=r"mask_train.sparsity: .*less than 1"):
+        _cfg("mask_train", sparsity=1.0)
+    with pytest.raises(ConfigError, match=r"imp.sparsity: .*not a whole number of 10 % rounds"):
+        _cfg("imp", sparsity=0.35)
+    with pytest.raises(ConfigError, match=r"mask_train.loss: unknown loss 'pe'; did you mean 'poe'"):
+        _cfg("mask_train", loss="pe")
+    with pytest.raises(ConfigError, match=r"finetune.loss: poe needs a bias model, but .*synthetic-cls.* defines no bias"):
+        _cfg("finetune", loss="poe")
+
+
+@pytest.mark.parametrize("pipeline", ["ft_then_prune", "prune_then_ft"])
+def test_imp_reaches_its_sparsity_in_rounds(pipeline):
+    cfg = _cfg("imp", pipeline=pipeline, sparsity=0.3)
+    result, _ = _chain(cfg)
+    np.testing.assert_allclose(_densities(result), 0.7, atol=1e-3)  # three rounds of 10 % per matrix
+    rounds = 3 + (pipeline == "prune_then_ft")  # rewinding trains once more after the last round
+    assert result.steps == rounds * 4
