@@ -119,7 +119,8 @@ def _open_heads(data: SweepData) -> np.ndarray:
 
 def curve_points(data: SweepData, metric: str, x: str, filters: Filters | None = None
                  ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """``{pipeline: (x, mean, std)}`` of ``metric``, over runs that have it.
+    """``{line: (x, mean, std)}`` of ``metric``, over runs that have it: one line per pipeline,
+    per method and pipeline when the selection holds several methods (``mask_train ft_then_prune``).
 
     ``x = sparsity | lambda``: runs pooled per x value; ``x = open_heads``: one
     point per cell at its seeds' mean number of open heads.
@@ -133,9 +134,10 @@ def curve_points(data: SweepData, metric: str, x: str, filters: Filters | None =
     if not ok.any():
         raise QueryError(f"no finished run has both {metric} and {x} in {describe(filters)}")
     sel, y, xs = sel.subset(ok), y[ok], xs[ok]
+    several = len(axis_values(sel, "method")) > 1
     curves = {}
-    for pipeline in axis_values(sel, "pipeline"):
-        in_p = sel.pipeline == pipeline
+    for method, pipeline in sorted({(str(m), str(p)) for m, p in zip(sel.method, sel.pipeline, strict=True)}):
+        in_p = (sel.method == method) & (sel.pipeline == pipeline)
         part = sel.subset(in_p)
         points = []
         for idx in group_indices(part, ["group_key" if x == "open_heads" else x]):
@@ -143,7 +145,8 @@ def curve_points(data: SweepData, metric: str, x: str, filters: Filters | None =
             std = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
             points.append((float(xs[in_p][idx].mean()), float(vals.mean()), std))
         points.sort()
-        curves[pipeline or "(none)"] = tuple(np.array(col) for col in zip(*points, strict=True))
+        label = " ".join(part for part in ((method if several else ""), pipeline) if part) or method
+        curves[label] = tuple(np.array(col) for col in zip(*points, strict=True))
     return curves
 
 

@@ -73,3 +73,26 @@ def fresh_pg_database():
     yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _run_chain(cfg, tracker=None):
+    """Run a config after its upstreams (stages), each once, weights handed on in memory, no Ray:
+    (the config's RunResult, {run key: the weights each run handed on})."""
+    from experiments import RunContext, run
+    from experiments.tracking import MemoryTracker
+    from orchestrator.registry.stages import with_upstreams
+
+    chain, _ = with_upstreams([cfg])
+    store: dict[str, dict] = {}
+    for key, step in chain.items():
+        ctx = RunContext(tracker=tracker if key == cfg.run_key and tracker else MemoryTracker(),
+                         load_upstream=lambda role, step=step: store[step.upstreams[role].run_key],
+                         save_weights=lambda weights, key=key: store.__setitem__(key, weights))
+        result = run(step, ctx)
+    return result, store
+
+
+@pytest.fixture
+def run_chain():
+    """``run_chain(cfg, tracker=None)``: see ``_run_chain``."""
+    return _run_chain

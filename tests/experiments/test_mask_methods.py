@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments import RunContext, parse_config, run
+from experiments import parse_config
 from experiments.config import ConfigError
 from experiments.masks import unpack_masks
 from experiments.tracking import MemoryTracker
@@ -27,28 +27,14 @@ def _cfg(method: str, **section):
     return parse_config({**copy.deepcopy(TINY), "method": method, method: section})
 
 
-def _chain(cfg, tracker=None):
-    """Run a config after its upstreams (each once), weights handed on in memory; the last result."""
-    from orchestrator.registry.stages import with_upstreams
-
-    chain, edges = with_upstreams([cfg])
-    store: dict[str, dict] = {}
-    for key, step in chain.items():
-        ctx = RunContext(tracker=tracker if key == cfg.run_key and tracker else MemoryTracker(),
-                         load_upstream=lambda role, step=step: store[step.upstreams[role].run_key],
-                         save_weights=lambda weights, key=key: store.__setitem__(key, weights))
-        result = run(step, ctx)
-    return result, store
-
-
 def _densities(result):
     return result.maps["weights.mask_density"].values  # (L, 6): kept fraction per matrix
 
 
-def test_mask_train_hits_the_sparsity_of_every_matrix_and_leaves_the_weights_alone():
+def test_mask_train_hits_the_sparsity_of_every_matrix_and_leaves_the_weights_alone(run_chain):
     tracker = MemoryTracker()
     cfg = _cfg("mask_train", sparsity=0.7, initial_sparsity=0.2, reset_every=2)
-    result, store = _chain(cfg, tracker)
+    result, store = run_chain(cfg, tracker)
     np.testing.assert_allclose(_densities(result), 0.3, atol=0.005)  # every matrix within 0.5 %
     assert result.metrics["sparsity"] == pytest.approx(0.7, abs=0.005)
     assert set(result.maps) == {"heads.mask_density", "neurons.mask_density", "weights.mask_density"}
@@ -65,19 +51,19 @@ def test_mask_train_hits_the_sparsity_of_every_matrix_and_leaves_the_weights_alo
     assert all(torch.equal(after[f"encoder.{k}"], v) for k, v in pretrained.state_dict().items())
 
 
-def test_mask_train_pipelines_start_from_their_stages():
+def test_mask_train_pipelines_start_from_their_stages(run_chain):
     ft = _cfg("mask_train", pipeline="ft_then_prune", sparsity=0.5)
     assert ft.upstreams["init_from"].method == "finetune"
     b = _cfg("mask_train", pipeline="prune_then_ft", sparsity=0.5, lr=0.05)
     upstream = b.upstreams["init_from"]
     assert (upstream.method, upstream.section.pipeline, upstream.section.sparsity, upstream.section.lr) == (
         "mask_train", "prune_only", 0.5, 0.05)
-    result, store = _chain(b)
+    result, store = run_chain(b)
     saved = store[upstream.run_key]
     scores = {k: v for k, v in saved.items() if k.startswith("interventions.masks.")}
     assert scores, "a prune_only run hands its mask on"
     # prune_then_ft fine-tunes the subnetwork with the upstream's mask fixed: same densities
-    upstream_result, _ = _chain(upstream)
+    upstream_result, _ = run_chain(upstream)
     np.testing.assert_array_equal(_densities(result), _densities(upstream_result))
 
 
@@ -95,9 +81,9 @@ def test_a_schedule_that_falls_or_a_sparsity_outside_0_1_fails_with_the_key():
 
 
 @pytest.mark.parametrize("pipeline", ["ft_then_prune", "prune_then_ft"])
-def test_imp_reaches_its_sparsity_in_rounds(pipeline):
+def test_imp_reaches_its_sparsity_in_rounds(pipeline, run_chain):
     cfg = _cfg("imp", pipeline=pipeline, sparsity=0.3)
-    result, _ = _chain(cfg)
+    result, _ = run_chain(cfg)
     np.testing.assert_allclose(_densities(result), 0.7, atol=1e-3)  # three rounds of 10 % per matrix
     rounds = 3 + (pipeline == "prune_then_ft")  # rewinding trains once more after the last round
     assert result.steps == rounds * 4
