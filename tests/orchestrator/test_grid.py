@@ -389,3 +389,14 @@ def test_spec_round_trips_through_yaml():
     spec = _spec(axes={"task": ["sst2"], "seed": [0, 1]}, include=[{"lambda": 0.5}])
     again = parse_grid(yaml.safe_load(yaml.safe_dump(spec.model_dump())))
     assert again == spec
+
+
+@pytest.mark.parametrize("name", ["grid_demo.yaml", "grid_stem_cell.yaml", "grid_shortcut.yaml", "grid_sparse_robust.yaml", "grid_sst2_masks.yaml"])
+def test_every_example_grid_expands(name, shared_data):
+    from pathlib import Path
+
+    from orchestrator.registry.stages import dag_summary, with_upstreams
+
+    spec = load_grid(Path(__file__).resolve().parents[2] / "examples" / name)
+    keyed, edges = with_upstreams(expand(spec))
+    assert keyed and dag_summary(keyed, edges)["upstream"] >= (name != "grid_demo.yaml")
