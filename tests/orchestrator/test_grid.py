@@ -319,7 +319,11 @@ def test_bad_name():
         ),
         (
             {"axes": {"method": ["finetune"], "pipeline": ["dp"]}},
-            "axes: 'pipeline' applies to no cell: it is a key of head_gates, and this grid's cells run finetune",
+            "axes: 'pipeline' applies to no cell: it is a key of head_gates, mask_train, imp, and this grid's cells run finetune",
+        ),
+        (
+            {"axes": {"method": ["finetune"], "lambda": [0.1]}},
+            "axes: 'lambda' applies to no cell: it is a key of head_gates, and this grid's cells run finetune",
         ),
         (
             {"base": {"method": "finetune", "head_gates": {"lr": 0.1}}, "axes": {"seed": [0, 1]}},
