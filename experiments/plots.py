@@ -31,16 +31,20 @@ def gate_map_png(gates: np.ndarray, title: str) -> bytes:
     return buf.getvalue()
 
 
-def map_png(values: np.ndarray, title: str, label: str) -> bytes:
-    """Heat map of any (L, K) map, layer 1 at the top, on the map's own value range."""
+def map_png(values: np.ndarray, title: str, label: str, units: list[str] | None = None, xlabel: str = "unit") -> bytes:
+    """Heat map of any (L, K) map, layer 1 at the top, on the map's own value range; ``units``
+    names the columns (a weight mask's matrices), else they are numbered when few."""
     num_layers, num_units = values.shape
-    fig = Figure(figsize=(min(16.0, max(4.0, 0.45 * num_units + 1.5)), max(2.5, 0.4 * num_layers + 1.2)), dpi=100)
+    width = max(6.5, 0.9 * num_units + 2.0) if units is not None else max(4.0, 0.45 * num_units + 1.5)
+    fig = Figure(figsize=(min(16.0, width), max(2.5, 0.4 * num_layers + 1.4)), dpi=100)
     ax = fig.subplots()
     image = ax.imshow(values, cmap="viridis", aspect="auto", interpolation="nearest")
     ax.set_yticks(range(num_layers), [str(layer + 1) for layer in range(num_layers)])
-    if num_units <= 32:  # numbered from 1, like the layers and the gate map's heads
+    if units is not None:
+        ax.set_xticks(range(num_units), units, rotation=30, ha="right")
+    elif num_units <= 32:  # numbered from 1, like the layers and the gate map's heads
         ax.set_xticks(range(num_units), [str(unit + 1) for unit in range(num_units)])
-    ax.set_xlabel("unit")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("layer")
     ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=ax, label=label)

@@ -13,6 +13,7 @@ from pathlib import Path
 from experiments.config import RunConfig, flatten
 from experiments.context import RunContext
 from experiments.methods import METHODS
+from experiments.masks import ROLES
 from experiments.plots import gate_map_png, map_png
 from experiments.result import RunResult
 from experiments.seeding import sub_seeds
@@ -38,7 +39,8 @@ def run(cfg: RunConfig, ctx: RunContext | None = None) -> RunResult:
 
 
 def log_maps(tracker: Tracker, result: RunResult, labels: dict) -> None:
-    """``maps.npz`` (every map and trajectory) and one heat map ``<name>.png`` per ``heads.*`` map.
+    """``maps.npz`` (every map and trajectory) and one heat map ``<name>.png`` per ``heads.*`` map
+    and per weight mask's layer x matrix density (``weights.mask_density``).
 
     A run without maps (plain fine-tuning learns no gates) logs only the (empty) ``maps.npz``.
     """
@@ -46,9 +48,12 @@ def log_maps(tracker: Tracker, result: RunResult, labels: dict) -> None:
     method = "/".join(str(labels[k]) for k in ("method", "pipeline") if labels.get(k) is not None)
     title = f"{method} {labels['task']} {labels['model']} seed {labels['seed']}"
     for name, unit_map in result.maps.items():
-        if unit_map.kind != "heads":
+        if unit_map.kind == "weights" and unit_map.values.shape[1] == len(ROLES):  # a mask's layer x matrix
+            png = map_png(unit_map.values, f"{title}\n{name}: fraction of each matrix kept", name,
+                          units=list(ROLES), xlabel="matrix")
+        elif unit_map.kind != "heads":
             continue
-        if name == "heads.gate":
+        elif name == "heads.gate":
             png = gate_map_png(unit_map.values, title)
         else:
             png = map_png(unit_map.values, f"{title}\n{name}: {unit_map.meaning}", name)

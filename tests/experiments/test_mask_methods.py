@@ -41,6 +41,7 @@ def test_mask_train_hits_the_sparsity_of_every_matrix_and_leaves_the_weights_alo
     assert result.maps["heads.mask_density"].values.shape == (2, 4)
     masks = unpack_masks(result.artifacts["masks.npz"])
     assert tracker.artifacts["masks.npz"] == result.artifacts["masks.npz"]  # also in MLflow
+    assert {"heads.mask_density.png", "weights.mask_density.png"} <= set(tracker.artifacts)
     assert len(masks) == 2 * 6 and all(m.dtype == torch.bool for m in masks.values())
     # prune_only trains scores and the decoder, never the encoder's weights: they are the pretrained ones
     from experiments.models import load_backbone
