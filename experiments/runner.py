@@ -12,8 +12,8 @@ from pathlib import Path
 
 from experiments.config import RunConfig, flatten
 from experiments.context import RunContext
-from experiments.methods import METHODS
 from experiments.masks import ROLES
+from experiments.methods import METHODS
 from experiments.plots import gate_map_png, map_png
 from experiments.result import RunResult
 from experiments.seeding import sub_seeds
