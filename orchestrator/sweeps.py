@@ -72,9 +72,14 @@ def _cluster() -> dict[str, str]:
 
 
 def driver_env(head: dict[str, str], track: bool) -> dict[str, str]:
-    """Environment of the driver job: where the registry, MLflow and Ray are."""
+    """Environment of the driver job and its trials: where the registry, MLflow, Ray and the data
+    are. The data root is resolved here, where the grid was validated: the trials import the
+    shipped code from Ray's package cache, where the default ``../shared/data`` is not beside it."""
+    from experiments.tasks._common import default_data_dir
+
     return {
         "HEADSWEEP_HOME": str(settings.home()),
+        "HEADSWEEP_DATA": str(default_data_dir().resolve()),
         "HEADSWEEP_DB": settings.registry_url(),
         "HEADSWEEP_TRACKING_URI": settings.tracking_uri(),
         "HEADSWEEP_TRACK": "1" if track else "0",

@@ -216,3 +216,14 @@ def test_cluster_yaml_is_valid_for_the_ray_launcher():
     config["available_node_types"]["head"]["typo"] = 1
     with pytest.raises(Exception, match="typo"):
         validate_config(fillout_defaults(config))
+
+
+def test_trials_find_the_data_where_the_grid_was_validated(monkeypatch, shared_data):
+    """The shipped code lives in Ray's package cache, where ../shared/data is not beside it: the
+    job's environment carries the data root resolved at submit (a built-in sst2 sweep failed
+    with 'train.tsv not found in .../runtime_resources/py_modules_files/...' without it)."""
+    from orchestrator import cluster, sweeps
+
+    monkeypatch.delenv("HEADSWEEP_DATA", raising=False)
+    env = cluster.job_runtime_env(sweeps.driver_env({"address": "127.0.0.1:1"}, track=False))["env_vars"]
+    assert env["HEADSWEEP_DATA"] == str(shared_data.resolve()) and (shared_data / "sst2" / "train.tsv").exists()
