@@ -70,16 +70,39 @@ def config_keys_of(data: SweepData, axis: str) -> set[str]:
 
 
 def check_axis(name: str, data: SweepData | None = None) -> str:
-    """``name`` if it is a label axis (``AXES``) or, given ``data``, a config key of its runs."""
+    """``name`` if it is a label axis (``AXES``) or, given ``data``, a config key of its runs or a
+    key of their methods' own sections (``loss`` for ``finetune.loss`` and ``mask_train.loss``)."""
     known = list(AXES) + (sorted(config_columns(data)) if data is not None else [])
-    if name not in known:
+    if name not in known and (data is None or _section_column(data, name) is None):
         raise QueryError(f"unknown axis '{name}'{did_you_mean(name, known)} (axes: {list_choices(known, 12)})")
     return name
 
 
 def column(data: SweepData, name: str) -> np.ndarray:
-    """The ``(N,)`` column of a label axis or of a config key."""
-    return data.axis(name) if name in AXES else config_columns(data)[check_axis(name, data)]
+    """The ``(N,)`` column of a label axis, of a config key, or of a key of the runs' own method
+    sections (each run's value from its own method's section; unset where its method lacks it)."""
+    if name in AXES:
+        return data.axis(name)
+    config = config_columns(data)
+    if name in config:
+        return config[name]
+    found = _section_column(data, name)
+    return found if found is not None else config[check_axis(name, data)]
+
+
+def _section_column(data: SweepData, name: str) -> np.ndarray | None:
+    """``<method>.<name>`` of each run's own method, or None when no method section has ``name``."""
+    config = config_columns(data)
+    methods = [str(m) for m in np.unique(data.method)]
+    keys = {m: f"{m}.{name}" for m in methods if f"{m}.{name}" in config}
+    if not keys:
+        return None
+    numeric = all(not _is_text(config[k]) for k in keys.values())
+    out = np.full(len(data), np.nan) if numeric else np.full(len(data), None, dtype=object)
+    for method, key in keys.items():
+        rows = data.method == method
+        out[rows] = config[key][rows]
+    return out
 
 
 def _is_text(col: np.ndarray) -> bool:

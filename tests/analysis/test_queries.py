@@ -423,3 +423,16 @@ def test_open_heads_without_the_metric_counts_gates_above_the_one_threshold(data
     finished = without.has_gates
     np.testing.assert_array_equal(counted[finished], (gates[finished] > OPEN_THRESHOLD).sum(axis=(1, 2)))
     assert (counted[finished] >= 12).all()
+
+
+def test_a_key_of_the_methods_own_sections_is_an_axis(data):
+    """``lr`` is head_gates.lr for head_gates runs and unset for finetune runs (which have no such
+    key): what ``--group-by loss`` needs when finetune.loss and mask_train.loss are both in a sweep."""
+    lr = select.column(data, "lr")
+    gates = data.method == "head_gates"
+    assert gates.any() and (~gates).any()
+    np.testing.assert_array_equal(lr[gates], select.config_columns(data)["head_gates.lr"][gates])
+    assert np.isnan(lr[~gates].astype(float)).all()
+    assert select.check_axis("lr", data) == "lr"
+    with pytest.raises(QueryError, match="unknown axis 'lrr'"):
+        select.column(data, "lrr")
