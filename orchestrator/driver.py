@@ -134,6 +134,7 @@ def execute_sweep(
         "experiment_id": sweep["mlflow_experiment_id"], "parent_run_id": sweep["mlflow_parent_run_id"],
         "checkpoint_every_s": checkpoint_every_s, "stale_after_s": stale_after_s,
         "checkpoints": settings.checkpoint_root(),
+        "name_keys": tracking.name_keys(registry.sweep_runs(sweep_id)["config"]) if tracking_uri else [],
     }
     attempted: set[str] = set()
     # Waves (DESIGN.md decision 10): the runs whose upstream runs have all finished, until none is

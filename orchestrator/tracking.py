@@ -7,10 +7,12 @@ batched (``log_batch``: 19 ms per run vs 87 ms with single calls, measured).
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
@@ -47,6 +49,37 @@ def start_run(
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     return mlflow.create_run(experiment_id, run_name=name, tags=all_tags).info.run_id
+
+
+_IN_THE_NAME = {"seed", "task.name", "method", "model"}
+"""Keys ``RunConfig.run_name`` already shows (task, method, pipeline, seed) or that a sweep's
+experiment view shows as its own column (model)."""
+
+
+def name_keys(configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The dotted config keys that vary across a sweep's runs (``head_gates.lambda``,
+    ``finetune.loss``), less what the run name shows already and the stages' own keys: what a
+    child run's name must add so that no two runs of the sweep share a name."""
+    from experiments.config import STAGE_ROLES, flatten
+
+    values: dict[str, set[str]] = {}
+    for config in configs:
+        for key, value in flatten(dict(config)).items():
+            values.setdefault(key, set()).add(json.dumps(value, sort_keys=True, default=str))
+    varying = [key for key, seen in values.items() if len(seen) > 1]
+    return sorted(key for key in varying if key not in _IN_THE_NAME and not key.endswith(".pipeline")
+                  and key.split(".", 1)[0] not in STAGE_ROLES)
+
+
+def run_name(cfg, keys: Sequence[str]) -> str:
+    """``synthetic-tag-head_gates-dp-seed0-lambda=0.05``: the run's name plus each of ``keys`` it
+    has (a method section's key by its short name, ``lambda``; ``train.lr`` whole)."""
+    from experiments.config import flatten
+
+    flat = flatten(cfg.to_dict())
+    parts = [f"{key.split('.', 1)[1] if key.split('.', 1)[0] == cfg.method else key}={flat[key]}"
+             for key in keys if key in flat and key.split(".", 1)[0] in (cfg.method, "task", "train", "model")]
+    return "-".join([cfg.run_name(), *parts])
 
 
 class MlflowTracker:

@@ -152,7 +152,7 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
 
         mlflow = tracking.client(env["tracking_uri"])
         run_id = claimed.get("mlflow_run_id") or tracking.start_run(
-            mlflow, env["experiment_id"], cfg.run_name(),
+            mlflow, env["experiment_id"], tracking.run_name(cfg, env.get("name_keys", ())),
             tags={"sweep": sweep_id}, parent_run_id=env.get("parent_run_id"),
         )
         registry.set_mlflow_run(run_key, run_id)

@@ -64,3 +64,21 @@ def test_round_trip_with_a_parent_run_active(store, tmp_path):
         assert npz["neurons.predictivity"].shape == (2, 16) and npz["trajectory/heads.gate"].shape == (2, 2, 4)
     assert client.get_run(active).data.params == {}  # nothing leaked into the fluent run
     assert client.get_run(parent).info.status == "RUNNING"
+
+
+def test_child_names_carry_every_axis_that_varies():
+    """Two lambdas of a pipeline, three losses of finetune: no two runs share a name."""
+    from experiments.config import parse_config
+    from orchestrator import tracking
+
+    configs = [parse_config({"seed": s, "head_gates": {"lambda": lam, "pipeline": p}}, check_files=False)
+               for s in (0, 1) for lam in (0.05, 0.2) for p in ("dp", "sp")]
+    configs += [parse_config({"method": "finetune", "seed": 0, "finetune": {"loss": loss},
+                              "task": {"name": "synthetic-shortcut"}}, check_files=False)
+                for loss in ("ce", "poe")]
+    keys = tracking.name_keys([c.to_dict() for c in configs])
+    assert keys == ["finetune.loss", "head_gates.lambda"]
+    names = [tracking.run_name(c, keys) for c in configs]
+    assert len(set(names)) == len(names)
+    assert names[0] == "synthetic-cls-head_gates-dp-seed0-lambda=0.05"
+    assert names[-1] == "synthetic-shortcut-finetune-seed0-loss=poe"
