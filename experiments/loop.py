@@ -117,6 +117,21 @@ def evaluate_all(state: RunState) -> dict[str, float]:
 # ------------------------------------------------------------------------------ the loop
 
 
+def update(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scheduler=None,
+           params: list | None = None, grad_clip: float | None = None) -> float:
+    """One optimiser step on ``loss``: zero the gradients, backward, clip ``params`` to
+    ``grad_clip`` (when given), step the optimiser and the scheduler; returns the loss value."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if params is not None and grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    return loss.item()
+
+
+
 def train_steps(
     state: RunState,
     ctx: RunContext,

@@ -76,9 +76,9 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from experiments.mask_format import read_masks
+from experiments.mask_format import pack_masks, read_masks
 from experiments.models import architecture_of
-from experiments.result import UnitMap
+from experiments.result import RunResult, UnitMap
 
 TAU = 0.01
 """Initial score threshold of mask training (Liu et al.)."""
@@ -406,17 +406,22 @@ def realised_sparsity(masks: Masks) -> tuple[dict[str, float], float]:
     return per_matrix, sum(removed.values()) / max(1, sum(sizes.values()))
 
 
-def mask_maps(masks: Masks, num_layers: int, num_heads: int) -> dict[str, UnitMap]:
-    """A run's unit maps of its mask (what the agreement analysis compares across runs):
-    ``heads.mask_density`` (L, H), ``neurons.mask_density`` (L, I), ``weights.mask_density`` (L, 6)."""
-    return {
-        "heads.mask_density": UnitMap(head_density(masks, num_layers, num_heads), "heads",
+def masked_result(cfg, state, metrics: Mapping[str, float], masks: Masks) -> RunResult:
+    """What a masked run (mask_train, imp) reports: its metrics and realised ``sparsity``, the
+    mask's unit maps ``heads.mask_density`` (L, H), ``neurons.mask_density`` (L, I) and
+    ``weights.mask_density`` (L, 6: ``ROLES``), and the mask itself as ``masks.npz``."""
+    maps = {
+        "heads.mask_density": UnitMap(head_density(masks, state.num_layers, state.num_heads), "heads",
                                       "fraction of the head's Q, K, V rows and output columns kept"),
         "neurons.mask_density": UnitMap(neuron_density(masks), "neurons",
                                         "fraction of the FFN neuron's input row and output column kept"),
         "weights.mask_density": UnitMap(role_density(masks), "weights",
                                         "fraction of each layer's matrix kept: " + ", ".join(ROLES)),
     }
+    return RunResult(run_key=cfg.run_key, group_key=cfg.group_key,
+                     metrics=dict(metrics) | {"sparsity": realised_sparsity(masks)[1]}, maps=maps,
+                     eval_steps=np.asarray(state.values["eval_steps"]), steps=state.step,
+                     artifacts={"masks.npz": pack_masks(masks)})
 
 
 # --------------------------------------------------------------------------- storage

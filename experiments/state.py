@@ -167,6 +167,23 @@ def adamw(groups: list[tuple[list[nn.Parameter], float]], weight_decay: float) -
     return torch.optim.AdamW(param_groups)
 
 
+def fine_tuning(state: RunState, total: int, period: int | None = None):
+    """The model's optimiser every fine-tuning method shares, registered as ``state.optimizers``
+    / ``state.schedulers["model"]``: AdamW over the encoder (``train.lr``) and the task decoder
+    (``train.decoder_lr``), linear warm-up and decay over ``total`` steps (restarted every
+    ``period`` steps when given: IMP's phases). Returns (optimizer, scheduler)."""
+    from experiments.maths.schedules import linear_warmup_decay
+
+    tc = state.cfg.train
+    optimizer = adamw([(list(state.encoder.parameters()), tc.lr), (list(state.decoder.parameters()), tc.decoder_lr)],
+                      tc.weight_decay)
+    schedule = (lambda s: linear_warmup_decay(s, total, tc.warmup_ratio)) if period is None else (
+        lambda s: linear_warmup_decay(s % period, period, tc.warmup_ratio))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    state.optimizers["model"], state.schedulers["model"] = optimizer, scheduler
+    return optimizer, scheduler
+
+
 def set_up(cfg, ctx) -> RunState:
     """What every method starts from: the task's data, the backbone (seeded 'model_init' stream)
     and a fresh task decoder ('decoder' stream), on ``ctx.device``; the global RNG (dropout) seeded

@@ -10,16 +10,14 @@ debiasing loss with a bias model (and, for ``conf_reg``, a teacher) as stages
 from __future__ import annotations
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from experiments.config import Section
 from experiments.context import RunContext
 from experiments.debias import LOSSES, check_loss, loss_stages, objective
-from experiments.loop import forward_logits, num_steps, train_steps
-from experiments.maths.schedules import linear_warmup_decay
+from experiments.loop import forward_logits, num_steps, train_steps, update
 from experiments.result import RunResult
-from experiments.state import adamw, set_up
+from experiments.state import fine_tuning, set_up
 
 VERSION = "1"
 PIPELINES = ("none",)
@@ -48,9 +46,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     total = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
     params = list(encoder.parameters()) + list(decoder.parameters())
-    optimizer = adamw([(list(encoder.parameters()), tc.lr), (list(decoder.parameters()), tc.decoder_lr)], tc.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_warmup_decay(s, total, tc.warmup_ratio))
-    state.optimizers["model"], state.schedulers["model"] = optimizer, scheduler
+    optimizer, scheduler = fine_tuning(state, total)
     all_heads = state.num_layers * state.num_heads
 
     # The loop body; train_steps does the batches, evaluations, checkpoints and progress.
@@ -59,11 +55,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
     def step(state, batch) -> dict[str, float]:
         ids, mask, labels = batch
         loss = loss_fn(forward_logits(encoder, decoder, ids, mask), labels, state.batch_index)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-        optimizer.step(), scheduler.step()
-        return {"loss": loss.item(), "open_heads": all_heads}
+        return {"loss": update(loss, optimizer, scheduler, params, tc.grad_clip), "open_heads": all_heads}
 
     metrics = train_steps(state, ctx, total, step)
 

@@ -44,10 +44,9 @@ from experiments.gates import HeadGates, eval_gates, l0_penalty, open_heads, pro
 from experiments.heads import attach_head_gates
 from experiments.loop import evaluate_all, forward_logits, num_steps, train_steps
 from experiments.maths.losses import task_loss
-from experiments.maths.schedules import linear_warmup_decay
 from experiments.result import RunResult, UnitMap
 from experiments.seeding import generator
-from experiments.state import adamw, set_up
+from experiments.state import fine_tuning, set_up
 
 VERSION = "2"  # 2: sparsity evaluates z * keep (learned gates stay heads.gate); SP starts from a finetune stage
 PIPELINES = ("dp", "sp")
@@ -99,12 +98,10 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     total = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
     model_params = list(encoder.parameters()) + list(decoder.parameters())
-    optimizer = adamw([(list(encoder.parameters()), tc.lr), (list(decoder.parameters()), tc.decoder_lr)], tc.weight_decay)
+    optimizer, scheduler = fine_tuning(state, total)
     gate_optimizer = torch.optim.Adam(gates.parameters(), lr=hp.lr)  # no schedule
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_warmup_decay(s, total, tc.warmup_ratio))
     state.interventions["gates"], state.generators["gate_noise"] = gates, gates.generator
-    state.optimizers |= {"model": optimizer, "gates": gate_optimizer}
-    state.schedulers["model"] = scheduler
+    state.optimizers["gates"] = gate_optimizer
     state.values["trajectory"] = []  # (L, H) test-time gates at each evaluation
 
     # The loop body; train_steps does the batches, evaluations, checkpoints and progress.

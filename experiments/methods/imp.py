@@ -22,7 +22,6 @@ final model, ``sparsity`` (realised), the mask's density maps (``heads.mask_dens
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from pydantic import Field, field_validator
 from torch import nn
@@ -30,18 +29,16 @@ from torch import nn
 from experiments.config import Section
 from experiments.context import RunContext
 from experiments.debias import LOSSES, check_loss, loss_stages, objective
-from experiments.loop import forward_logits, num_steps, train_steps
-from experiments.mask_format import pack_masks
+from experiments.loop import forward_logits, num_steps, train_steps, update
 from experiments.masks import (
     attach_masks,
     imp_prune,
-    mask_maps,
     maskable_weights,
+    masked_result,
     realised_sparsity,
 )
-from experiments.maths.schedules import linear_warmup_decay
 from experiments.result import RunResult
-from experiments.state import adamw, set_up
+from experiments.state import fine_tuning, set_up
 
 VERSION = "1"
 PIPELINES = ("ft_then_prune", "prune_then_ft")
@@ -120,10 +117,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
     loss_fn = objective(hp.loss, cfg, ctx, state)
 
     params = list(encoder.parameters()) + list(decoder.parameters())
-    optimizer = adamw([(list(encoder.parameters()), tc.lr), (list(decoder.parameters()), tc.decoder_lr)], tc.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(  # warm-up and decay within each phase
-        optimizer, lambda s: linear_warmup_decay(s % phase, phase, tc.warmup_ratio))
-    state.optimizers["model"], state.schedulers["model"] = optimizer, scheduler
+    optimizer, scheduler = fine_tuning(state, total, period=phase)  # warm-up and decay within each phase
     handle = attach_masks(linears, masks.__getitem__)
 
     def prune(k: int) -> None:
@@ -146,24 +140,13 @@ def run(cfg, ctx: RunContext) -> RunResult:
                 prune(k)
         ids, mask, labels = batch
         loss = loss_fn(forward_logits(encoder, decoder, ids, mask), labels, state.batch_index)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-        optimizer.step(), scheduler.step()
-        return {"loss": loss.item(), "sparsity": realised_sparsity(masks.as_dict())[1]}
+        return {"loss": update(loss, optimizer, scheduler, params, tc.grad_clip),
+                "sparsity": realised_sparsity(masks.as_dict())[1]}
 
     metrics = train_steps(state, ctx, total, step)
 
     final = {name: mask.cpu() for name, mask in masks.as_dict().items()}
     handle.remove()
-    return RunResult(
-        run_key=cfg.run_key,
-        group_key=cfg.group_key,
-        metrics=dict(metrics) | {"sparsity": realised_sparsity(final)[1]},
-        maps=mask_maps(final, state.num_layers, state.num_heads),
-        eval_steps=np.asarray(state.values["eval_steps"]),
-        steps=state.step,
-        artifacts={"masks.npz": pack_masks(final)},
-    )
+    return masked_result(cfg, state, metrics, final)
 
 

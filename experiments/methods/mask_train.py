@@ -29,25 +29,22 @@ mask itself is the run's ``masks.npz`` artifact (bit-packed, ~1/32 of the weight
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from pydantic import Field, model_validator
 
 from experiments.config import Section
 from experiments.context import RunContext
 from experiments.debias import LOSSES, check_loss, loss_stages, objective
-from experiments.loop import forward_logits, num_steps, train_steps
-from experiments.mask_format import pack_masks
+from experiments.loop import forward_logits, num_steps, train_steps, update
 from experiments.masks import (
     MaskScores,
     attach_masks,
-    mask_maps,
     maskable_weights,
-    realised_sparsity,
+    masked_result,
 )
-from experiments.maths.schedules import cubic_sparsity, linear_warmup_decay
+from experiments.maths.schedules import cubic_sparsity
 from experiments.result import RunResult
-from experiments.state import adamw, set_up, upstream_weights
+from experiments.state import fine_tuning, set_up, upstream_weights
 
 VERSION = "1"
 PIPELINES = ("prune_only", "ft_then_prune", "prune_then_ft")
@@ -106,19 +103,12 @@ def run(cfg, ctx: RunContext) -> RunResult:
         masks = {name: mask.to(state.device) for name, mask in upstream_masks(cfg, ctx, linears).items()}
         handle = attach_masks(linears, masks.__getitem__)
         params = list(encoder.parameters()) + list(decoder.parameters())
-        optimizer = adamw([(list(encoder.parameters()), tc.lr), (list(decoder.parameters()), tc.decoder_lr)],
-                          tc.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_warmup_decay(s, total, tc.warmup_ratio))
-        state.optimizers["model"], state.schedulers["model"] = optimizer, scheduler
+        optimizer, scheduler = fine_tuning(state, total)
 
         def step(state, batch) -> dict[str, float]:
             ids, mask, labels = batch
             loss = loss_fn(forward_logits(encoder, decoder, ids, mask), labels, state.batch_index)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-            optimizer.step(), scheduler.step()
-            return {"loss": loss.item(), "sparsity": hp.sparsity}
+            return {"loss": update(loss, optimizer, scheduler, params, tc.grad_clip), "sparsity": hp.sparsity}
     else:  # trained scores over frozen weights
         def scheduled(step: int) -> float:
             start = hp.sparsity if hp.initial_sparsity is None else hp.initial_sparsity
@@ -136,14 +126,11 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
         def step(state, batch) -> dict[str, float]:
             ids, mask, labels = batch
-            loss = loss_fn(forward_logits(encoder, decoder, ids, mask), labels, state.batch_index)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            loss = update(loss_fn(forward_logits(encoder, decoder, ids, mask), labels, state.batch_index), optimizer)
             done = state.step + 1
             if done % hp.reset_every == 0 or done == total:
                 scores.reset_thresholds(scheduled(done))
-            return {"loss": loss.item(), "sparsity": scheduled(done)}
+            return {"loss": loss, "sparsity": scheduled(done)}
 
         masks = None
 
@@ -151,15 +138,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     masks = scores.binary_masks() if masks is None else masks
     handle.remove()
-    return RunResult(
-        run_key=cfg.run_key,
-        group_key=cfg.group_key,
-        metrics=dict(metrics) | {"sparsity": realised_sparsity(masks)[1]},
-        maps=mask_maps(masks, state.num_layers, state.num_heads),
-        eval_steps=np.asarray(state.values["eval_steps"]),
-        steps=state.step,
-        artifacts={"masks.npz": pack_masks(masks)},
-    )
+    return masked_result(cfg, state, metrics, masks)
 
 
 def upstream_masks(cfg, ctx, linears) -> dict[str, torch.Tensor]:
