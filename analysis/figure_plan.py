@@ -217,15 +217,22 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
         for across in ("task", "pipeline", "model"):
             if len(axis_values(sel, across)) >= 2:
                 plan.append((f"agreement_{across}", "agreement", {"across": across}))
+    if "heads.mask_density" in data.maps:  # weight masks: do seeds keep the same weights?
+        masked = data.subset(data.map("heads.mask_density")[1])
+        if any(len(idx) >= 2 for idx in group_indices(masked, ["group_key"])):
+            plan.append(("agreement_seed_mask_density", "agreement", {"across": "seed", "map_name": "heads.mask_density"}))
     done = data.subset(~np.isnan(_open_heads(data)) | (data.status == "finished"))
     for task in axis_values(done, "task") if len(done) else []:
         part = select(done, {"task": [task]})
         xs = [a for a in ("sparsity", "lambda") if np.unique(part.axis(a)[~np.isnan(part.axis(a))]).size >= 2]
-        xs.append("open_heads")
-        for metric in sorted(m for m in part.metrics if m not in _NOT_CURVE_METRICS):
-            if np.isnan(part.metrics[metric]).all():
-                continue
-            for x in xs:
+        if part.has_gates.any():  # open heads are a head-gating sweep's x, not a mask sweep's
+            xs.append("open_heads")
+        for metric in sorted(m for m in part.metrics if m.split("/")[0] not in _NOT_CURVE_METRICS):
+            y = part.metrics[metric]
+            for x in xs:  # only curves some run can draw (a mask run has no open heads, a finetune no sparsity)
+                xv = _open_heads(part) if x == "open_heads" else part.axis(x)
+                if not (~np.isnan(y) & ~np.isnan(np.asarray(xv, dtype=float))).any():
+                    continue
                 plan.append((f"curves_{task}_{metric}_vs_{x}", "curves",
                              {"filters": {"task": [task]}, "metric": metric, "x": x}))
     return [(_safe_name(name) + ".png", kind, params) for name, kind, params in plan]

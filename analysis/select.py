@@ -24,7 +24,8 @@ COMPANIONS = {"heads.gate": "heads.log_alpha"}
 """Binarised map -> its continuous companion, used when the binarised map is constant in a run
 (every gate closed: Pearson is undefined there, the continuous scores still rank the units)."""
 LEGACY_MAPS = {"heads.gate": ("gates", "has_gates"), "heads.log_alpha": ("scores", None)}
-_NOT_CURVE_METRICS = ("loss", "train_loss", "open_heads")
+_NOT_CURVE_METRICS = ("loss", "train_loss", "open_heads", "sparsity")
+"""Metrics (on any evaluation set: ``loss/ood``) that are no figure's y: losses, counts, the realised sparsity."""
 
 Filters = Mapping[str, Sequence[Any]]
 
@@ -281,7 +282,7 @@ def default_metric(data: SweepData) -> str:
     names = sorted(data.metrics)
     if "accuracy" in names:
         return "accuracy"
-    useful = [n for n in names if n not in _NOT_CURVE_METRICS]
+    useful = [n for n in names if n.split("/")[0] not in _NOT_CURVE_METRICS]
     if not (useful or names):
         raise QueryError("no run of this selection has metrics yet")
     return (useful or names)[0]

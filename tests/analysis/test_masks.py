@@ -98,3 +98,13 @@ def test_the_cli_and_the_service_answer_from_the_store(sweep, tmp_path, monkeypa
     capsys.readouterr()
     assert main(["iou", "last", "--across", "seed", "--format", "json", "--db", url]) == 0
     assert json.loads(capsys.readouterr().out)["iou"] == pytest.approx(expected["iou"])
+
+
+def test_a_mask_sweep_plans_its_density_agreement_and_no_open_heads_curves(sweep):
+    from analysis import figure_plan
+
+    data, _ = sweep
+    plan = {name: (kind, params) for name, kind, params in figure_plan.figure_plan(data)}
+    assert plan["agreement_seed_mask_density.png"] == ("agreement", {"across": "seed", "map_name": "heads.mask_density"})
+    assert not any("open_heads" in name for name in plan)
+    assert figure_plan.figure(data, "agreement", map_name="heads.mask_density", n_perm=20)[:4] == b"\x89PNG"
