@@ -111,6 +111,8 @@ def agreement_png(result: Agreement, filters: Filters | None = None) -> bytes:
 def _open_heads(data: SweepData) -> np.ndarray:
     if "open_heads" in data.metrics:
         return data.metrics["open_heads"]
+    if DEFAULT_MAP not in data.maps:  # no run gates heads (a weight-mask sweep)
+        return np.full(len(data), np.nan)
     values, has = map_stack(data, DEFAULT_MAP)
     flat = np.asarray(values, dtype=np.float64).reshape(len(data), -1)
     with np.errstate(invalid="ignore"):
