@@ -262,7 +262,7 @@ class RunConfig(_Frozen):
         """This config with another (already validated) seed, keyed without validating or
         flattening it again: the grid's fast path for cells that differ only by seed.
 
-        Equal to validating the changed config (tests/experiments/test_run_keys.py): the seed
+        Equal to validating the changed config (tests/experiments/test_config.py): the seed
         enters a run key only as itself and through the upstreams, which follow the seed
         unless their stage sets one (see :func:`resolve_stage`)."""
         from experiments.run_keys import reseeded_keys
