@@ -28,16 +28,34 @@ def client(uri: str | None = None) -> MlflowClient:
     return MlflowClient(tracking_uri=uri or settings.tracking_uri())
 
 
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+"""The experiment tag MLflow 3's UI reads to choose its view: model training (runs, charts,
+artifacts), not the GenAI overview (traces, latency, an assistant) it infers for an experiment
+without it."""
+
+
 def ensure_experiment(mlflow: MlflowClient, name: str) -> str:
-    """The id of experiment ``name``, created with artifacts under HEADSWEEP_HOME if missing."""
+    """The id of experiment ``name``, created with artifacts under HEADSWEEP_HOME if missing,
+    tagged so the MLflow UI opens it on its training runs (``EXPERIMENT_KIND``)."""
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
+        if found.tags.get("mlflow.experimentKind") is None:  # made before the tag, or by someone else
+            mlflow.set_experiment_tag(found.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
         return found.experiment_id
     try:
         location = f"{settings.artifact_root().rstrip('/')}/{name}"
-        return mlflow.create_experiment(name, artifact_location=location)
+        return mlflow.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
     except MlflowException:  # created meanwhile by another process
         return mlflow.get_experiment_by_name(name).experiment_id
+
+
+def ui_url(experiment_id: str, run_id: str | None = None, port: int = 5000) -> str:
+    """Where ``headsweep ui`` (on its default port) shows an experiment's training runs, or one run.
+
+    ``workflowType=machine_learning`` opens MLflow 3's model-training view (runs, charts,
+    artifacts) whatever the browser last chose; without it the UI may open the GenAI overview."""
+    page = f"experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"http://127.0.0.1:{port}/#/{page}?workflowType=machine_learning"
 
 
 def start_run(

@@ -1,6 +1,7 @@
 """`headsweep run` and `headsweep ui` as a user types them (real subprocesses, real MLflow store)."""
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -9,6 +10,8 @@ import urllib.request
 import pytest
 import yaml
 from mlflow import MlflowClient
+
+from orchestrator.tracking import ui_url
 
 HEADSWEEP = [sys.executable, "-m", "orchestrator.cli"]
 TINY = {
@@ -75,6 +78,15 @@ def test_methods_lists_every_method_its_keys_defaults_and_short_names(capsys):
     assert "unknown method 'head-gates'; did you mean 'head_gates'?" in capsys.readouterr().err
 
 
+def _browser_dom(url: str) -> str:
+    """The DOM of ``url`` after its scripts ran, from Debian's headless chromium (.ci/run installs it)."""
+    browser = shutil.which("chromium")
+    assert browser, "this test looks at the MLflow UI in Debian's chromium: apt-get install chromium"
+    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000",
+                           "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    return done.stdout
+
+
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 def test_run_then_ui_shows_it(tmp_path):
     home = tmp_path / "home"
@@ -103,6 +115,12 @@ def test_run_then_ui_shows_it(tmp_path):
             except OSError:
                 time.sleep(1)
         assert body is not None and body[:4] == b"\x89PNG"
+        # the page `run` points at, rendered by a real browser: the training-runs view with this run
+        link = next(line for line in result.stdout.splitlines() if "workflowType" in line).split("then ")[-1]
+        assert link == ui_url(run.info.experiment_id, run.info.run_id)
+        runs_page = f"http://127.0.0.1:{port}/" + ui_url(run.info.experiment_id).split("/", 3)[3]
+        dom = _browser_dom(runs_page)
+        assert run.info.run_name in dom and "Model training" in dom, dom[-3000:]
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)

@@ -35,6 +35,11 @@ def test_round_trip_with_a_parent_run_active(store, tmp_path):
     client = tracking.client(store)
     experiment_id = tracking.ensure_experiment(client, "hs-test")
     assert tracking.ensure_experiment(client, "hs-test") == experiment_id
+    # the MLflow UI opens it on its training runs, also an experiment someone else made untagged
+    assert client.get_experiment(experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    other = client.create_experiment("made-elsewhere")
+    assert tracking.ensure_experiment(client, "made-elsewhere") == other
+    assert client.get_experiment(other).tags["mlflow.experimentKind"] == "custom_model_development"
     parent = tracking.start_run(client, experiment_id, "sweep")
     cfg = parse_config({"seed": 3})
     mlflow.set_tracking_uri(store)
