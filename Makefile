@@ -24,8 +24,9 @@ demo: venv
 	$(VENV)/bin/headsweep agreement last --across seed
 	@echo "Look at it: .venv/bin/headsweep ui (MLflow, http://127.0.0.1:5000); .venv/bin/headsweep serve (analysis API)"
 
-# The default run stays under 10 minutes on 2 cores (~9 min measured). The slow tests (a killed
-# driver resumed, a killed worker retried, orphans rerun, GPU packing, two nodes, two homes' heads,
+# The default run stays under 10 minutes on 2 cores (~9 min measured). The slow tests (a SIGKILLed
+# driver resumed by the supervisor, a stopped one left failed and resumed by hand, a killed worker
+# retried, orphans rerun, GPU packing, two nodes, two homes' heads,
 # another checkout's code, the MLflow UI, serve's Ctrl-C, every endpoint through serve, API
 # fuzzing: ~8 minutes) run in CI after it (.ci/run).
 test: venv

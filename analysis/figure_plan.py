@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis import figures
+from analysis import compare, figures, pruning
 from analysis.loading import SweepData
 from analysis.queries import Agreement, agreement
 from analysis.select import (
@@ -36,7 +36,7 @@ from analysis.select import (
 )
 from experiments.units import OPEN_THRESHOLD
 
-FIGURE_KINDS = ("rgb", "grey", "agreement", "curves")
+FIGURE_KINDS = ("rgb", "grey", "agreement", "curves", "pruning")
 CELL_AXES = ("task", "model", "method", "pipeline", "sparsity", "lambda")
 """The labels that name a cell, seed aside (any other config key of a grid names it too)."""
 CURVE_X = ("sparsity", "lambda", "open_heads")
@@ -170,7 +170,7 @@ def _default_x(sel: SweepData) -> str:
 
 def figure(data: SweepData, kind: str, filters: Filters | None = None, across: str = "seed",
            metric: str | None = None, x: str | None = None, n_perm: int = 1000,
-           max_run_perms: int | None = None, map_name: str = DEFAULT_MAP) -> bytes:
+           max_run_perms: int | None = None, map_name: str = DEFAULT_MAP, maps: list[str] | None = None) -> bytes:
     """One figure of the selection as PNG bytes.
 
     ``rgb``: He & Choi's map of the one cell with 3 finished seeds that the
@@ -180,7 +180,9 @@ def figure(data: SweepData, kind: str, filters: Filters | None = None, across: s
     stem cell statistic and its null band); ``curves``: ``metric`` vs ``x``
     (default: sparsity, else lambda, else open heads), mean line and std
     band per pipeline. ``max_run_perms``: see ``agreement``. ``map_name``: the
-    unit map of rgb, grey and agreement figures.
+    unit map of rgb, grey and agreement figures. ``compare_maps``: the annotated matrix of Spearman
+    rho between ``maps`` (``analysis.compare``; not among the service's kinds). ``pruning``:
+    head_importance's pruning curves of ``metric`` (``analysis.pruning``), one line per cell.
     """
     if kind == "rgb":
         return _rgb(data, filters, map_name)
@@ -191,6 +193,11 @@ def figure(data: SweepData, kind: str, filters: Filters | None = None, across: s
         return agreement_png(result, filters)
     if kind == "curves":
         return _curves(data, filters, metric, x)
+    if kind == "compare_maps":
+        return compare.compare_png(compare.compare_maps(data, maps or [], filters, n_perm=n_perm,
+                                                        max_run_perms=max_run_perms), filters)
+    if kind == "pruning":
+        return pruning.pruning_png(data, filters, metric)
     raise QueryError(f"unknown figure '{kind}'{did_you_mean(kind, FIGURE_KINDS)} (one of {', '.join(FIGURE_KINDS)})")
 
 
@@ -199,8 +206,9 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
 
     An rgb map per cell with 3 finished seeds (the first ``max_rgb`` cells), a
     grey map of all runs and of each task, an agreement heat map across each
-    axis that has 2 values (seed: a cell with 2 seeds), and per task the
-    curves of each metric (not losses or head counts) vs each x that varies.
+    axis that has 2 values (seed: a cell with 2 seeds), a compare-maps matrix per
+    unit kind with two or more maps that some matched runs share (``compare.plan_maps``),
+    and per task the curves of each metric (not losses or head counts) vs each x that varies.
     """
     sel = data.subset(data.has_gates)
     plan: list[tuple[str, str, dict[str, Any]]] = []
@@ -223,13 +231,16 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
         masked = data.subset(data.map("heads.mask_density")[1])
         if any(len(idx) >= 2 for idx in group_indices(masked, ["group_key"])):
             plan.append(("agreement_seed_mask_density", "agreement", {"across": "seed", "map_name": "heads.mask_density"}))
+    for names in compare.plan_maps(data):  # two or more maps of one kind: do the methods rank units alike?
+        plan.append((f"compare_maps_{names[0].partition('.')[0]}", "compare_maps", {"maps": names}))
     done = data.subset(~np.isnan(_open_heads(data)) | (data.status == "finished"))
     for task in axis_values(done, "task") if len(done) else []:
         part = select(done, {"task": [task]})
         xs = [a for a in ("sparsity", "lambda") if np.unique(part.axis(a)[~np.isnan(part.axis(a))]).size >= 2]
         if part.has_gates.any():  # open heads are a head-gating sweep's x, not a mask sweep's
             xs.append("open_heads")
-        for metric in sorted(m for m in part.metrics if m.split("/")[0] not in _NOT_CURVE_METRICS):
+        for metric in sorted(m for m in part.metrics
+                             if m.split("/")[0] not in _NOT_CURVE_METRICS and not pruning.is_curve_point(m)):
             y = part.metrics[metric]
             for x in xs:  # only curves some run can draw (a mask run has no open heads, a finetune no sparsity)
                 xv = _open_heads(part) if x == "open_heads" else part.axis(x)
@@ -237,6 +248,9 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
                     continue
                 plan.append((f"curves_{task}_{metric}_vs_{x}", "curves",
                              {"filters": {"task": [task]}, "metric": metric, "x": x}))
+        for metric, points in sorted(pruning.pruned_metrics(part.metrics).items()):  # head_importance's curves
+            if any((~np.isnan(part.metrics[name])).any() for name in points.values()):
+                plan.append((f"pruning_{task}_{metric}", "pruning", {"filters": {"task": [task]}, "metric": metric}))
     return [(_safe_name(name) + ".png", kind, params) for name, kind, params in plan]
 
 

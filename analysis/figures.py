@@ -203,3 +203,42 @@ def metric_curves(
 ) -> bytes:
     """One line per pipeline: ``{name: (x, mean, std)}``, each ``(K,)``; band = mean +- std."""
     return _png(_metric_curves_figure(x_by_pipeline, xlabel, ylabel, title))
+
+
+def _annotated_matrix_figure(
+    matrix: np.ndarray, labels: list[str], notes: list[list[str]], title: str, colour_label: str
+) -> Figure:
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if matrix.shape != (len(labels), len(labels)) or np.shape(notes) != matrix.shape:
+        raise ValueError(f"matrix {matrix.shape}, notes {np.shape(notes)} and {len(labels)} labels do not match")
+    n = len(labels)
+    side = 1.05 if n <= 12 else 12.0 / n  # inches per cell: room for the value and its note
+    longest = max((len(label) for label in labels), default=0)
+    width = max(6.4, side * n + 2.2 + 0.07 * longest, 0.075 * max(map(len, title.splitlines())))
+    fig = Figure(figsize=(width, max(4.4, side * n + 1.9 + 0.07 * longest)), dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="0.85")
+    image = ax.imshow(matrix, cmap=cmap, vmin=-1.0, vmax=1.0, interpolation="nearest")
+    fig.colorbar(image, ax=ax, shrink=0.9, label=colour_label)
+    ax.set_xticks(np.arange(n), labels, rotation=30, ha="right", rotation_mode="anchor")
+    ax.set_yticks(np.arange(n), labels)
+    if n <= 12:
+        for (i, j), value in np.ndenumerate(matrix):
+            colour = "white" if np.isfinite(value) and abs(value) > 0.6 else "black"
+            text = "–" if np.isnan(value) else f"{value:.2f}"
+            note = notes[i][j]
+            ax.text(j, i - (0.13 if note else 0.0), text, ha="center", va="center", fontsize="medium", color=colour)
+            if note:
+                ax.text(j, i + 0.22, note, ha="center", va="center", fontsize="small", color=colour)
+    fig.suptitle(title, fontsize="medium")  # over the whole figure: the lines are wider than the matrix
+    ax.tick_params(length=0)
+    return fig
+
+
+def annotated_matrix(
+    matrix: np.ndarray, labels: list[str], notes: list[list[str]], title: str, colour_label: str
+) -> bytes:
+    """A label x label matrix of correlations, colours fixed to [-1, 1] (red +, blue -), each cell
+    with its value and, below it, a short note (``notes[i][j]``, e.g. its p); NaN cells grey, "–".
+    Values and notes are written up to 12 labels."""
+    return _png(_annotated_matrix_figure(matrix, labels, notes, title, colour_label))

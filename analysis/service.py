@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, Field
 
-from analysis import figure_plan, masks, queries, select
+from analysis import compare, figure_plan, masks, queries, select
 from analysis.loading import AXES, SweepData, load_sweep
 from analysis.select import QueryError
 from experiments.naming import suggest
@@ -162,6 +162,42 @@ class SpearmanOut(BaseModel):
     overlap: float
     chance_jaccard: float = Field(description="Expected Jaccard of two independent random top-k sets.")
     chance_overlap: float = Field(description="Expected overlap of two independent random top-k sets (k / P).")
+    notes: list[str]
+
+
+class ComparedPairOut(BaseModel):
+    a: str
+    b: str
+    n_pairs: int = Field(description="Pairs of runs compared (one run when it has both maps), or settings of the "
+                                     "other axes (across).")
+    n_same_run: int
+    rho: float | None = Field(description="Mean Spearman rho over the pairs (signs as named: '-map' is flipped).")
+    pooled: str
+    nulls: list[NullOut] = Field(description="Units relabelled at random, one relabelling per map (or value) "
+                                             "shared by its runs: within layers, and across all units.")
+    overlap: float | None = Field(description="Mean share of the top-k units both have.")
+    jaccard: float | None
+
+
+class CompareMapsOut(BaseModel):
+    sweep: str
+    maps: list[str]
+    across: str | None
+    kind: str
+    shape: list[int]
+    labels: list[str]
+    matrix: list[list[float | None]] = Field(description="Mean Spearman rho between labels (maps or across values).")
+    n_runs: list[int]
+    pairs: list[ComparedPairOut]
+    mean_offdiag: TestedOut
+    top: float
+    k: int
+    chance_overlap: float = Field(description="k / P: expected top-k overlap of two independent random maps.")
+    chance_jaccard: float
+    models: list[str]
+    tasks: list[str]
+    matched_on: list[str] = Field(description="Config keys every compared pair of runs agrees on.")
+    pooled_axes: list[str]
     notes: list[str]
 
 
@@ -416,6 +452,26 @@ def build_app(registry_url: str) -> FastAPI:
             sweep_id, ("spearman", _frozen(filters), _frozen(group_a), _frozen(group_b), k, map, n_perm),
             lambda data: _json(SpearmanOut(
                 a=a, b=b, **queries.spearman_overlap(data, group_a, group_b, map, k, filters, n_perm))))
+
+    @app.get("/sweeps/{sweep_id}/compare-maps", response_model=CompareMapsOut,
+             summary="Do maps (methods) or one map's tasks rank the units alike? Spearman, top-k, nulls")
+    def compare_maps(
+        sweep_id: SweepId, request: Request, filters: Filters,
+        maps: Annotated[str, Query(description="Comma-separated maps of one kind, e.g. heads.log_alpha,heads.importance; "
+                                               "'-' before a name flips it (-heads.ablation_delta); one map with across.")],
+        across: Annotated[str | None, Query(description="Compare one map across this axis (task, model, ...).")] = None,
+        top: Annotated[float, Query(gt=0, le=1, description="Top-k as a fraction of the units.")] = compare.DEFAULT_TOP,
+        n_perm: Annotated[int, Query(ge=0, le=2000, description="Relabellings per null (0 = none).")] = 1000,
+        pool: Annotated[str, Query(description="With across: comma-separated axes to average over.")] = "",
+    ) -> Response:
+        _check_params(request, "maps", "across", "top", "n_perm", "pool")
+        names = tuple(m.strip() for m in maps.split(",") if m.strip())
+        pooled = tuple(a.strip() for a in pool.split(",") if a.strip())
+        return state.answer(
+            sweep_id, ("compare-maps", _frozen(filters), names, across, top, n_perm, pooled),
+            lambda data: _json(CompareMapsOut(**compare.compare_json(compare.compare_maps(
+                data, names, filters, across=across, top=top, n_perm=n_perm, pool=pooled,
+                max_run_perms=MAX_RUN_PERMS)))))
 
     @app.get("/sweeps/{sweep_id}/mask-iou", response_model=MaskIouOut,
              summary="Do runs keep the same weights? IoU of stored weight masks, beside chance")

@@ -606,14 +606,21 @@ def permutation_null(
             continue
         for j, copy in enumerate(shuffled):
             null[start + j] = stat_fn(copy)
+    return null_result(observed, null, within)
+
+
+def null_result(observed: float, null: np.ndarray, null_name: str) -> NullResult:
+    """``NullResult`` of an observed statistic and its ``(n_perm,)`` values on shuffled copies,
+    however they were shuffled: p, band and ties exactly as ``permutation_null`` reports them."""
+    observed, null = float(observed), np.asarray(null, dtype=np.float64)
     tol = 1e-9 * max(abs(observed), 1.0)
     exceed = int(np.count_nonzero(null >= observed - tol)) if math.isfinite(observed) else 0
-    p_value = (1 + exceed) / (1 + n_perm) if not math.isnan(observed) else math.nan
+    p_value = (1 + exceed) / (1 + len(null)) if not math.isnan(observed) else math.nan
     finite = null[np.isfinite(null)]
     band_lo, band_hi = (
         np.percentile(finite, [2.5, 97.5]).tolist() if finite.size else (math.nan, math.nan)
     )
-    return NullResult(observed, within, p_value, band_lo, band_hi, null)
+    return NullResult(observed, null_name, p_value, band_lo, band_hi, null)
 
 
 def both_nulls(stat_fn: Callable[[np.ndarray], float], x: np.ndarray, n_perm: int,

@@ -544,13 +544,21 @@ def check_names(cfg: RunConfig) -> None:
 
 
 def check_data(cfg: RunConfig) -> None:
-    """Raise ConfigError naming the missing file when the task's data is not there."""
+    """Raise ConfigError naming the missing file when the task's data is not there (also of the
+    tasks the method reads besides ``task``, named by their key: ``multitask.tasks.1``)."""
+    from experiments.run_keys import extra_tasks
     from experiments.tasks import TASKS
 
     try:
         TASKS[cfg.task.name].check(cfg.task)
     except (FileNotFoundError, ValueError) as err:
         raise ConfigError(f"task '{cfg.task.name}': {err}") from None
+    for key, task in extra_tasks(cfg).items():
+        try:
+            TASKS[task.name].check(task)
+        except (FileNotFoundError, ValueError) as err:
+            named = f"task '{task.name}'" in str(err)
+            raise ConfigError(f"{key}: {err}" if named else f"{key}: task '{task.name}': {err}") from None
 
 
 def _describe(err: ValidationError, method: str) -> str:

@@ -12,7 +12,7 @@ methods`` without a change here.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel
 
@@ -132,13 +132,28 @@ def unknown_key(key: str, method: str | None = None) -> str:
     leaf = key.rsplit(".", 1)[-1]
     same_leaf = [k for k in choices if k != key and "." in k and k.rsplit(".", 1)[-1] == leaf]
     elsewhere = [m for m in owners_of(leaf) if m != method]
-    if same_leaf:  # the right key in the wrong place: train.lambda -> head_gates.lambda
+    in_list = _list_item_keys(key)
+    if in_list:  # a key of one section of a list of them (multitask.tasks.0.nmae): that section's keys
+        hint = suggest(key, in_list)
+    elif same_leaf:  # the right key in the wrong place: train.lambda -> head_gates.lambda
         hint = f"; did you mean '{same_leaf[0]}'?"
     elif method and elsewhere:
         hint = f"; '{leaf}' is a key of method '{elsewhere[0]}', not of '{method}'"
     else:
         hint = suggest(key, choices)
     return f"unknown key '{key}'{hint}"
+
+
+def _list_item_keys(key: str) -> list[str]:
+    """The keys beside ``key`` when it sits in one section of a method's list of sections
+    (``multitask.tasks.0.nmae`` -> ``multitask.tasks.0.name``, ...), else []."""
+    parts = key.split(".")
+    module = _methods().get(parts[0])
+    if module is None or len(parts) < 4 or not parts[2].isdigit():
+        return []
+    field = next((f for name, f in module.Config.model_fields.items() if parts[1] in (name, f.alias)), None)
+    items = [a for a in get_args(field.annotation) if isinstance(a, type) and issubclass(a, BaseModel)] if field else []
+    return dotted_keys(items[0], ".".join(parts[:3]) + ".") if items else []
 
 
 def wrong_section(key: str, method: str) -> str | None:

@@ -138,6 +138,7 @@ def train_steps(
     total: int,
     step_fn: Callable[[RunState, Batch], dict[str, float]],
     eval_fn: Callable[[RunState], dict[str, float]] | None = None,
+    batch_fn: Callable[[RunState], Batch] | None = None,
 ) -> dict[str, float]:
     """Run ``step_fn`` until ``state.step == total``; return the last evaluation's metrics.
 
@@ -147,7 +148,8 @@ def train_steps(
       indices in ``state.batch_index``, for losses that look examples up), then
       ``step_fn(state, batch)``, which does the forward, backward and optimiser steps and
       returns the step's values (``loss`` at least; ``open_heads`` for the progress bar).
-      The loop then counts the step.
+      The loop then counts the step. ``batch_fn(state)``, when given, makes the step's batch
+      instead (a multi-task run draws from one of its tasks' data; it sets ``state.batch_index``).
     - Every ``train.eval_every`` steps and at ``total``: ``eval_fn(state)`` (default
       :func:`evaluate_all`) joined by the step's values as floats (its ``loss`` as
       ``train_loss``) is logged to ``ctx.tracker`` at that step; the step goes to
@@ -164,8 +166,11 @@ def train_steps(
     tc, train = state.cfg.train, state.data.train
     state.train()
     while state.step < total:
-        state.batch_index = batch_indices(state.step, len(train), tc.batch_size, state.cfg.seed)
-        batch = take(train, state.batch_index, state.device)
+        if batch_fn is None:
+            state.batch_index = batch_indices(state.step, len(train), tc.batch_size, state.cfg.seed)
+            batch = take(train, state.batch_index, state.device)
+        else:
+            batch = batch_fn(state)
         values = step_fn(state, batch)
         state.step += 1
         if state.step % tc.eval_every == 0 or state.step == total:

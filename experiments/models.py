@@ -54,6 +54,9 @@ class Architecture:
     ffn_act: str
     """Relative to one layer: the module whose output is the FFN activation
     after the non-linearity ``(B, T, intermediate)`` (skill neurons)."""
+    ffn_in: str
+    """Relative to one layer: the FFN input projection, ``hidden -> intermediate``
+    (inside ``ffn_act``); neuron pruning slices its rows."""
     ffn_out: str
     """Relative to one layer: the FFN output projection, ``intermediate -> hidden``."""
     extra_head_projections: tuple[str, ...] = ()
@@ -70,6 +73,7 @@ _BERT_LIKE = Architecture(
     value="attention.self.value",
     attn_out="attention.output.dense",
     ffn_act="intermediate",
+    ffn_in="intermediate.dense",
     ffn_out="output.dense",
 )
 
@@ -85,6 +89,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         value="attention.self.value_proj",
         attn_out="attention.output.dense",
         ffn_act="intermediate",
+        ffn_in="intermediate.dense",
         ffn_out="output.dense",
         extra_head_projections=("attention.self.pos_key_proj", "attention.self.pos_query_proj"),
     ),

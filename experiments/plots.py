@@ -7,6 +7,7 @@ is safe inside Ray workers and threads.
 from __future__ import annotations
 
 import io
+import textwrap
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -31,12 +32,21 @@ def gate_map_png(gates: np.ndarray, title: str) -> bytes:
     return buf.getvalue()
 
 
+def _wrap(title: str, width_inches: float, fontsize: float = 9) -> str:
+    """``title`` with each line broken to fit a figure ``width_inches`` wide (a long meaning
+    would otherwise run off both edges)."""
+    chars = max(20, int(width_inches * 100 / fontsize))  # the title centres on the axes, left of the colour bar
+    return "\n".join(textwrap.fill(line, chars) for line in title.split("\n"))
+
+
 def map_png(values: np.ndarray, title: str, label: str, units: list[str] | None = None, xlabel: str = "unit") -> bytes:
     """Heat map of any (L, K) map, layer 1 at the top, on the map's own value range; ``units``
     names the columns (a weight mask's matrices), else they are numbered when few."""
     num_layers, num_units = values.shape
     width = max(6.5, 0.9 * num_units + 2.0) if units is not None else max(4.0, 0.45 * num_units + 1.5)
-    fig = Figure(figsize=(min(16.0, width), max(2.5, 0.4 * num_layers + 1.4)), dpi=100)
+    width = min(16.0, width)
+    title = _wrap(title, width)
+    fig = Figure(figsize=(width, max(2.5, 0.4 * num_layers + 1.2 + 0.16 * title.count("\n"))), dpi=100)
     ax = fig.subplots()
     image = ax.imshow(values, cmap="viridis", aspect="auto", interpolation="nearest")
     ax.set_yticks(range(num_layers), [str(layer + 1) for layer in range(num_layers)])

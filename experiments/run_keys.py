@@ -14,7 +14,9 @@ mean, plus the task's data fingerprint. So:
   ``VERSION`` for its section), which tests/experiments/test_config.py enforces
   against tests/experiments/config_defaults.json;
 - a changed data file is a different run (the task's ``fingerprint``), and the same files
-  moved to another folder are the same run (paths are left out when there is a fingerprint).
+  moved to another folder are the same run (paths are left out when there is a fingerprint);
+- a method that reads more tasks than ``task`` (``extra_tasks``: multitask) adds each one's
+  name, VERSION and fingerprint (its paths stay in the method's section, so there they count).
 
 ``group_key`` is the same hash without the seed.
 """
@@ -72,6 +74,10 @@ def key_material(cfg: RunConfig) -> dict[str, Any]:
         "versions": {"config": CONFIG_VERSION, "task": TASKS[cfg.task.name].VERSION,
                      "method": METHODS[cfg.method].VERSION},
     }
+    extra = extra_tasks(cfg)
+    if extra:  # a method that reads more tasks (multitask): their code and data version its runs too
+        material["tasks"] = {key: {"name": task.name, "version": TASKS[task.name].VERSION,
+                                   "data": task_fingerprint(task)} for key, task in extra.items()}
     data = task_fingerprint(cfg.task)
     if data is not None:
         material["data"] = data
@@ -79,6 +85,15 @@ def key_material(cfg: RunConfig) -> dict[str, Any]:
         # change the run, so the same data under another folder or on another machine keeps its keys
         material["config"] = {k: v for k, v in material["config"].items() if not _is_path_key(k)}
     return material
+
+
+def extra_tasks(cfg: RunConfig) -> dict[str, TaskConfig]:
+    """The task sections a run reads besides ``task``, by dotted key (``multitask.tasks.0``): its
+    method's ``extra_tasks(section)``, or none."""
+    from experiments.methods import METHODS
+
+    extra = getattr(METHODS[cfg.method], "extra_tasks", None)
+    return extra(cfg.section) if extra is not None else {}
 
 
 _PATH_KEYS = ("task.data_dir", "task.train", "task.dev", "task.eval_sets")

@@ -55,8 +55,10 @@ def log_maps(tracker: Tracker, result: RunResult, labels: dict) -> None:
             continue
         elif name == "heads.gate":
             png = gate_map_png(unit_map.values, title)
+        elif name.startswith("heads.gate."):  # one gate set of several: multitask's heads.gate.<task>
+            png = gate_map_png(unit_map.values, f"{title}\n{name}")
         else:
-            png = map_png(unit_map.values, f"{title}\n{name}: {unit_map.meaning}", name)
+            png = map_png(unit_map.values, f"{title}\n{name}: {unit_map.meaning}", name, xlabel="head")
         tracker.log_artifact(f"{name}.png", png)
 
 

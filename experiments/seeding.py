@@ -6,9 +6,10 @@ import hashlib
 
 import torch
 
-STREAMS = ("gates", "decoder", "dropout", "model_init")
+STREAMS = ("gates", "decoder", "dropout", "model_init", "task_order")
 """The streams a run seeds from ``derive_seed(seed, stream)`` (the data order uses one stream per
-epoch, ``data_order:<epoch>``; the gate noise draws from the ``gates`` generator)."""
+epoch, ``data_order:<epoch>``; the gate noise draws from the ``gates`` generator; ``task_order``:
+which task each step of a multi-task run draws from, experiments/methods/multitask.py)."""
 
 
 def derive_seed(seed: int, stream: str) -> int:

@@ -75,8 +75,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         table.add_row(name, f"{value:.4f}")
     out.print(table)
     if not args.no_track:
+        from orchestrator.tracking import ui_url
+
+        experiment = tracker.mlflow.get_run(tracker.run_id).info.experiment_id
         out.print(f"MLflow run {tracker.run_id} in experiment '{args.experiment}' at {tracker.mlflow.tracking_uri}")
-        out.print("Look at it with: [bold]headsweep ui[/bold]")
+        out.print(f"Look at it with: [bold]headsweep ui[/bold], then {ui_url(experiment, tracker.run_id)}", soft_wrap=True)
     return 0
 
 
@@ -226,7 +229,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             table.add_row(cfg.run_key, *("-" if labels[c] is None else str(labels[c]) for c in columns[1:]))
         out.print(table)
         return 0
-    submitted = sweeps.submit(args.grid, force=args.force, rerun_failed=args.rerun_failed, track=not args.no_track)
+    submitted = sweeps.submit(args.grid, force=args.force, rerun_failed=args.rerun_failed, track=not args.no_track,
+                              auto_resume=not args.no_auto_resume)
     counts = submitted.counts
     out.print(f"[bold]{submitted.sweep_id}[/bold]: {counts['total']} runs, {counts['new']} new, "
               f"{counts['finished']} already finished, {counts.get('requeued', 0)} requeued")
@@ -236,18 +240,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.wait:
         return follow(submitted.sweep_id)
     out.print(f"running on Ray (driver {submitted.driver}); follow it with: headsweep status {submitted.sweep_id}")
+    if submitted.supervisor:
+        out.print(f"if its driver dies, the supervisor resumes it (up to {settings.auto_resumes()} times; "
+                  "--no-auto-resume turns this off)")
     return 0
 
 
 def show_status(sweep_id: str) -> None:
-    from orchestrator import sweeps
+    from rich.markup import escape
+
+    from orchestrator import supervisor, sweeps
     from orchestrator.registry import Registry
 
     registry = Registry(settings.registry_url())
+    sweeps.driver_gone(registry, registry.get_sweep(sweep_id))  # a dead driver: failed, and its history says so
     sweep = registry.get_sweep(sweep_id)
-    gone = sweeps.driver_gone(registry, sweep)
-    if gone:
-        sweep = registry.get_sweep(sweep_id)
+    history = supervisor.history(sweep | {"events": registry.events(sweep_id)})
     counts = registry.sweep_counts(sweep_id)
     total = sum(counts.values())
     done = sum(counts.get(s, 0) for s in RUN_DONE)
@@ -255,12 +263,17 @@ def show_status(sweep_id: str) -> None:
 
     out.print(f"[bold]{sweep_id}[/bold] ({sweep['name']}): {sweep['status']}: {_count_text(counts)}")
     out.print(ProgressBar(total=max(total, 1), completed=done, width=60), f"{done}/{total}")
-    if gone:
-        out.print(f"[red]stopped: {gone}[/red]")
+    for i, line in enumerate(history):  # lost drivers and resumes; the last in red while unanswered
+        unanswered = i == len(history) - 1 and sweep["status"] == "failed"
+        out.print(f"[red]{escape(line)}[/red]" if unanswered else escape(line), highlight=False)
     dag = registry.sweep_dag(sweep_id)
     if dag["upstream"]:
         out.print(f"stages: {dag['upstream']} upstream runs that {dag['dependants']} runs start from "
                   "(each runs once, before them; a failed one blocks its dependants)")
+    if sweep.get("mlflow_experiment_id"):
+        from orchestrator.tracking import ui_url
+
+        out.print(f"MLflow: headsweep ui, then {ui_url(sweep['mlflow_experiment_id'])}", soft_wrap=True)
     eta = registry.eta_seconds(sweep_id)
     if eta is not None and sweep["status"] not in SWEEP_DONE:
         out.print(f"ETA about {eta / 60:.1f} min")
@@ -379,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rerun even finished runs")
     p.add_argument("--rerun-failed", action="store_true", help="requeue failed and cancelled runs")
     p.add_argument("--no-track", action="store_true", help="do not record in MLflow")
+    p.add_argument("--no-auto-resume", action="store_true",
+                   help="if the sweep's driver dies, leave the sweep failed (default: the supervisor resumes it, "
+                        "up to HEADSWEEP_AUTO_RESUMES=3 times)")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("status", help="counts, progress, ETA and failures of a sweep (all sweeps without one)")

@@ -393,9 +393,11 @@ def submit_driver(dashboard: str, sweep_id: str, env: dict[str, str]) -> str:
     for attempt in range(10):  # a just-started node's job agent may not be up yet
         try:
             client.submit_job(
-                # the sweep, then its figures logged to the sweep's MLflow parent run; the job's status is the sweep's
+                # the sweep, then its figures logged to the sweep's MLflow parent run; the job's status is the
+                # driver's. A killed or crashed driver ends the job at once (its figures wait for the driver that
+                # finishes the sweep): the supervisor resumes it within seconds.
                 entrypoint=(
-                    f"{sys.executable} -m orchestrator.driver {sweep_id}; rc=$?; "
+                    f"{sys.executable} -m orchestrator.driver {sweep_id}; rc=$?; [ $rc -ne 0 ] || "
                     f"[ \"$HEADSWEEP_TRACK\" = 0 ] || {sys.executable} -m orchestrator.report {sweep_id} || true; exit $rc"
                 ),
                 submission_id=submission_id,
@@ -411,10 +413,16 @@ def submit_driver(dashboard: str, sweep_id: str, env: dict[str, str]) -> str:
 
 def driver_status(dashboard: str, submission_id: str) -> str:
     """PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED (or UNKNOWN when the job is gone)."""
+    return driver_job(dashboard, submission_id)[0]
+
+
+def driver_job(dashboard: str, submission_id: str) -> tuple[str, float | None]:
+    """The job's status (as ``driver_status``) and when it ended (Unix seconds; None while it runs)."""
     try:
-        return str(job_client(dashboard).get_job_status(submission_id).value)
+        info = job_client(dashboard).get_job_info(submission_id)
     except Exception:
-        return "UNKNOWN"
+        return "UNKNOWN", None
+    return str(info.status.value), (info.end_time / 1000 if info.end_time else None)
 
 
 def stop_driver(dashboard: str, submission_id: str) -> None:

@@ -26,6 +26,7 @@ from ray import tune  # noqa: E402
 
 from orchestrator import settings, trial  # noqa: E402
 from orchestrator.registry import Registry  # noqa: E402
+from orchestrator.supervisor import reconcile  # noqa: E402  (the supervisor reconciles too, without Tune)
 
 STALE_AFTER_S = 4 * trial.HEARTBEAT_S
 # we turned Tune's result files off (the registry holds results); its analysis complains per trial
@@ -47,20 +48,6 @@ class _CancelStopper(tune.Stopper):
 
 def _trial_name(trial) -> str:
     return trial.config["run_key"]
-
-
-def reconcile(registry: Registry, sweep_id: str, stale_after_s: float, tracking_uri: str | None) -> list[str]:
-    """Runs left RUNNING by a dead worker or driver: back to pending, their MLflow runs KILLED."""
-    orphans = registry.reset_orphans(sweep_id, stale_after_s)
-    if orphans and tracking_uri:
-        from orchestrator import tracking
-
-        mlflow = tracking.client(tracking_uri)
-        for orphan in orphans:
-            if orphan.get("mlflow_run_id"):
-                mlflow.set_tag(orphan["mlflow_run_id"], "error", "orphaned: worker stopped heartbeating")
-                mlflow.set_terminated(orphan["mlflow_run_id"], status="KILLED")
-    return [orphan["run_key"] for orphan in orphans]
 
 
 def _await_running(registry: Registry, sweep_id: str, stale_after_s: float, tracking_uri: str | None) -> bool:

@@ -5,6 +5,9 @@
   ``$HOME/checkpoints``
 - MLflow: ``HEADSWEEP_TRACKING_URI`` / ``MLFLOW_TRACKING_URI`` or ``sqlite:///$HOME/mlflow.db``,
   artifacts under ``$HOME/mlartifacts``
+- the supervisor (``orchestrator/supervisor.py``): ``HEADSWEEP_AUTO_RESUMES`` automatic resumes
+  per sweep (default 3; 0 turns them off, as ``submit --no-auto-resume`` does for one sweep),
+  looking every ``HEADSWEEP_SUPERVISOR_POLL_S`` seconds (default 5)
 """
 
 from __future__ import annotations
@@ -36,3 +39,13 @@ def checkpoint_root() -> str:
 
 def registry_url() -> str:
     return os.environ.get("HEADSWEEP_DB") or f"sqlite:///{home() / 'registry.db'}"
+
+
+def auto_resumes() -> int:
+    """How many times the supervisor resumes a newly submitted sweep whose driver died."""
+    return max(0, int(os.environ.get("HEADSWEEP_AUTO_RESUMES", "3")))
+
+
+def supervisor_poll_s() -> float:
+    """Seconds between two looks of the supervisor at the registry and the drivers' Ray jobs."""
+    return float(os.environ.get("HEADSWEEP_SUPERVISOR_POLL_S", "5"))

@@ -2,7 +2,8 @@
 
 ``submit`` validates the whole grid before anything is written, registers
 the sweep (dedup by run key), creates its MLflow parent run and starts the
-driver as a Ray Job on the cluster, so the sweep outlives the command.
+driver as a Ray Job on the cluster, so the sweep outlives the command, and the
+supervisor (``orchestrator.supervisor``), which resumes it if its driver dies.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Submitted:
     sweep_id: str
     counts: dict[str, int]
     driver: str | None  # Ray Job submission id, None when nothing needed running
+    supervisor: str | None = None  # the supervisor's Ray Job, None with auto-resume off
 
 
 def plan(grid_path: str) -> tuple[str, list, dict[str, int]]:
@@ -89,8 +91,10 @@ def driver_env(head: dict[str, str], track: bool) -> dict[str, str]:
     }
 
 
-def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, track: bool = True) -> Submitted:
-    """Validate, check resources against the cluster, register, and start the driver."""
+def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, track: bool = True,
+           auto_resume: bool = True) -> Submitted:
+    """Validate, check resources against the cluster, register, start the driver and (``auto_resume``:
+    the sweep may be resumed ``settings.auto_resumes()`` times) the supervisor."""
     spec = load_grid(grid_path)
     configs = expand(spec)
     head = _cluster()
@@ -102,6 +106,8 @@ def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, t
         spec.max_concurrent, spec.max_failures, force=force, rerun_failed=rerun_failed,
         rerun=upstreams_without_weights(registry, configs),
     )
+    auto_resumes = settings.auto_resumes() if auto_resume else 0
+    registry.set_sweep(sweep_id, auto_resumes=auto_resumes)
     if track:
         from orchestrator import tracking
 
@@ -113,7 +119,15 @@ def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, t
         tracking.MlflowTracker(mlflow, parent).log_params({
             "runs": counts["total"], "cells": len(configs), "upstream_runs": dag["upstream"],
             "runs_with_stages": dag["dependants"]})
-    return Submitted(sweep_id, counts, start_driver(registry, sweep_id, head, track))
+    driver = start_driver(registry, sweep_id, head, track)
+    return Submitted(sweep_id, counts, driver, _supervise(head) if driver and auto_resumes else None)
+
+
+def _supervise(head: dict[str, str]) -> str:
+    """The registry's supervisor on this cluster (started if none runs)."""
+    from orchestrator import supervisor
+
+    return supervisor.ensure(head)
 
 
 def start_driver(registry: Registry, sweep_id: str, head: dict[str, str] | None = None, track: bool = True) -> str | None:
@@ -134,26 +148,37 @@ def driver_alive(sweep: dict) -> bool:
 
 def driver_gone(registry: Registry, sweep: dict) -> str | None:
     """Why a sweep that is not done has lost its driver (its Ray job failed, was stopped or is gone
-    with its head), after marking the sweep failed, so ``status`` and ``ls`` never show a dead sweep
-    as running; None while the driver runs, or when the sweep is done or never had a driver."""
+    with its head), after marking the sweep failed and recording it in the sweep's history, so
+    ``status`` and ``ls`` never show a dead sweep as running; None while the driver runs, or when
+    the sweep is done or never had a driver."""
+    from orchestrator import supervisor
+
     driver = sweep.get("driver") or ""
     if sweep["status"] in DONE or not driver:
         return None
-    state = cluster.driver_status(cluster.known_dashboard(), driver)
-    if state in ("PENDING", "RUNNING") or registry.get_sweep(sweep["id"])["status"] in DONE:
-        return None  # alive, or it ended after writing the sweep's final status
-    registry.set_sweep(sweep["id"], status="failed")
-    return f"its driver {driver} is {state.lower()}: `headsweep resume {sweep['id']}` runs what is left"
+    state, ended = supervisor.job_state(cluster.known_dashboard(), driver)
+    if state in ("PENDING", "RUNNING") or not registry.lose_driver(sweep["id"], driver, state, ended):
+        return None  # alive, or it ended after writing the sweep's final status, or was noticed already
+    return supervisor.history(registry.get_sweep(sweep["id"]) | {"events": registry.events(sweep["id"])})[-1]
 
 
 def resume(sweep_id: str, track: bool = True) -> str | None:
-    """Start a new driver over what is not finished; refuses while the old driver still runs."""
+    """Start a new driver over what is not finished; refuses while the old driver still runs.
+    Recorded in the sweep's history; its automatic resumes start again from 0 (and its supervisor
+    is started if none runs)."""
+    from orchestrator.registry.history import RESUMED
+
     registry = Registry(settings.registry_url())
     sweep = registry.get_sweep(sweep_id)
     if driver_alive(sweep):
         raise ConfigError(f"sweep {sweep_id} is still running (driver {sweep['driver']}); cancel it first")
     registry.set_sweep(sweep_id, cancel_requested=False)
-    return start_driver(registry, sweep_id, track=track)
+    head = _cluster()
+    driver = start_driver(registry, sweep_id, head, track=track)
+    registry.add_event(sweep_id, RESUMED, {"driver": driver, "auto": False})
+    if driver and sweep["auto_resumes"]:
+        _supervise(head)
+    return driver
 
 
 def cancel(sweep_id: str) -> dict[str, int]:
@@ -170,7 +195,10 @@ def cancel(sweep_id: str) -> dict[str, int]:
 
 
 def wait(sweep_id: str, on_update=None, poll_s: float = 1.0) -> dict:
-    """Poll the registry until the sweep is done (or its driver died); return the sweep row."""
+    """Poll the registry until the sweep is done (or its driver died and the supervisor will not
+    resume it); return the sweep row."""
+    from orchestrator.supervisor import resume_pending
+
     registry = Registry(settings.registry_url())
     last_driver_check = 0.0
     while True:
@@ -178,10 +206,9 @@ def wait(sweep_id: str, on_update=None, poll_s: float = 1.0) -> dict:
         counts = registry.sweep_counts(sweep_id)
         if on_update is not None:
             on_update(sweep, counts)
-        if sweep["status"] in DONE:
+        if sweep["status"] in DONE and not resume_pending(registry, sweep_id):
             return sweep
         if time.monotonic() - last_driver_check > 10:
             last_driver_check = time.monotonic()
-            if driver_gone(registry, sweep):
-                return registry.get_sweep(sweep_id)
+            driver_gone(registry, sweep)  # a dead driver: the sweep failed (the next round decides)
         time.sleep(poll_s)

@@ -17,7 +17,10 @@ one file plus one line here, or one file named in ``HEADSWEEP_METHODS`` (below).
 - ``check(cfg)`` (optional): more validation of a whole run config, at submit (raises
   ``ConfigError`` naming the key; bias_only: the task must define bias features);
 - ``BIAS_MODEL = True`` (optional): its runs hand on a bias model (experiments/bias.py), so
-  they may fill a ``bias_model`` stage (bias_only).
+  they may fill a ``bias_model`` stage (bias_only);
+- ``extra_tasks(section)`` (optional): the task sections its runs read besides ``task``, by
+  dotted key (multitask: ``{"multitask.tasks.0": TaskConfig}``): their data is checked at
+  submit like ``task``'s, their VERSION and data fingerprint enter the run key.
 
 Validation, "did you mean", ``--set``, grid axes and ``headsweep methods`` read these,
 so nothing else changes when a method is added.
@@ -43,7 +46,10 @@ import importlib
 import os
 from types import ModuleType
 
-from experiments.methods import bias_only, finetune, head_gates, imp, mask_train
+from experiments.methods import bias_only, finetune, head_gates, imp, mask_train, multitask
+from experiments.methods import skill_neurons
+from experiments.methods import attention_analysis, probes
+from experiments.methods import head_ablation, head_importance
 
 METHODS: dict[str, ModuleType] = {
     "head_gates": head_gates,
@@ -51,6 +57,12 @@ METHODS: dict[str, ModuleType] = {
     "bias_only": bias_only,  # not "bias_model": that is the stage role, a reserved key
     "mask_train": mask_train,
     "imp": imp,
+    "multitask": multitask,
+    "skill_neurons": skill_neurons,
+    "probes": probes,
+    "attention_analysis": attention_analysis,
+    "head_importance": head_importance,
+    "head_ablation": head_ablation,
 }
 
 _RESERVED = ("seed", "model", "method", "task", "train", "init_from", "teacher", "bias_model")

@@ -24,10 +24,11 @@ format, missing column, empty file, an evaluation label never seen in train,
 undecodable text); ``fingerprint`` is the content hash of every file a task
 reads (None for generated data), so a changed file never reuses a result.
 Built-ins: ``sst2`` and ``ud-pos`` are fixed configurations of the general
-tasks over the shared data; ``synthetic-cls`` and ``synthetic-tag`` generate
-their data from ``data_seed``; ``synthetic-shortcut`` is synthetic-cls with a
-planted shortcut (a marker word that agrees with the label 90 % of the time in
-train and dev) and an ``ood`` evaluation set where it does not.
+tasks over the shared data; ``ud-dep`` tags each UD word with its head's offset
+(dependency arcs as tagging, experiments/tasks/ud_dep.py); ``synthetic-cls`` and
+``synthetic-tag`` generate their data from ``data_seed``; ``synthetic-shortcut``
+is synthetic-cls with a planted shortcut (a marker word that agrees with the label
+90 % of the time in train and dev) and an ``ood`` evaluation set where it does not.
 
 Bias features (debiasing with a bias model, DESIGN.md decision 10): a task MAY
 also expose ``bias_feature_names(cfg) -> tuple[str, ...]`` (ValueError naming
@@ -51,6 +52,7 @@ from experiments.tasks import (
     synthetic_shortcut,
     synthetic_tag,
     tagging,
+    ud_dep,
     ud_pos,
 )
 from experiments.tasks._common import Split, TaskData
@@ -63,6 +65,7 @@ TASKS: dict[str, ModuleType] = {
     "synthetic-shortcut": synthetic_shortcut,
     "sst2": sst2,
     "ud-pos": ud_pos,
+    "ud-dep": ud_dep,
     "classification": classification,
     "tagging": tagging,
 }

@@ -2,12 +2,13 @@
 
 Split along its seams, each part one file:
 
-- ``schema``: the tables (sweeps, runs, sweep_runs, run_maps);
+- ``schema``: the tables (sweeps, runs, sweep_runs, run_maps, run_deps, sweep_events);
 - ``db``: engine, retries, migrations (``orchestrator/migrations``), shared transactions;
 - ``store``: submitting grids and the sweeps' fields, progress and cancellation;
 - ``lifecycle``: one run's claim, heartbeat, finish (with its maps), fail, orphans;
 - ``results``: the read model analysis uses (run columns in one query, one query per map);
-- ``stages``: the DAG of runs that start from other runs, and the driver's waves over it.
+- ``stages``: the DAG of runs that start from other runs, and the driver's waves over it;
+- ``history``: each sweep's events (driver lost, resumed, automatic resumes used up).
 
 :class:`Registry` is all of them over one database; open one per process by URL.
 """
@@ -15,14 +16,15 @@ Split along its seams, each part one file:
 from __future__ import annotations
 
 from orchestrator.registry.db import NotFound, alembic_config, downgrade, head_revision, upgrade
+from orchestrator.registry.history import SweepHistory
 from orchestrator.registry.lifecycle import ORPHAN_ERROR, STALE_AFTER_S, RunLifecycle
 from orchestrator.registry.results import MapInfo, MapStack, ReadModel, Version
-from orchestrator.registry.schema import Base, Run, RunDep, RunMap, Sweep, SweepRun
+from orchestrator.registry.schema import Base, Run, RunDep, RunMap, Sweep, SweepEvent, SweepRun
 from orchestrator.registry.store import SweepStore
 from orchestrator.status import RunStatus, SweepStatus
 
 
-class Registry(SweepStore, RunLifecycle, ReadModel):
+class Registry(SweepStore, RunLifecycle, ReadModel, SweepHistory):
     """Sweeps and runs in one SQL database (SQLite file or PostgreSQL), by SQLAlchemy URL.
 
     Safe to use from several processes at once (each opens its own Registry);
@@ -33,6 +35,7 @@ class Registry(SweepStore, RunLifecycle, ReadModel):
 
 __all__ = [
     "ORPHAN_ERROR", "STALE_AFTER_S", "Base", "MapInfo", "MapStack", "NotFound", "ReadModel", "Registry",
-    "Run", "RunDep", "RunLifecycle", "RunMap", "RunStatus", "Sweep", "SweepRun", "SweepStatus", "SweepStore", "Version",
+    "Run", "RunDep", "RunLifecycle", "RunMap", "RunStatus", "Sweep", "SweepEvent", "SweepHistory", "SweepRun",
+    "SweepStatus", "SweepStore", "Version",
     "alembic_config", "downgrade", "head_revision", "upgrade",
 ]

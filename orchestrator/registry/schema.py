@@ -5,7 +5,9 @@ decision 1). ``sweep_runs``: which sweeps hold which runs, in cell order (a run
 can belong to several sweeps). ``run_maps``: every unit map of every finished
 run (decision 9), one row per run and map name, the values as zlib-compressed
 float32 bytes. ``run_deps``: the stage edges, run -> the upstream run it starts
-from (decision 10). A test checks that these models and the migrations agree.
+from (decision 10). ``sweep_events``: each sweep's history (its driver lost, resumed
+by hand or by the supervisor, the automatic resumes used up). A test checks that these
+models and the migrations agree.
 """
 
 from __future__ import annotations
@@ -59,6 +61,22 @@ class Sweep(Base):
     driver: Mapped[str | None] = mapped_column(String(200))
     cancel_requested: Mapped[bool] = mapped_column(Boolean)
     status: Mapped[str] = mapped_column(String(16))  # orchestrator.status.SweepStatus
+    auto_resumes: Mapped[int] = mapped_column(Integer, server_default="0")
+    """How many times the supervisor may resume the sweep after its driver died (0: never)."""
+
+
+class SweepEvent(Base):
+    """One entry of a sweep's history (``orchestrator.supervisor`` writes and reads them):
+    ``driver_lost`` {driver, state}, ``resumed`` {driver, auto, attempt, of}, ``gave_up`` {used, of}.
+    ``at``: when it happened (a lost driver: when its Ray job ended)."""
+
+    __tablename__ = "sweep_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(DateTime)
+    kind: Mapped[str] = mapped_column(String(32))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
 class Run(Base):

@@ -157,7 +157,7 @@ def test_openapi_document(served):
     paths = client.get("/openapi.json").json()["paths"]
     assert set(paths) == {"/sweeps", "/sweeps/{sweep_id}", "/sweeps/{sweep_id}/runs",
                           "/sweeps/{sweep_id}/aggregate", "/sweeps/{sweep_id}/agreement",
-                          "/sweeps/{sweep_id}/spearman", "/sweeps/{sweep_id}/mask-iou",
+                          "/sweeps/{sweep_id}/spearman", "/sweeps/{sweep_id}/mask-iou", "/sweeps/{sweep_id}/compare-maps",
                           "/sweeps/{sweep_id}/figures/{kind}.png"}
 
 

@@ -32,8 +32,8 @@ def make_cfg(name, **overrides):
 # --------------------------------------------------------------------------- registry
 
 
-def test_registry_has_exactly_the_seven_tasks_with_the_full_interface():
-    assert list(TASKS) == ["synthetic-cls", "synthetic-tag", "synthetic-shortcut", "sst2", "ud-pos",
+def test_registry_has_exactly_the_eight_tasks_with_the_full_interface():
+    assert list(TASKS) == ["synthetic-cls", "synthetic-tag", "synthetic-shortcut", "sst2", "ud-pos", "ud-dep",
                            "classification", "tagging"]
     for name, module in TASKS.items():
         missing = [attr for attr in INTERFACE if not hasattr(module, attr)]
@@ -197,7 +197,7 @@ def test_conllu_reader_skips_comments_ranges_and_empty_nodes(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("name", "first_file"), [("sst2", "train.tsv"), ("ud-pos", "en_ewt-ud-dev.conllu")]
+    ("name", "first_file"), [("sst2", "train.tsv"), ("ud-pos", "en_ewt-ud-dev.conllu"), ("ud-dep", "en_ewt-ud-dev.conllu")]
 )
 def test_check_names_the_missing_file_and_folder(name, first_file, tmp_path):
     with pytest.raises(FileNotFoundError) as err:

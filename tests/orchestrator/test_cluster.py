@@ -1,9 +1,10 @@
 """A real multi-process Ray cluster on this machine, on loopback only: the project's local head (of a
 temp home) with 4 logical GPUs, a second node, detached sweeps as Ray Jobs, a driver killed mid-sweep
-and resumed; and cluster.yaml's schema."""
+and resumed (by the supervisor, or by hand with --no-auto-resume); and cluster.yaml's schema."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ import ray
 import yaml
 
 from experiments.result import RunResult, UnitMap
-from orchestrator import cluster, tracking
+from orchestrator import cluster, settings, supervisor, tracking
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry import Registry
 
@@ -50,7 +51,8 @@ def home(tmp_path, monkeypatch, ray_cluster):
     # our drivers and CLIs must talk to this cluster the way it was started (loopback included)
     for key, value in cluster.HEAD_ENV.items():
         monkeypatch.setenv(key, value)
-    return tmp_path
+    yield tmp_path
+    supervisor.stop(ray_cluster["dashboard"], settings.registry_url())  # the one a CLI submit started
 
 
 def _register(grid: dict) -> tuple[Registry, str]:
@@ -138,16 +140,21 @@ def _cli(*args, timeout=600):
 
 
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
-def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ray_cluster, tmp_path):
+def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ray_cluster, tmp_path, monkeypatch):
+    """Submitted with --no-auto-resume: the sweep stays failed, with the supervisor watching the
+    registry, until it is resumed by hand."""
     grid_file = tmp_path / "grid.yaml"
     grid_file.write_text(yaml.safe_dump(SLOW_GRID))
     started = time.time()
-    submitted = _cli("submit", str(grid_file))
+    submitted = _cli("submit", str(grid_file), "--no-auto-resume")
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     assert time.time() - started < 60  # returns at once; the sweep runs on Ray
     registry = Registry(f"sqlite:///{home}/registry.db")
     (sweep,) = registry.list_sweeps()
     sweep_id = sweep["id"]
+    assert sweep["auto_resumes"] == 0 and "supervisor" not in submitted.stdout
+    monkeypatch.setenv("HEADSWEEP_SUPERVISOR_POLL_S", "1")
+    watching = supervisor.ensure({"address": ray_cluster["address"], "dashboard": ray_cluster["dashboard"]})
 
     deadline = time.time() + 180
     while registry.sweep_counts(sweep_id).get("running", 0) == 0 and time.time() < deadline:
@@ -163,6 +170,10 @@ def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ra
     told = " ".join(_cli("status", sweep_id).stdout.split())
     assert f"{sweep_id} (detached): failed" in told and f"headsweep resume {sweep_id}" in told, told
     assert registry.get_sweep(sweep_id)["status"] == "failed"
+    time.sleep(6)  # the supervisor looks every second: it leaves a sweep without auto-resume alone
+    assert supervisor.running(ray_cluster["dashboard"]) == [watching]
+    assert registry.get_sweep(sweep_id)["status"] == "failed"
+    assert [e["kind"] for e in registry.events(sweep_id)] == ["driver_lost"]
 
     resumed = _cli("resume", sweep_id, "--wait")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
@@ -175,6 +186,68 @@ def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ra
 
     status = _cli("status", sweep_id)
     assert "finished: 4 of 4 runs finished" in status.stdout
+
+
+def _driver_pid(sweep_id: str) -> int:
+    """The driver's Python process of the sweep (not the job's shell around it)."""
+    command = f"{sys.executable} -m orchestrator.driver {sweep_id}"
+    (pid,) = [pid for pid, (_, cmdline) in cluster._processes().items() if cmdline.strip() == command]
+    return pid
+
+
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
+def test_a_sigkilled_driver_is_resumed_by_the_supervisor(home, ray_cluster, tmp_path):
+    grid_file = tmp_path / "grid.yaml"
+    grid_file.write_text(yaml.safe_dump(SLOW_GRID))
+    submitted = _cli("submit", str(grid_file))
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    assert "the supervisor resumes it" in submitted.stdout
+    registry = Registry(f"sqlite:///{home}/registry.db")
+    (sweep,) = registry.list_sweeps()
+    sweep_id = sweep["id"]
+    assert sweep["auto_resumes"] == 3
+    (watching,) = supervisor.running(ray_cluster["dashboard"])
+
+    deadline = time.time() + 180
+    while registry.sweep_counts(sweep_id).get("running", 0) == 0 and time.time() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)  # mid-run
+    first_driver = registry.get_sweep(sweep_id)["driver"]
+    os.kill(_driver_pid(sweep_id), signal.SIGKILL)
+    killed = time.time()
+    while not any(e["kind"] == "resumed" for e in registry.events(sweep_id)):
+        assert time.time() - killed < 60, registry.events(sweep_id)
+        time.sleep(0.2)
+    resumed_after_s = time.time() - killed
+    assert registry.sweep_counts(sweep_id).get("finished", 0) < 4
+    told = " ".join(_cli("status", sweep_id).stdout.split())
+    assert time.time() - killed < 60
+    assert "resumed automatically (1/3)" in told and "driver failed at " in told, told
+    lost, resumed = registry.events(sweep_id)
+    assert lost["detail"] == {"driver": first_driver, "state": "FAILED"}
+    assert resumed["detail"]["auto"] and resumed["detail"]["driver"] == registry.get_sweep(sweep_id)["driver"] != first_driver
+    # the supervisor is a process of the head (the head's stop ends it) and listens nowhere beyond loopback
+    job_pids = {pid for pid, (_, cmdline) in cluster._processes().items() if f"orchestrator.supervisor {watching}" in cmdline}
+    head = cluster.head_pids(ray_cluster["home"])
+    assert job_pids and job_pids <= head
+    assert [s for s in cluster.listening_sockets(head) if not cluster.is_loopback(s[0])] == []
+    assert cluster.listening_sockets(job_pids) == []
+
+    deadline = time.time() + 400
+    while registry.get_sweep(sweep_id)["status"] != "finished" and time.time() < deadline:
+        time.sleep(1)
+    finished_after_s = time.time() - killed
+    assert registry.sweep_counts(sweep_id) == {"finished": 4}
+    assert [e["kind"] for e in registry.events(sweep_id)] == ["driver_lost", "resumed"]
+    mlflow = tracking.client()
+    runs = mlflow.search_runs([registry.get_sweep(sweep_id)["mlflow_experiment_id"]])
+    children = [r for r in runs if "run_key" in r.data.tags]
+    assert sorted(r.data.tags["run_key"] for r in children) == sorted(registry.results(sweep_id)["run_key"])  # no duplicates
+    deadline = time.time() + 60  # the parent run is ended by the driver's last step
+    while "RUNNING" in {r.info.status for r in mlflow.search_runs([sweep["mlflow_experiment_id"]])} and time.time() < deadline:
+        time.sleep(1)
+    assert {r.info.status for r in mlflow.search_runs([sweep["mlflow_experiment_id"]])} == {"FINISHED"}
+    print(f"\nkill -> automatic resume: {resumed_after_s:.1f} s; the sweep finished {finished_after_s:.0f} s after the kill")
 
 
 def test_resources_no_node_can_satisfy_fail_at_submit_and_write_nothing(home, tmp_path):

@@ -1,0 +1,144 @@
+"""``headsweep compare-maps``: do methods (or tasks) rank the units alike? (``analysis.compare``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich import box
+from rich.table import Table
+
+from analysis import cli
+from analysis.compare import (
+    DEFAULT_TOP,
+    Comparison,
+    compare_json,
+    compare_maps,
+    compare_png,
+    compare_rows,
+)
+from analysis.queries import null_summaries
+from analysis.select import py
+
+HELP = """\
+Spearman rho between unit maps, with the top-k overlap and permutation nulls.
+
+Several maps: each pair of maps over the runs that have both, or over matched runs (a run with one
+map and a run with the other that agree on every config key but the method and its own keys: the
+same model, task, seed and stage), rho averaged over the pairs. One map with --across AXIS: rho
+between the AXIS values' seed-mean maps (task x task: task-specific or shared?).
+
+Rho keeps its sign. A map whose important units are its smallest values (heads.ablation_delta is
+negative for important heads) is flipped with a leading '-': -heads.ablation_delta.
+"""
+
+EXAMPLES = """\
+examples:
+  headsweep compare-maps last heads.log_alpha heads.importance -heads.ablation_delta
+  headsweep compare-maps last neurons.predictivity --across task --out tasks.png
+"""
+
+
+def _maps_may_start_with_minus(parser: argparse.ArgumentParser) -> None:
+    """Let ``-heads.ablation_delta`` be a positional (a flipped map), not an unknown option: argparse
+    reads any word that starts with '-' as an option, so such words (a letter, then a dotted map
+    name) are taken as positionals here."""
+    parse_optional = parser._parse_optional
+
+    def parse(arg_string: str):
+        if arg_string[:1] == "-" and arg_string[1:2].isalpha() and "." in arg_string:
+            return None  # a positional
+        return parse_optional(arg_string)
+
+    parser._parse_optional = parse
+
+
+@cli._bad_input_is_config_error
+def cmd_compare_maps(args: argparse.Namespace) -> int:
+    """The table (or csv / json) of every pair of maps, and the matrix figure with --out."""
+    data, where = cli._load(args)
+    pool = [a.strip() for a in (args.pool or "").split(",") if a.strip()]
+    result = compare_maps(data, args.maps, where, across=args.across, top=args.top, n_perm=args.n_perm, pool=pool)
+    if args.format == "json":
+        print(json.dumps(compare_json(result), indent=2))
+    elif args.format == "csv":
+        cli._write_rows(compare_rows(result), "csv", None)
+    else:
+        _print(result, args.sweep)
+    if args.out:
+        Path(args.out).write_bytes(compare_png(result, where))
+        print(f"matrix -> {args.out}", file=sys.stderr)  # stdout may be the csv or json
+    return 0
+
+
+def _print(result: Comparison, sweep: str) -> None:
+    what = "maps" if result.across is None else f"{result.maps[0]} across {result.across}"
+    n_perm = next((n["n_perm"] for p in result.pairs for n in null_summaries(p.rho)), 0)
+    table = Table(
+        title=f"{what}: Spearman rho and top {result.k} of {result.shape[0] * result.shape[1]} units ({sweep}; "
+              + (f"{n_perm} permutations per null)" if n_perm else "no permutation test)"),
+        box=box.SIMPLE, pad_edge=False,
+        caption="pairs: " + ("pairs of runs (one run when it has both maps)" if result.across is None else
+                             "settings of the other axes") + "; shuffled: units relabelled at random within each "
+                "layer or across all units, one relabelling per " + ("map" if result.across is None else "value")
+                + " shared by its runs; chance = the null's mean; "
+                "excess = rho - chance; p one-sided, never below 1/(permutations + 1); top-k: mean share of the "
+                "k largest units both maps have, chance k/P")
+    for column, justify in (("a", "left"), ("b", "left"), ("pairs", "right"), ("rho", "right"),
+                            ("shuffled", "left"), ("chance", "right"), ("95% of chance", "right"),
+                            ("excess", "right"), ("p", "right"), ("top-k", "right"), ("chance top-k", "right")):
+        table.add_column(column, justify=justify, no_wrap=True)
+    for pair in result.pairs:
+        nulls = null_summaries(pair.rho) or [None]
+        for i, null in enumerate(nulls):
+            first = i == 0
+            cells = [pair.a if first else "", pair.b if first else "", str(pair.n_pairs) if first else "",
+                     cli._fmt3(py(pair.rho.observed)) if first else ""]
+            if null is None:
+                cells += ["-", "-", "-", "-", "-"]
+            else:
+                cells += ["in layers" if null["null"] == "within_layers" else "all units", cli._fmt3(null["null_mean"]),
+                          f"{cli._fmt3(null['band_lo'])}..{cli._fmt3(null['band_hi'])}", cli._signed(null["excess"]),
+                          null["p_text"]]
+            cells += [cli._fmt3(pair.overlap), cli._fmt3(result.chance_overlap)] if first else ["", ""]
+            table.add_row(*cells)
+    cli.out.print(table)
+    if len(result.pairs) > 1:
+        nulls = null_summaries(result.mean_offdiag)
+        within = ", ".join(f"chance {cli._fmt3(n['null_mean'])} ({'in layers' if n['null'] == 'within_layers' else 'all units'}) "
+                           f"{n['p_text']}" for n in nulls)
+        cli.out.print(f"mean rho over the {len(result.pairs)} pairs: {cli._fmt3(py(result.mean_offdiag.observed))}"
+                      + (f"; {within}" if within else ""))
+    for note in result.notes:
+        cli.out.print(f"note: {note}")
+    if result.matched_on:
+        cli.out.print(f"compared only runs equal on: {', '.join(result.matched_on)}")
+    if result.pooled_axes:
+        cli.out.print(f"pooled (averaged over) on request: {', '.join(result.pooled_axes)}")
+
+
+def register(subparsers: argparse._SubParsersAction, db_help: str, where_help: str) -> None:
+    """Add ``compare-maps`` to the main CLI."""
+    p = subparsers.add_parser("compare-maps", help="do methods or tasks rank the units alike? Spearman, top-k, nulls",
+                              description=HELP, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _maps_may_start_with_minus(p)
+    p.add_argument("sweep", help=cli.SWEEP_HELP)
+    p.add_argument("maps", nargs="+", metavar="MAP",
+                   help="unit maps of one kind, e.g. heads.log_alpha heads.importance; a leading '-' flips a map "
+                        "(-heads.ablation_delta: larger = more important); one map with --across")
+    p.add_argument("--across", help="compare one map across this axis's values (task, model, pipeline, seed, "
+                                    "method or a config key)")
+    p.add_argument("--top", type=float, default=DEFAULT_TOP,
+                   help=f"top-k overlap of this fraction of the units (default {DEFAULT_TOP}: the top 10 %%)")
+    p.add_argument("--n-perm", type=int, default=1000,
+                   help="relabellings of each null (units within layers, and across all units); default 1000, "
+                        "0 = no test")
+    p.add_argument("--pool", help="with --across: comma-separated axes to average over instead of matching on them")
+    p.add_argument("--format", default="table", choices=cli.AGREEMENT_FORMATS,
+                   help="table (default), csv (one row per pair of maps) or json (everything)")
+    p.add_argument("--out", help="also write the annotated matrix to this PNG file")
+    p.add_argument("--where", help=where_help)
+    p.add_argument("--db", help=db_help)
+    p.set_defaults(func=cmd_compare_maps)

@@ -1,0 +1,292 @@
+"""Physically prune FFN neurons, folding the removed ones' baseline into the output bias.
+
+Skill-neuron pruning (Wang et al. 2022, ``../shared/PAPERS.md``): keep the top
+2 % of FFN neurons (by predictivity) in the upper layers and replace every other
+neuron by a constant, its baseline activation ``a_bsl``. A neuron ``i`` enters
+the FFN output only through column ``i`` of the output projection, so a
+constant ``a_bsl[i]`` there is the same as adding ``W_out[:, i] * a_bsl[i]`` to
+the output bias, and the neuron's row of the input projection and column of the
+output projection can then be sliced away:
+
+    b_out' = b_out + W_out[:, removed] @ a_bsl[removed]
+
+Only the REMOVED neurons are folded; the reference code folds every neuron's
+mean, which double-counts the kept ones (they still contribute their real
+activation through ``W_out[:, kept]``).
+
+``mask_ffn`` is the masked equivalent (a forward hook replacing the removed
+activations by their baseline), the reference the sliced model must equal.
+Keep sets and baselines always index the ORIGINAL ``(L, I)`` neurons, also
+after pruning: ``kept_neurons(model)`` says which are still there (as
+``heads.kept_heads`` does for heads).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from experiments.heads import _slice_linear  # the same Linear slicing as head pruning
+from experiments.models import architecture_of
+
+_KEPT_ATTR = "_headsweep_kept_neurons"
+
+
+def ffn_layout(model: nn.Module) -> tuple[int, int]:
+    """``(num_layers, intermediate_size)`` of the backbone as built from its config (pruning leaves it)."""
+    architecture_of(model)
+    return model.config.num_hidden_layers, model.config.intermediate_size
+
+
+def kept_neurons(model: nn.Module) -> torch.Tensor:
+    """Bool ``(L, I)``: which original FFN neurons are still in the model (all True if never pruned)."""
+    kept = getattr(model, _KEPT_ATTR, None)
+    if kept is not None:
+        return kept.clone()
+    return torch.ones(*ffn_layout(model), dtype=torch.bool)
+
+
+def _keep_masks(model: nn.Module, keep: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """``keep`` (layer -> original neuron indices) as bool ``(I,)`` masks, validated."""
+    num_layers, inner = ffn_layout(model)
+    masks = {}
+    for layer, index in keep.items():
+        if not 0 <= int(layer) < num_layers:
+            raise ValueError(f"keep: layer {layer} out of range (model has {num_layers} layers)")
+        index = torch.as_tensor(index).detach().to("cpu", torch.long).reshape(-1)
+        if index.numel() and (index.min() < 0 or index.max() >= inner):
+            raise ValueError(f"keep[{layer}]: neuron indices must lie in [0, {inner})")
+        mask = torch.zeros(inner, dtype=torch.bool)
+        mask[index] = True
+        masks[int(layer)] = mask
+    return masks
+
+
+def _baseline_of(baseline: Mapping[int, torch.Tensor], layer: int, inner: int) -> torch.Tensor:
+    if layer not in baseline:
+        raise ValueError(f"baseline has no entry for layer {layer} (needed to fold its removed neurons)")
+    values = torch.as_tensor(baseline[layer]).detach().reshape(-1)
+    if values.numel() != inner:
+        raise ValueError(f"baseline[{layer}] must have the {inner} original neurons, got {values.numel()}")
+    return values
+
+
+@torch.no_grad()
+def prune_ffn(
+    encoder: nn.Module, keep: Mapping[int, torch.Tensor], baseline: Mapping[int, torch.Tensor]
+) -> None:
+    """Keep only neurons ``keep[l]`` (original indices) of layer ``l``'s FFN; in place.
+
+    For each listed layer: the removed neurons' baselines ``baseline[l]`` (``(I,)``,
+    original indices, e.g. ``mean_ffn_activations``) are folded into the output
+    bias, ``b_out += W_out[:, removed] @ baseline[l][removed]`` (removed ones only),
+    then their rows of ``ffn_in`` (weight and bias) and columns of ``ffn_out`` are
+    sliced away. Layers not listed are untouched. The outputs equal those of the
+    unpruned model under ``mask_ffn(encoder, keep, baseline)``. Pruning again may
+    only remove more. Parameters are replaced (build optimizers afterwards);
+    ``config.intermediate_size`` keeps describing the original neurons.
+    """
+    arch = architecture_of(encoder)
+    _, inner = ffn_layout(encoder)
+    current = kept_neurons(encoder)
+    masks = _keep_masks(encoder, keep)
+    layers = encoder.get_submodule(arch.layers)
+    for layer, new in masks.items():
+        if (new & ~current[layer]).any():
+            raise ValueError(f"keep[{layer}] asks for neurons already pruned; pruning cannot restore them")
+        local_keep = new[current[layer]]  # (I_current,) which of the remaining neurons stay
+        if local_keep.all():
+            continue
+        values = _baseline_of(baseline, layer, inner)[current[layer]]  # (I_current,)
+        block = layers[layer]
+        ffn_in, ffn_out = block.get_submodule(arch.ffn_in), block.get_submodule(arch.ffn_out)
+        removed = (~local_keep).nonzero().squeeze(-1)
+        weight = ffn_out.weight.detach()  # (hidden, I_current)
+        fold = weight[:, removed].double() @ values[removed.to(values.device)].to(weight.device).double()
+        if ffn_out.bias is None:
+            ffn_out.bias = nn.Parameter(torch.zeros_like(weight[:, 0]))
+        ffn_out.bias.add_(fold.to(ffn_out.bias.dtype))  # (hidden,)
+        kept_index = local_keep.nonzero().squeeze(-1)
+        _slice_linear(ffn_in, kept_index, dim=0)
+        _slice_linear(ffn_out, kept_index, dim=1)
+        current[layer] = new
+    setattr(encoder, _KEPT_ATTR, current)
+
+
+@dataclass
+class FFNMaskHandle:
+    """What ``mask_ffn`` returns: ``remove()`` detaches every hook."""
+
+    hooks: list[RemovableHandle] = field(default_factory=list)
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks.clear()
+
+
+def mask_ffn(
+    encoder: nn.Module, keep: Mapping[int, torch.Tensor], baseline: Mapping[int, torch.Tensor]
+) -> FFNMaskHandle:
+    """Replace every neuron of a listed layer not in ``keep[l]`` by its baseline; a forward hook.
+
+    The masked equivalent of ``prune_ffn`` (same arguments), the reference its
+    sliced model is tested against: a hook on ``ffn_act`` returns
+    ``where(kept, activation, baseline)``. Works on an already pruned model too
+    (indices stay original).
+    """
+    arch = architecture_of(encoder)
+    _, inner = ffn_layout(encoder)
+    current = kept_neurons(encoder)
+    layers = encoder.get_submodule(arch.layers)
+    handle = FFNMaskHandle()
+    for layer, new in _keep_masks(encoder, keep).items():
+        if (new & ~current[layer]).any():
+            raise ValueError(f"keep[{layer}] asks for neurons the model no longer has")
+        local_keep = new[current[layer]]  # (I_current,)
+        values = _baseline_of(baseline, layer, inner)[current[layer]]  # (I_current,)
+        hook = partial(_replace_removed, local_keep, values)
+        handle.hooks.append(layers[layer].get_submodule(arch.ffn_act).register_forward_hook(hook))
+    return handle
+
+
+def _replace_removed(
+    local_keep: torch.Tensor, values: torch.Tensor, _module: nn.Module, _args: tuple, output: torch.Tensor
+) -> torch.Tensor:
+    keep = local_keep.to(output.device)
+    return torch.where(keep, output, values.to(output.device, output.dtype))  # (B, T, I_current)
+
+
+def upper_layer_keep(
+    scores, fraction: float = 0.02, layers: Iterable[int] | None = None, per_layer: bool = True
+) -> dict[int, torch.Tensor]:
+    """The top ``fraction`` of neurons by ``scores`` ``(L, I)`` in ``layers`` (default: upper half).
+
+    ``per_layer`` (default): ``max(1, round(fraction * I))`` neurons in each chosen
+    layer, so every pruned layer costs the same; otherwise the top
+    ``round(fraction * I * len(layers))`` across the chosen layers together.
+    Ties go to the lower index; NaN scores rank last. Returns sorted original
+    indices per layer (LongTensor), ready for ``prune_ffn``.
+    """
+    scores = torch.as_tensor(np.asarray(scores, dtype=np.float64))
+    if scores.dim() != 2:
+        raise ValueError(f"scores must be (layers, neurons), got shape {tuple(scores.shape)}")
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    num_layers, inner = scores.shape
+    chosen = list(range(num_layers // 2, num_layers)) if layers is None else sorted({int(x) for x in layers})
+    if any(not 0 <= layer < num_layers for layer in chosen):
+        raise ValueError(f"layers {chosen} out of range for {num_layers} layers")
+    scores = torch.nan_to_num(scores, nan=-np.inf)
+    if per_layer:
+        count = max(1, round(fraction * inner))
+        return {
+            layer: torch.sort(scores[layer], descending=True, stable=True).indices[:count].sort().values
+            for layer in chosen
+        }
+    flat = scores[chosen].reshape(-1)  # (len(chosen) * I,)
+    count = max(1, round(fraction * flat.numel()))
+    top = torch.sort(flat, descending=True, stable=True).indices[:count]
+    rows, cols = top // inner, top % inner
+    return {layer: cols[rows == row].sort().values for row, layer in enumerate(chosen)}
+
+
+@torch.no_grad()
+def mean_ffn_activations(
+    encoder: nn.Module,
+    batches: Iterable[Any],
+    layers: Iterable[int] | None = None,
+    forward: Callable[[Any], object] | None = None,
+) -> dict[int, torch.Tensor]:
+    """Mean FFN activation per neuron over every real token of ``batches``: ``{l: (I,)}``.
+
+    A baseline for ``prune_ffn``: one constant per neuron, replacing it at every
+    position. ``forward(batch)`` runs one batch (default ``encoder(**batch)``),
+    e.g. through a wrapper that prepends a soft prompt; tokens are weighted by
+    the ``attention_mask`` the encoder itself receives (read by a pre-hook, so a
+    mask a wrapper extended counts its prompt positions), all of them without
+    one. Our choice for pruning: the paper's predictivity baseline is per prompt
+    position, but a pruned neuron is gone at every token. Needs an unpruned
+    model in ``layers`` (the means index original neurons); eval mode.
+    """
+    arch = architecture_of(encoder)
+    num_layers, inner = ffn_layout(encoder)
+    chosen = list(range(num_layers)) if layers is None else sorted({int(x) for x in layers})
+    if not kept_neurons(encoder)[chosen].all():
+        raise ValueError("mean_ffn_activations needs the unpruned model")
+    forward = (lambda batch: encoder(**batch)) if forward is None else forward
+    sums = {layer: torch.zeros(inner, dtype=torch.float64) for layer in chosen}
+    count = torch.zeros((), dtype=torch.float64)
+    seen: dict[str, torch.Tensor | None] = {"mask": None}
+
+    def grab_mask(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+        seen["mask"] = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+
+    def accumulate(layer: int, _module: nn.Module, _args: tuple, output: torch.Tensor) -> None:
+        nonlocal count
+        mask = seen["mask"]
+        weight = (torch.ones(output.shape[:2], dtype=torch.float64, device=output.device) if mask is None
+                  else mask.to(output.device, torch.float64))  # (B, T)
+        if weight.shape != output.shape[:2]:
+            raise ValueError(f"attention_mask {tuple(weight.shape)} does not match the tokens {tuple(output.shape[:2])}")
+        sums[layer] += (output.double() * weight[..., None]).sum(dim=(0, 1)).cpu()  # (I,)
+        if layer == chosen[0]:
+            count += weight.sum().cpu()
+
+    blocks = encoder.get_submodule(arch.layers)
+    hooks = [encoder.register_forward_pre_hook(grab_mask, with_kwargs=True)]
+    hooks += [blocks[layer].get_submodule(arch.ffn_act).register_forward_hook(partial(accumulate, layer))
+              for layer in chosen]
+    was_training = encoder.training
+    encoder.eval()
+    try:
+        for batch in batches:
+            forward(batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        encoder.train(was_training)
+    if count == 0:
+        raise ValueError("mean_ffn_activations: no tokens in batches")
+    return {layer: (total / count).float() for layer, total in sums.items()}
+
+
+def pruned_metrics(
+    encoder: nn.Module,
+    evaluate: Callable[[nn.Module], Mapping[str, float]],
+    scores,
+    baseline: Mapping[int, torch.Tensor],
+    fraction: float = 0.02,
+    layers: Iterable[int] | None = None,
+) -> dict[str, float]:
+    """Metrics of a pruned COPY of ``encoder`` (the encoder itself is untouched).
+
+    Keeps ``upper_layer_keep(scores, fraction, layers)``, folds the rest with
+    ``baseline`` and calls ``evaluate(pruned_encoder)`` (e.g. a lambda around
+    ``loop.evaluate`` with the run's decoder). Returns its metrics as
+    ``pruned/<metric>`` plus ``pruned/kept_fraction`` (of the neurons in the
+    pruned layers), ``pruned/params`` and ``pruned/params_full`` (encoder).
+    ``encoder`` is the bare backbone; a wrapper (a soft prompt) goes around the
+    pruned copy inside ``evaluate``, e.g.
+    ``lambda backbone: loop.evaluate(PromptedEncoder(backbone, prompt), decoder, dev, task, 32, "cpu")``.
+    Hooks on ``encoder`` are deep-copied with it: remove any that read FFN widths first.
+    """
+    keep = upper_layer_keep(scores, fraction, layers)
+    pruned = copy.deepcopy(encoder)
+    prune_ffn(pruned, keep, baseline)
+    metrics = {f"pruned/{name}": float(value) for name, value in evaluate(pruned).items()}
+    _, inner = ffn_layout(encoder)
+    kept = sum(len(index) for index in keep.values())
+    return metrics | {
+        "pruned/kept_fraction": kept / (inner * len(keep)),
+        "pruned/params": float(sum(p.numel() for p in pruned.parameters())),
+        "pruned/params_full": float(sum(p.numel() for p in encoder.parameters())),
+    }

@@ -1,0 +1,189 @@
+"""What fine-tuning did to attention, and what roles heads play (Kovaleva et al. 2019; Voita et al. 2019).
+
+Looks at a fine-tuned model: the ``init_from`` stage, by default a ``finetune`` run of the same
+model, task, seed and training settings (``finetune_steps`` steps if set), shared with every
+other method that starts from it; a config's own ``init_from`` wins. Nothing is trained.
+
+On the task's dev set (its first ``eval_examples``; Kovaleva et al.):
+
+- ``heads.attention_change``: per head, the cosine similarity between the flattened attention
+  maps of the pretrained model (``cfg.model`` as ``set_up`` loads it, the same ``random:`` init)
+  and the fine-tuned one, padding cropped, averaged over examples (1 = unchanged);
+- ``heads.cls_sep_share``: the fine-tuned model's attention on [CLS]/[SEP] (<s>/</s>), mean over
+  queries and examples;
+- ``heads.pattern_<type>``: the share of examples whose map the rule of
+  ``experiments.maths.probes.classify_patterns`` calls vertical, diagonal, vertical_diagonal,
+  block or heterogeneous (a documented stand-in for the paper's CNN). Only sentence pairs can
+  be blocks: a task without pairs reports no ``heads.pattern_block``.
+
+On UD EWT test sentences (``sentences`` of them, ``task.data_seed``'s draw; Voita et al.), the
+fine-tuned model, words at their first subword:
+
+- ``heads.confidence``: the mean over tokens of the largest attention weight;
+- ``heads.positional``: the larger of the shares of tokens whose argmax is the previous / the
+  next token (positional when >= 0.9; ``positional_heads`` counts them);
+- ``heads.syntactic.<rel>``: for each relation in ``relations``, the share of its arcs whose
+  dependent attends most to its head; ``heads.syntactic.<rel>.reverse`` the head to the
+  dependent. Metrics ``syntactic/<rel>`` (best head), ``syntactic_reverse/<rel>`` and
+  ``syntactic_baseline/<rel>``: Voita's positional baseline, the share of that relation's arcs
+  at its most frequent word offset;
+- ``heads.rare_word``: the share of sentences whose most-attended word (the most attention
+  received over its subwords, averaged over all queries; [CLS]/[SEP] are not words) is one of
+  the sentence's least frequent words (lower-cased word counts over the whole UD EWT dev file;
+  unseen = 0). Sentences whose words all tie are left out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+from pydantic import Field
+
+from experiments.config import Section
+from experiments.context import RunContext
+from experiments.maths.probes import (
+    PATTERNS,
+    POSITIONAL_THRESHOLD,
+    argmax_offsets,
+    attention_cosine,
+    classify_patterns,
+    confidence,
+    directed_hits,
+    label_rates,
+    most_attended_word,
+    pattern_masses,
+    positional,
+    positional_baseline,
+    rarest_words,
+    row_argmax,
+    segments,
+)
+from experiments.naming import suggest
+from experiments.probing import boundary_ids, pretrained, sentence_maps, ud_folder
+from experiments.result import RunResult, UnitMap
+from experiments.state import set_up
+from experiments.tasks.dependencies import FILES, UD_RELATIONS, arcs, load_ud_ewt, read_trees
+
+VERSION = "1"
+PIPELINES = ("none",)
+SHORT_NAMES = ()
+
+
+class Config(Section):
+    """attention_analysis' own keys: ``attention_analysis: {eval_examples: 500, relations: [nsubj, obj]}``."""
+
+    eval_examples: int | None = Field(500, gt=0, description="Task dev examples for attention change, [CLS]/[SEP] share and patterns (None = all).")
+    sentences: int | None = Field(500, gt=0, description="UD EWT test sentences for Voita's head roles (None = all).")
+    max_length: int = Field(128, ge=8, le=512, description="UD EWT: tokens per sentence after truncation (words cut off are dropped).")
+    relations: tuple[str, ...] = Field(("nsubj", "obj", "amod", "advmod"), min_length=1,
+                                       description="Universal dependency relations with a syntactic-head map each.")
+    batch_size: int = Field(32, gt=0, le=4096, description="Examples per forward pass.")
+    ud_dir: str | None = Field(None, description="Folder of en_ewt-ud-{dev,test}.conllu; None = <$HEADSWEEP_DATA or ../shared/data>/ud_ewt.")
+    finetune_steps: int | None = Field(None, gt=0, description="Training steps of the fine-tune it looks at (None = the same train settings).")
+
+
+def stages(section: Config) -> dict[str, dict]:
+    """A fine-tuned model to look at: a ``finetune`` run of the same model, task, seed and training
+    settings (shared with head_gates' SP and the other analyses that start from it)."""
+    upstream = {"method": "finetune"}
+    if section.finetune_steps is not None:
+        upstream["train"] = {"max_steps": section.finetune_steps}
+    return {"init_from": upstream}
+
+
+def check(cfg) -> None:
+    for rel in cfg.section.relations:
+        if rel not in UD_RELATIONS or rel == "root":
+            raise ValueError(f"attention_analysis.relations: '{rel}' is not a universal dependency relation with a head word"
+                             f"{suggest(rel, UD_RELATIONS)}")
+
+
+def run(cfg, ctx: RunContext) -> RunResult:
+    hp = cfg.section
+    state = set_up(cfg, ctx)  # the fine-tuned model (init_from)
+    tuned = state.encoder
+    base, tokenizer = pretrained(cfg, ctx.device)
+    up = cfg.upstreams["init_from"]
+    model = f"{cfg.model} after {up.method} on {up.task.name}"
+    maps, metrics = {}, {}
+    _kovaleva(maps, metrics, tuned, base, state.data.dev, boundary_ids(tokenizer), hp, ctx.device,
+              f"{cfg.task.name} dev", model)
+    _voita(maps, metrics, tuned, tokenizer, hp, cfg.task.data_seed, ctx.device, model)
+    return RunResult(run_key=cfg.run_key, group_key=cfg.group_key, metrics=metrics, maps=maps)
+
+
+def _kovaleva(maps, metrics, tuned, base, dev, boundary, hp, device, split, model) -> None:
+    """attention_change, cls_sep_share and pattern_<type> on the task's dev examples."""
+    n = len(dev) if hp.eval_examples is None else min(hp.eval_examples, len(dev))
+    where = f"{split}, {n} examples, {model}"
+    ids, mask = dev.input_ids[:n], dev.attention_mask[:n]
+    cosine, special_share, counts, pairs = 0.0, 0.0, 0.0, 0
+    for (i, after, _), (_, before, _) in zip(sentence_maps(tuned, ids, mask, hp.batch_size, device),
+                                             sentence_maps(base, ids, mask, hp.batch_size, device), strict=True):
+        cosine = cosine + attention_cosine(before, after)
+        special = np.isin(ids[i][mask[i].bool()].numpy(), boundary)  # (n,)
+        masses = pattern_masses(after, special)
+        special_share = special_share + masses["special"]
+        pair = np.unique(segments(special)[~special]).size >= 2
+        pairs += pair
+        counts = counts + (classify_patterns(masses, pair)[..., None] == np.arange(len(PATTERNS)))  # (L, H, 5)
+    maps["heads.attention_change"] = UnitMap(cosine / n, "heads", f"{where}: cosine similarity of attention maps, "
+                                             "pretrained vs fine-tuned (1 = unchanged)")
+    maps["heads.cls_sep_share"] = UnitMap(special_share / n, "heads", f"{where}: share of attention on [CLS]/[SEP]")
+    for k, pattern in enumerate(PATTERNS):
+        if pattern == "block" and not pairs:  # single sentences: no map can be a block
+            continue
+        maps[f"heads.pattern_{pattern}"] = UnitMap(counts[..., k] / n, "heads",
+                                                   f"{where}: share of examples with a {pattern} attention map (rule)")
+        metrics[f"pattern/{pattern}"] = float(counts[..., k].mean() / n)
+    metrics["attention_change"] = float(maps["heads.attention_change"].values.mean())
+    metrics["cls_sep_share"] = float(maps["heads.cls_sep_share"].values.mean())
+
+
+def _voita(maps, metrics, tuned, tokenizer, hp, data_seed, device, model) -> None:
+    """confidence, positional, syntactic.<rel> (and .reverse) and rare_word on UD EWT test sentences."""
+    folder = ud_folder(hp.ud_dir)
+    frequency = Counter(w.lower() for tree in read_trees(folder / FILES["train"]) for w in tree.words)
+    data = load_ud_ewt(folder, "dev", tokenizer, hp.max_length, hp.sentences, data_seed)
+    wanted = set(hp.relations)
+    row_max, offsets, to_head, to_dependent, relations, word_offsets, rare = [], [], [], [], [], [], []
+    for i, attn, _ in sentence_maps(tuned, data.input_ids, data.attention_mask, hp.batch_size, device):
+        argmax = row_argmax(attn)  # (L, H, n)
+        row_max.append(attn.max(axis=-1))
+        offsets.append(argmax_offsets(argmax))
+        first, end = data.first[i], data.end[i]
+        dependents, governors, rels = arcs(data.trees[i], len(first))
+        keep = np.array([r in wanted for r in rels], dtype=bool)
+        dependents, governors = dependents[keep], governors[keep]
+        to_head.append(directed_hits(argmax, first[dependents], first[governors]))
+        to_dependent.append(directed_hits(argmax, first[governors], first[dependents]))
+        relations += [r for r, k in zip(rels, keep, strict=True) if k]
+        word_offsets += (governors - dependents).tolist()
+        counts = [frequency[w.lower()] for w in data.trees[i].words[: len(first)]]
+        rarest = rarest_words(counts)
+        if len(rarest) < len(counts):
+            rare.append(np.isin(most_attended_word(attn, first, end), rarest))  # (L, H)
+    where = f"UD EWT test, {len(data)} sentences, {model}"
+    maps["heads.confidence"] = UnitMap(confidence(np.concatenate(row_max, -1)), "heads",
+                                       f"{where}: mean of the largest attention weight per token (Voita confidence)")
+    prev, nxt = positional(np.concatenate(offsets, -1))
+    maps["heads.positional"] = UnitMap(np.maximum(prev, nxt), "heads", f"{where}: share of tokens whose argmax is "
+                                       f"the previous or (if more) the next token (positional >= {POSITIONAL_THRESHOLD})")
+    metrics["confidence"] = float(maps["heads.confidence"].values.mean())
+    metrics["positional_heads"] = float((maps["heads.positional"].values >= POSITIONAL_THRESHOLD).sum())
+    forward = label_rates(np.concatenate(to_head, -1), relations)
+    backward = label_rates(np.concatenate(to_dependent, -1), relations)
+    baseline = positional_baseline(word_offsets, relations)
+    for rel in hp.relations:
+        if rel not in forward:  # no arc of it in these sentences
+            continue
+        maps[f"heads.syntactic.{rel}"] = UnitMap(forward[rel], "heads", f"{where}: share of {rel} arcs where the dependent attends most to its head")
+        maps[f"heads.syntactic.{rel}.reverse"] = UnitMap(backward[rel], "heads", f"{where}: share of {rel} arcs where the head attends most to its dependent")
+        metrics[f"syntactic/{rel}"] = float(forward[rel].max())
+        metrics[f"syntactic_reverse/{rel}"] = float(backward[rel].max())
+        metrics[f"syntactic_baseline/{rel}"] = baseline[rel][1]
+    if rare:
+        maps["heads.rare_word"] = UnitMap(np.mean(rare, axis=0), "heads",
+                                          f"{where}: share of sentences whose most-attended word is its rarest")
+        metrics["rare_word"] = float(maps["heads.rare_word"].values.max())

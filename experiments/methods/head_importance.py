@@ -1,0 +1,168 @@
+"""Gradient importance of each head, and the iterative pruning curve (Michel et al. 2019).
+
+Looks at a fine-tuned model: the ``init_from`` stage, by default a ``finetune`` run of the same
+model, task, seed and training settings (``finetune_steps`` steps if set), shared with head_gates'
+SP and the other analyses that start from it; a config's own ``init_from`` wins. Nothing is trained.
+
+Importance. Each head's output is multiplied by a gate ``xi_h = 1`` (``heads.attach_head_gates``;
+a pruned head's is 0). On the first ``examples`` training examples, in batches of
+``train.batch_size``, with the model in eval mode (no dropout):
+
+    I_h = sum over batches b of |dL_b / dxi_h|  /  (non-padding tokens of those examples)
+
+with ``L_b`` the batch's mean task loss (the reference code's order: absolute value per batch,
+then divide by tokens). With ``normalize_layers`` (default, as in the paper) each layer's row is
+then divided by its L2 norm. Map ``heads.importance``: the unpruned model's ``I``.
+
+Pruning curve. Starting from all heads, each step removes ``step`` (default 10 %) of ALL heads,
+the still-kept ones with the lowest importance, by setting their gates to 0 (no retraining), and
+evaluates on the dev set, until every head is removed. With ``recompute`` (default: Michel et al.
+prune greedily, importance computed again on the pruned model before each step; the pruned
+heads are gated at 0 there) the ranking follows the pruning; without, the first ranking is used
+throughout.
+
+Reports:
+
+- metrics: the unpruned model's dev metrics (``accuracy``, ``loss``, ``accuracy/<set>``), and the
+  curve as ``<metric>_pruned_<pct>`` for pct = 0, 10, ..., 100, the percent of heads targeted
+  (``round(pct / 100 * N)`` heads removed; ``<metric>_pruned_0`` is the unpruned metric). Losses
+  are left out of the curve.
+- tracker: at step = pct, ``<metric>_pruned`` and ``heads_pruned`` (MLflow draws the curve);
+- maps: ``heads.importance``, and ``heads.pruned_at``: the fraction of heads targeted at the step
+  that removed the head (larger = kept longer; the iterative ranking, which with ``recompute``
+  can differ from the first importance's order).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field, field_validator
+
+from experiments.config import Section
+from experiments.context import RunContext
+from experiments.heads import attach_head_gates
+from experiments.loop import evaluate_all, forward_logits, take
+from experiments.maths.head_importance import least_important, normalize_per_layer, pruning_counts
+from experiments.maths.losses import task_loss
+from experiments.result import RunResult, UnitMap
+from experiments.state import RunState, set_up
+
+VERSION = "1"
+PIPELINES = ("none",)
+SHORT_NAMES = ()
+
+
+class Config(Section):
+    """head_importance's own keys: ``head_importance: {examples: 500, step: 0.1}``."""
+
+    examples: int = Field(500, gt=0, description="Training examples (the first ones) whose loss gradients make the importance.")
+    step: float = Field(0.1, ge=0.01, le=0.5, description="Fraction of all heads removed at each pruning step "
+                        "(whole percents: 0.05, 0.1, ...).")
+    recompute: bool = Field(True, description="Recompute importance on the pruned model before each step "
+                            "(Michel et al.); false = rank once, on the unpruned model.")
+    normalize_layers: bool = Field(True, description="Divide each layer's importance by its L2 norm (Michel et al.).")
+    finetune_steps: int | None = Field(None, gt=0, description="Training steps of the fine-tune it starts from "
+                                       "(None = the same train settings).")
+
+    @field_validator("step")
+    @classmethod
+    def _whole_percent(cls, value: float) -> float:
+        if abs(value * 100 - round(value * 100)) > 1e-9:
+            raise ValueError(f"{value} is not a whole percent (0.05, 0.1, ...): the curve's metrics are named by percent")
+        return value
+
+
+def stages(section: Config) -> dict[str, dict]:
+    """A fine-tuned model to score: a ``finetune`` run of the same model, task, seed and training
+    settings (shared with head_gates' SP and the other analyses that start from it)."""
+    upstream = {"method": "finetune"}
+    if section.finetune_steps is not None:
+        upstream["train"] = {"max_steps": section.finetune_steps}
+    return {"init_from": upstream}
+
+
+def run(cfg, ctx: RunContext) -> RunResult:
+    hp = cfg.section
+    state = set_up(cfg, ctx)  # the fine-tuned model (init_from)
+    state.train(False)  # no dropout: importance and metrics are the model's, not a noise sample's
+    for module in state.modules().values():
+        module.requires_grad_(False)  # only the gates need gradients
+    num_layers, num_heads = state.num_layers, state.num_heads
+    counts = pruning_counts(num_layers * num_heads, hp.step)
+
+    keep = torch.ones(num_layers, num_heads, dtype=torch.bool)
+    pruned_at = torch.zeros(num_layers, num_heads)
+    importance = first = head_importance(state, keep, hp.examples, hp.normalize_layers)
+    metrics: dict[str, float] = {}
+    for t, count in enumerate(counts):
+        pct = min(100, round(100 * t * hp.step))
+        if t > 0:  # remove the next heads, least important first
+            if hp.recompute and t > 1:
+                importance = head_importance(state, keep, hp.examples, hp.normalize_layers)
+            removed = least_important(importance, keep, count - int((~keep).sum()))
+            keep &= ~removed
+            pruned_at[removed] = pct / 100
+        scores = _evaluate_with(state, keep)
+        curve = {name: value for name, value in scores.items() if name.split("/")[0] != "loss"}
+        ctx.tracker.log_metrics({_pruned(name, ""): v for name, v in curve.items()} | {"heads_pruned": float(count)}, pct)
+        metrics |= {_pruned(name, f"_{pct}"): value for name, value in curve.items()}
+        if t == 0:
+            metrics |= scores  # the unpruned model's dev metrics, under their plain names
+        ctx.progress(t, len(counts) - 1, {"open_heads": float(keep.sum())})
+
+    n = min(hp.examples, len(state.data.train))
+    norm = "L2-normalised per layer" if hp.normalize_layers else "per token"
+    return RunResult(
+        run_key=cfg.run_key,
+        group_key=cfg.group_key,
+        metrics=metrics,
+        maps={
+            "heads.importance": UnitMap(first.numpy(), "heads", f"Michel importance E|dL/dxi| on {n} train examples, "
+                                        f"{norm} (larger = more important)"),
+            "heads.pruned_at": UnitMap(pruned_at.numpy(), "heads", "fraction of heads pruned when it was removed "
+                                       f"({'recomputed' if hp.recompute else 'fixed'} ranking; larger = kept longer)"),
+        },
+    )
+
+
+def head_gradients(encoder, decoder, ids, mask, labels, xi: torch.Tensor) -> torch.Tensor:
+    """``dL/dxi`` (L, H) of the batch's mean task loss, head h of layer l multiplied by ``xi[l, h]``."""
+    xi = xi.detach().clone().requires_grad_(True)
+    handle = attach_head_gates(encoder, lambda: xi)
+    try:
+        loss = task_loss(forward_logits(encoder, decoder, ids, mask), labels)
+        (grad,) = torch.autograd.grad(loss, xi)
+    finally:
+        handle.remove()
+    return grad
+
+
+def head_importance(state: RunState, keep: torch.Tensor, examples: int, normalize: bool) -> torch.Tensor:
+    """Michel's ``I`` (L, H) on the first ``examples`` training examples, kept heads at ``xi = 1``,
+    pruned ones at 0 (and given importance 0); per layer L2-normalised when ``normalize``."""
+    split, batch_size = state.data.train, state.cfg.train.batch_size
+    n = min(examples, len(split))
+    xi = keep.to(state.device, torch.float32)
+    total, tokens = torch.zeros_like(xi), 0
+    for start in range(0, n, batch_size):
+        ids, mask, labels = take(split, torch.arange(start, min(start + batch_size, n)), state.device)
+        total += head_gradients(state.encoder, state.decoder, ids, mask, labels, xi).abs()
+        tokens += int(mask.sum())
+    importance = (total / tokens).cpu() * keep
+    return normalize_per_layer(importance) if normalize else importance
+
+
+def _evaluate_with(state: RunState, keep: torch.Tensor) -> dict[str, float]:
+    """Dev metrics (and every evaluation set's) with the heads not in ``keep`` gated to 0."""
+    gates = keep.to(state.device, torch.float32)
+    handle = attach_head_gates(state.encoder, lambda: gates)
+    try:
+        return evaluate_all(state)
+    finally:
+        handle.remove()
+
+
+def _pruned(name: str, suffix: str) -> str:
+    """``accuracy`` -> ``accuracy_pruned<suffix>``; ``accuracy/ood`` -> ``accuracy_pruned<suffix>/ood``."""
+    metric, slash, where = name.partition("/")
+    return f"{metric}_pruned{suffix}{slash}{where}"

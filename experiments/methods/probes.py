@@ -1,0 +1,140 @@
+"""He & Choi's (2021) "stem cell" probes: what each head knows about syntax, without parameters.
+
+Runs on the model of the config's ``init_from`` stage when it has one (``init_from: {method:
+finetune}``, a ``multitask`` run, ...; its encoder weights only), else on the pretrained model
+itself (or the ``random:`` init: the pretraining control). Nothing is trained, so the same
+numbers compare pretrained, single-task and multi-task models directly.
+
+Data: UD English-EWT, as the ``ud-pos`` task splits it: UD's dev file is the fitting data
+(``fit_sentences`` of it: the centroids), UD's test file the scored data (``score_sentences``);
+both subsets drawn from ``task.data_seed``, tokenised to ``max_length`` (words cut off dropped).
+
+- Dependency attention probe (``heads.dep_probe``): for every arc (head word h, dependent d) of
+  the scored sentences, ``1(argmax a[d] = h or argmax a[h] = d)`` per attention head, words at
+  their first subword, argmax over every real token; averaged over all arcs and per universal
+  relation (``heads.dep_probe.<rel>``, ``nsubj:pass`` counted as ``nsubj``).
+- Centroid probe (``heads.pos_centroid``): a head's feature at a word is its output before the
+  attention output projection (D values) at the word's first subword; per head, the mean
+  feature of each UPOS over the fitting words is that tag's centroid, and each scored word gets
+  the tag of the nearest centroid (Euclidean). Accuracy over all scored words, and per tag
+  (``heads.pos_centroid.<UPOS>``: the share of that tag's words labelled right).
+
+Per-label maps and metrics for the ``top_labels`` most frequent relations / tags of the scored
+data. Metrics: the best head's score, ``dep_probe`` and ``dep_probe/<rel>``, ``pos_centroid``
+and ``pos_centroid/<UPOS>``; and ``majority/<probe>``, the share of the most frequent tag (the
+centroid probe's floor).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+from pydantic import Field
+
+from experiments.config import Section
+from experiments.context import RunContext
+from experiments.maths.probes import (
+    class_centroids,
+    dep_probe_hits,
+    label_accuracy,
+    label_rates,
+    nearest_centroid,
+    row_argmax,
+)
+from experiments.probing import sentence_maps, stage_encoder, ud_folder
+from experiments.result import RunResult, UnitMap
+from experiments.tasks.dependencies import EncodedTrees, arcs, load_ud_ewt
+from experiments.tasks.ud_pos import LABEL_NAMES as UPOS
+
+VERSION = "1"
+PIPELINES = ("none",)
+SHORT_NAMES = ()
+
+
+class Config(Section):
+    """probes' own keys: ``probes: {score_sentences: 500, top_labels: 5}``."""
+
+    fit_sentences: int | None = Field(1000, gt=0, description="UD EWT dev sentences the centroids are fitted on (None = all).")
+    score_sentences: int | None = Field(500, gt=0, description="UD EWT test sentences the probes score (None = all).")
+    max_length: int = Field(128, ge=8, le=512, description="Tokens per sentence after truncation (words cut off are dropped).")
+    top_labels: int = Field(5, ge=0, le=64, description="Per-label maps and metrics for this many most frequent relations / UPOS tags.")
+    batch_size: int = Field(32, gt=0, le=4096, description="Sentences per forward pass.")
+    ud_dir: str | None = Field(None, description="Folder of en_ewt-ud-{dev,test}.conllu; None = <$HEADSWEEP_DATA or ../shared/data>/ud_ewt.")
+
+
+def run(cfg, ctx: RunContext) -> RunResult:
+    hp = cfg.section
+    encoder, tokenizer = stage_encoder(cfg, ctx)
+    folder = ud_folder(hp.ud_dir)
+    fit = load_ud_ewt(folder, "train", tokenizer, hp.max_length, hp.fit_sentences, cfg.task.data_seed)
+    scored = load_ud_ewt(folder, "dev", tokenizer, hp.max_length, hp.score_sentences, cfg.task.data_seed)
+    up = cfg.upstreams.get("init_from")
+    model = cfg.model if up is None else f"{cfg.model} after {up.method} on {up.task.name}"
+    where = f"UD EWT test, {len(scored)} sentences, {model}"
+
+    # One pass over the scored sentences: attention for the DEP probe, head outputs for centroids.
+    hits, relations, features, tags = [], [], [], []
+    for i, attn, heads in sentence_maps(encoder, scored.input_ids, scored.attention_mask, hp.batch_size,
+                                        ctx.device, contexts=True):
+        first = scored.first[i]
+        dependents, governors, rels = arcs(scored.trees[i], len(first))
+        hits.append(dep_probe_hits(row_argmax(attn), first[governors], first[dependents]))  # (L, H, P)
+        relations += rels
+        features.append(heads[first])  # (W, L, H, D)
+        tags += _tag_ids(scored, i)
+    fit_features, fit_tags = _word_features(encoder, fit, hp.batch_size, ctx.device)
+
+    maps, metrics = {}, {}
+    hits_all = np.concatenate(hits, axis=-1)  # (L, H, P)
+    by_rel = label_rates(hits_all, relations)
+    _report(maps, metrics, "dep_probe", hits_all.mean(axis=-1), by_rel, _top(relations, hp.top_labels),
+            f"DEP probe, {where}: share of arcs where argmax attention links head and dependent")
+
+    pos = _centroid_probe(fit_features, fit_tags, np.concatenate(features), np.asarray(tags))
+    overall, by_tag = pos
+    _report(maps, metrics, "pos_centroid", overall, {UPOS[c]: acc for c, acc in by_tag.items()},
+            _top([UPOS[t] for t in tags], hp.top_labels),
+            f"POS centroid probe, {where}: share of words whose head output is nearest its UPOS centroid")
+    metrics["majority/pos_centroid"] = Counter(tags).most_common(1)[0][1] / len(tags)
+    metrics |= {"arcs": float(hits_all.shape[-1]), "scored_words": float(len(tags)), "fit_words": float(len(fit_tags))}
+    return RunResult(run_key=cfg.run_key, group_key=cfg.group_key, metrics=metrics, maps=maps)
+
+
+def _tag_ids(data: EncodedTrees, i: int) -> list[int]:
+    """UPOS ids of sentence i's kept words."""
+    return [UPOS.index(tag) for tag in data.trees[i].upos[: len(data.first[i])]]
+
+
+def _word_features(encoder, data: EncodedTrees, batch_size: int, device: str) -> tuple[np.ndarray, np.ndarray]:
+    """((N, L, H, D) head outputs at every kept word's first subword, (N,) its UPOS id)."""
+    features, tags = [], []
+    for i, _, heads in sentence_maps(encoder, data.input_ids, data.attention_mask, batch_size, device,
+                                     attention=False, contexts=True):
+        features.append(heads[data.first[i]])
+        tags += _tag_ids(data, i)
+    return np.concatenate(features), np.asarray(tags)
+
+
+def _centroid_probe(fit: np.ndarray, fit_tags: np.ndarray, scored: np.ndarray, tags: np.ndarray):
+    """(overall (L, H), {tag id: (L, H)}): the centroid probe, one layer at a time (memory)."""
+    layers = []
+    for layer in range(fit.shape[1]):
+        centroids = class_centroids(fit[:, layer], fit_tags, len(UPOS))  # (H, C, D)
+        layers.append(label_accuracy(nearest_centroid(scored[:, layer], centroids), tags))
+    overall = np.stack([o for o, _ in layers])
+    return overall, {c: np.stack([per[c] for _, per in layers]) for c in layers[0][1]}
+
+
+def _top(labels: list[str], k: int) -> list[str]:
+    """The k most frequent labels (ties: first seen)."""
+    return [label for label, _ in Counter(labels).most_common(k)]
+
+
+def _report(maps: dict, metrics: dict, name: str, overall: np.ndarray, per_label: dict, top: list[str], meaning: str) -> None:
+    """Maps ``heads.<name>`` and ``heads.<name>.<label>``; metrics: the best head's score of each."""
+    maps[f"heads.{name}"] = UnitMap(overall, "heads", meaning)
+    metrics[name] = float(overall.max())
+    for label in top:
+        maps[f"heads.{name}.{label}"] = UnitMap(per_label[label], "heads", f"{meaning} ({label} only)")
+        metrics[f"{name}/{label}"] = float(per_label[label].max())

@@ -1,0 +1,448 @@
+"""Skill neurons (Wang et al. 2022; ../shared/PAPERS.md): prompt tuning, neuron predictivity, perturbation.
+
+1. Prompt tuning. ``prompt_length`` trainable vectors are inserted into the input
+   embeddings right after the first token: ``[CLS] p_1 .. p_n w_1 .. w_m [SEP]``. After
+   [CLS], not before it, so [CLS] keeps position 0 as in pretraining (and the ``cls``
+   read-out reads what it always reads); the prompt is at positions ``1 .. n``. The
+   backbone is frozen (``requires_grad`` off; its dropout stays on while training). The
+   prompt starts as the embeddings of random vocabulary words (the ``prompt`` stream).
+2. The read-out. The paper reads a masked-LM head at a <mask> token through a verbalizer
+   (one label word per class). The shipped MiniLM is a sentence encoder without an MLM
+   head, so ours is an adaptation, a linear map from one final hidden state to the class
+   logits. ``readout``: the mean of the prompt positions' final hidden states (``prompt``)
+   or [CLS]'s (``cls``), standardised per dimension (a BatchNorm without parameters; see
+   ``Readout``). ``verbalizer``:
+   - ``learned``: a linear layer trained with the prompt (lr ``train.decoder_lr``);
+   - ``label_words``: FROZEN rows = the input embeddings of one word per class
+     (``label_words``, default: the task's label names; a word of several pieces is the
+     mean of their embeddings), scaled to unit norm; logit_c = z . e(word_c) / |e(word_c)|
+     with ``z`` the standardised state (so the logit scale is the same for a random-init
+     table, |e| ~ 0.4 in MiniLM's shape, as for a pretrained one). It is a verbalizer without the
+     MLM head's transform: everything the task needs has to be in the prompt, as in the
+     paper. Needs embeddings as wide as the hidden states (not ELECTRA's);
+   - ``random_words``: the same with random vocabulary words (drawn from ``word_seed``,
+     default the run's seed): the paper's random-label-word check. Runs that differ only
+     in ``word_seed`` give the rankings whose Spearman the paper reports (0.87).
+   Prompt and read-out train with Adam (no weight decay, no schedule).
+3. Predictivity (experiments/maths/predictivity.py): FFN activations after the
+   non-linearity at the prompt positions, the baseline their mean over the training set;
+   ``Pred = max(Acc, 1 - Acc)`` on dev, max over positions; multi-class tasks as
+   one-vs-rest subtasks. Map ``neurons.predictivity`` (L, I).
+4. Perturbation: Gaussian noise N(0, ``noise_std``^2) at every position on the top-k
+   neurons of the ranking, and on k random neurons with as many per layer (drawn uniformly
+   from the layer, so by chance some may be top ones), for each ``k = max(1, round(f * L * I))``, ``f`` in ``perturb_fractions``. The
+   same noise stream for both. Metrics ``accuracy_noise_top_<f>`` and
+   ``accuracy_noise_random_<f>`` (``f`` as written by ``{:g}``: ``accuracy_noise_top_0.01``),
+   next to the unperturbed ``accuracy``; the curve is the run's ``perturbation.png``.
+
+Also reported: ``predictivity_top1`` (the best neuron's), ``predictivity_mean`` (over all
+neurons) and the artifact ``skill_neurons.npz``: ``ranking`` (L*I, 2) rows (layer, neuron)
+best first, ``subtask`` (L*I,) which one-vs-rest subtask ranked each, ``per_subtask``
+(S, L, I) predictivity, ``best_position`` (S, L, I) its prompt position (0-based within the
+prompt), ``baseline`` (P, L, I) the training means, and the perturbation table
+(``fractions``, ``k``, ``accuracy_top``, ``accuracy_random``, ``accuracy``). The trained
+prompt is handed on as ``interventions.prompt.weight``, the read-out as ``decoders.task.*``.
+
+Sentence-level classification tasks only: a tagging task has no sentence label for a
+neuron at the prompt to predict (``check`` says so).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field, field_validator
+from torch import nn
+
+from experiments.config import ConfigError, Section
+from experiments.context import RunContext
+from experiments.loop import evaluate, forward_logits, num_steps, train_steps, update
+from experiments.maths.losses import task_loss
+from experiments.maths.predictivity import (
+    above_baseline_counts,
+    by_layer,
+    combined_score,
+    neuron_predictivity,
+    random_like,
+    rank_neurons,
+)
+from experiments.models import MODELS, RANDOM_PREFIX, load_tokenizer
+from experiments.neurons import capture_ffn, perturb_neurons
+from experiments.result import RunResult, UnitMap
+from experiments.seeding import derive_seed, generator
+from experiments.state import RunState, set_up
+
+VERSION = "1"
+PIPELINES = ("none",)
+SHORT_NAMES = ("prompt_length", "verbalizer", "readout")
+
+
+class Config(Section):
+    """skill_neurons' own keys; it also reads ``train`` (epochs, batch_size, decoder_lr, eval_every)."""
+
+    prompt_length: int = Field(16, ge=1, le=128, description="Soft-prompt vectors inserted after [CLS] (paper: ~16).")
+    lr: float = Field(1e-2, gt=0, le=10, description="Adam learning rate of the soft prompt (no schedule).")
+    readout: Literal["prompt", "cls"] = Field(
+        "prompt", description="Final hidden state the read-out reads: mean over the prompt positions, or [CLS].")
+    verbalizer: Literal["learned", "label_words", "random_words"] = Field(
+        "learned", description="learned: a trained linear read-out (lr train.decoder_lr); label_words / "
+        "random_words: frozen rows = input embeddings of one word per class (a verbalizer without an MLM head).")
+    label_words: tuple[str, ...] | None = Field(
+        None, description="verbalizer label_words: one word per class, in label-id order; None = the task's label names.")
+    word_seed: int | None = Field(
+        None, ge=0, description="verbalizer random_words: seed of the random words; None = the run's seed.")
+    noise_std: float = Field(0.1, ge=0, description="Std of the Gaussian noise of the perturbation check (paper: 0.1).")
+    perturb_fractions: tuple[float, ...] = Field(
+        (0.01, 0.02, 0.05, 0.1), min_length=1,
+        description="Fractions of all FFN neurons perturbed: top-k vs k random (same layers), k = max(1, round(f*L*I)).")
+
+    @field_validator("perturb_fractions")
+    @classmethod
+    def _fractions(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        bad = [f for f in value if not 0 < f <= 1]
+        if bad:
+            raise ValueError(f"each fraction must be in (0, 1], got {bad}")
+        return tuple(sorted(set(value)))
+
+    @field_validator("label_words")
+    @classmethod
+    def _words(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None and (len(value) < 2 or any(not w.strip() for w in value)):
+            raise ValueError(f"one non-empty word per class (at least 2), got {list(value)}")
+        return value
+
+
+def check(cfg) -> None:
+    """A classification task; keys that only one verbalizer reads set only with it; the prompt fits
+    the model's positions; a frozen verbalizer needs embeddings as wide as the hidden states."""
+    from experiments.tasks import TASKS
+
+    hp, task = cfg.section, TASKS[cfg.task.name]
+    if task.KIND != "classification":
+        raise ConfigError(f"task.name: skill_neurons needs a sentence classification task, and '{cfg.task.name}' "
+                          f"is {task.KIND} (a neuron at the soft prompt predicts one label per sentence)")
+    if hp.label_words is not None and hp.verbalizer != "label_words":
+        raise ConfigError(f"skill_neurons.label_words: read only with verbalizer label_words (it is {hp.verbalizer})")
+    if hp.word_seed is not None and hp.verbalizer != "random_words":
+        raise ConfigError(f"skill_neurons.word_seed: read only with verbalizer random_words (it is {hp.verbalizer})")
+    names = getattr(task, "LABEL_NAMES", None) or cfg.task.labels
+    if hp.label_words is not None and names is not None and len(hp.label_words) != len(names):
+        raise ConfigError(f"skill_neurons.label_words: {len(hp.label_words)} words for the {len(names)} "
+                          f"classes of task '{cfg.task.name}' ({', '.join(names)})")
+    sizes = _model_sizes(cfg.model)
+    if sizes is None:  # a hub model not on this machine: run time says
+        return
+    embedding, hidden, positions = sizes
+    if cfg.task.max_length + hp.prompt_length > positions:
+        raise ConfigError(f"skill_neurons.prompt_length: {hp.prompt_length} prompt vectors + task.max_length "
+                          f"{cfg.task.max_length} exceed the {positions} positions of model {cfg.model}")
+    if hp.verbalizer != "learned" and embedding != hidden:
+        raise ConfigError(f"skill_neurons.verbalizer: {hp.verbalizer} scores hidden states ({hidden}) against word "
+                          f"embeddings ({embedding}), which differ in model {cfg.model}; use verbalizer learned")
+
+
+@lru_cache(maxsize=16)
+def _model_sizes(name: str) -> tuple[int, int, int] | None:
+    """(embedding size, hidden size, usable positions) from the model's config (the tiny models'
+    dict, else the ``config.json`` of its folder; no transformers import), or None when it cannot
+    be read here. RoBERTa's positions start after its padding id."""
+    base = name.removeprefix(RANDOM_PREFIX)
+    spec = MODELS.get(base)
+    if spec is not None and spec.config is not None:
+        config = dict(spec.config)
+    else:
+        path = Path(spec.path() if spec is not None else base) / "config.json"
+        if not path.is_file():
+            return None
+        config = json.loads(path.read_text())
+    hidden, positions = config.get("hidden_size"), config.get("max_position_embeddings")
+    if not isinstance(hidden, int) or not isinstance(positions, int):
+        return None
+    if config.get("model_type") == "roberta":
+        positions -= (config.get("pad_token_id") or 0) + 1
+    return config.get("embedding_size") or hidden, hidden, positions
+
+
+# ------------------------------------------------------------------------------ the prompted model
+
+
+class SoftPrompt(nn.Module):
+    """``weight`` (n, E): the soft prompt, in the input-embedding space."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())
+
+
+class PromptedEncoder(nn.Module):
+    """The backbone with the prompt after the first token; a view for ``loop.evaluate`` and
+    ``forward_logits`` (not part of the run state: backbone and prompt are)."""
+
+    def __init__(self, backbone: nn.Module, prompt: SoftPrompt):
+        super().__init__()
+        self.backbone, self.prompt = backbone, prompt
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        embeds = self.backbone.get_input_embeddings()(input_ids)  # (B, T, E)
+        batch, n = input_ids.shape[0], self.prompt.weight.shape[0]
+        prompt = self.prompt.weight.unsqueeze(0).expand(batch, -1, -1)
+        embeds = torch.cat([embeds[:, :1], prompt, embeds[:, 1:]], dim=1)  # (B, 1 + n + T - 1, E)
+        mask = torch.cat([attention_mask[:, :1], attention_mask.new_ones(batch, n), attention_mask[:, 1:]], dim=1)
+        return self.backbone(inputs_embeds=embeds, attention_mask=mask)
+
+
+class Readout(nn.Module):
+    """Class logits from one final hidden state: [CLS]'s or the prompt positions' mean, standardised
+    per dimension (a BatchNorm without parameters: batch statistics while training, running
+    averages at evaluation), then a learned linear layer or frozen word-embedding rows (a
+    verbalizer without an MLM head). The standardising matters: across sentences a frozen
+    MiniLM's state at the prompt varies ~0.05 per dimension around a mean of norm ~3.6, so a
+    plain linear read-out at lr 1e-3 is still at chance after 64 steps (measured on SST-2)."""
+
+    def __init__(self, position: str, prompt_length: int, hidden_size: int, num_labels: int,
+                 words: torch.Tensor | None = None):
+        super().__init__()
+        self.position, self.prompt_length = position, prompt_length
+        self.norm = nn.BatchNorm1d(hidden_size, affine=False)
+        if words is None:
+            self.linear = nn.Linear(hidden_size, num_labels)
+        else:
+            self.linear = None
+            self.register_buffer("words", words.detach().clone())  # (C, E), frozen
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        # hidden (B, 1 + n + T - 1, Hd) -> logits (B, C)
+        h = hidden[:, 0] if self.position == "cls" else hidden[:, 1 : 1 + self.prompt_length].mean(dim=1)
+        if self.training and h.shape[0] == 1:  # one example has no batch statistics: use the running ones
+            h = nn.functional.batch_norm(h, self.norm.running_mean, self.norm.running_var, training=False)
+        else:
+            h = self.norm(h)
+        return self.linear(h) if self.linear is not None else h @ self.words.T
+
+
+def _vocabulary_words(tokenizer) -> torch.Tensor:
+    """Ids of whole alphabetic words of the vocabulary (no sub-word pieces, no special tokens)."""
+    special = set(tokenizer.all_special_ids)
+    ids = [i for token, i in tokenizer.get_vocab().items()
+           if i not in special and not token.startswith("##") and token.lstrip("\u0120\u2581").isalpha()
+           and not token.startswith("[")]
+    return torch.tensor(sorted(ids))
+
+
+def _word_rows(cfg, state: RunState, tokenizer, words: torch.Tensor) -> tuple[torch.Tensor | None, list[str]]:
+    """The frozen verbalizer rows (C, E) and their words, or (None, []) for a learned read-out."""
+    hp, num_labels = cfg.section, state.data.num_labels
+    if hp.verbalizer == "learned":
+        return None, []
+    if hp.verbalizer == "label_words":
+        chosen = list(hp.label_words or state.data.label_names)
+        if len(chosen) != num_labels:
+            raise ValueError(f"skill_neurons.label_words: {len(chosen)} words for {num_labels} classes")
+    else:
+        seed = cfg.seed if hp.word_seed is None else hp.word_seed
+        pick = torch.randperm(len(words), generator=generator(seed, "label_words"))[:num_labels]
+        chosen = tokenizer.convert_ids_to_tokens(words[pick].tolist())
+    table = state.encoder.get_input_embeddings().weight.detach()
+    rows = []
+    for word in chosen:
+        ids = tokenizer(word, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ValueError(f"skill_neurons.label_words: '{word}' has no token in the vocabulary of {cfg.model}")
+        row = table[ids].mean(dim=0)
+        rows.append(row / row.norm())
+    return torch.stack(rows).cpu(), [str(w) for w in chosen]
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+def build(cfg, ctx: RunContext) -> tuple[RunState, PromptedEncoder, torch.optim.Optimizer]:
+    """The run's state with the backbone frozen, the soft prompt (``interventions["prompt"]``,
+    from random vocabulary words: 'prompt' stream) and the read-out (``decoders["task"]``,
+    'decoder' stream), the prompted model over them, and the Adam optimiser of what trains."""
+    tc, hp = cfg.train, cfg.section
+    state = set_up(cfg, ctx)
+    backbone = state.encoder.requires_grad_(False)
+    tokenizer = load_tokenizer(cfg.model)
+    vocab = _vocabulary_words(tokenizer)
+    table = backbone.get_input_embeddings().weight.detach()
+    pick = torch.randperm(len(vocab), generator=generator(cfg.seed, "prompt"))[: hp.prompt_length]
+    prompt = SoftPrompt(table[vocab[pick].to(table.device)]).to(ctx.device)
+    words, word_names = _word_rows(cfg, state, tokenizer, vocab)
+    with torch.random.fork_rng(devices=[]):  # the 'decoder' stream, as every task decoder
+        torch.manual_seed(derive_seed(cfg.seed, "decoder"))
+        readout = Readout(hp.readout, hp.prompt_length, backbone.config.hidden_size, state.data.num_labels, words)
+    state.decoders["task"], state.interventions["prompt"] = readout.to(ctx.device), prompt
+    state.values["label_words"] = word_names
+    groups = [{"params": list(prompt.parameters()), "lr": hp.lr}]
+    if readout.linear is not None:
+        groups.append({"params": list(readout.parameters()), "lr": tc.decoder_lr})
+    optimizer = torch.optim.Adam(groups)
+    state.optimizers["prompt"] = optimizer
+    return state, PromptedEncoder(backbone, prompt), optimizer
+
+
+def run(cfg, ctx: RunContext) -> RunResult:
+    tc, hp = cfg.train, cfg.section
+    state, model, optimizer = build(cfg, ctx)
+    readout = state.decoder
+
+    def step(state: RunState, batch) -> dict[str, float]:
+        ids, mask, labels = batch
+        return {"loss": update(task_loss(forward_logits(model, readout, ids, mask), labels), optimizer)}
+
+    total = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
+    metrics = train_steps(state, ctx, total, step, eval_fn=lambda state: _evaluate(state, model))
+
+    state.train(False)
+    found = find_skill_neurons(model, state)
+    perturbation = perturbation_check(model, state, found["ranking"], hp.perturb_fractions, hp.noise_std)
+    score = found["score"]
+    extra = {"predictivity_top1": float(score.max()), "predictivity_mean": float(score.mean())}
+    for f, top, rand in zip(hp.perturb_fractions, perturbation["accuracy_top"], perturbation["accuracy_random"],
+                            strict=True):
+        extra[f"accuracy_noise_top_{f:g}"], extra[f"accuracy_noise_random_{f:g}"] = top, rand
+    ctx.tracker.log_metrics(extra, state.step)
+    metrics |= extra
+
+    title = f"{cfg.task.name} / {cfg.model} / seed {cfg.seed}"
+    artifacts = {
+        "skill_neurons.npz": _npz(found, perturbation, metrics.get("accuracy", float("nan")),
+                                  state.values["label_words"]),
+        "perturbation.png": _perturbation_png(perturbation, metrics.get("accuracy", float("nan")), hp.noise_std,
+                                              state.num_layers * score.shape[1], title),
+    }
+    meaning = ("max over prompt positions of max(Acc, 1 - Acc), Acc = dev accuracy of 1[activation > train mean] "
+               "as the label" + (" (max over one-vs-rest subtasks)" if state.data.num_labels > 2 else ""))
+    return RunResult(
+        run_key=cfg.run_key,
+        group_key=cfg.group_key,
+        metrics=metrics,
+        maps={"neurons.predictivity": UnitMap(score.numpy(), "neurons", meaning)},
+        eval_steps=np.asarray(state.values["eval_steps"]),
+        steps=state.step,
+        artifacts=artifacts,
+    )
+
+
+def _evaluate(state: RunState, model: PromptedEncoder) -> dict[str, float]:
+    """``loop.evaluate_all`` through the prompted model: dev metrics plus ``<metric>/<set>``."""
+    modes = {name: module.training for name, module in state.modules().items()}
+    state.train(False)
+    model.eval()
+    batch_size, device = state.cfg.train.batch_size, state.device
+    try:
+        metrics = evaluate(model, state.decoder, state.data.dev, state.task, batch_size, device)
+        for name, split in state.data.eval_sets.items():
+            scores = evaluate(model, state.decoder, split, state.task, batch_size, device)
+            metrics |= {f"{metric}/{name}": value for metric, value in scores.items()}
+    finally:
+        for name, module in state.modules().items():
+            module.train(modes[name])
+    return metrics
+
+
+def _batches(split, batch_size: int, device: str):
+    from experiments.loop import take
+
+    for start in range(0, len(split), batch_size):
+        yield take(split, torch.arange(start, min(start + batch_size, len(split))), device)
+
+
+@torch.no_grad()
+def find_skill_neurons(model: PromptedEncoder, state: RunState) -> dict[str, torch.Tensor]:
+    """Baseline over the training set, per-class counts above it on dev, predictivity and ranking
+    (eval mode; activations at the prompt positions only, reduced batch by batch)."""
+    n, num_labels = model.prompt.weight.shape[0], state.data.num_labels
+    positions = torch.arange(1, 1 + n, device=state.device)
+    batch_size = state.cfg.train.batch_size
+    with capture_ffn(model.backbone, positions) as capture:
+        total = None
+        for ids, mask, _ in _batches(state.data.train, batch_size, state.device):
+            model(ids, mask)
+            acts = capture.take().to(torch.float64).sum(dim=0)  # (P, L, I)
+            total = acts if total is None else total + acts
+        baseline = total / len(state.data.train)
+        counts = None
+        for ids, mask, labels in _batches(state.data.dev, batch_size, state.device):
+            model(ids, mask)
+            found = above_baseline_counts(capture.take(), baseline, labels, num_labels)
+            counts = found if counts is None else counts + found
+    sizes = torch.bincount(state.data.dev.labels, minlength=num_labels)
+    per_subtask, best_position = neuron_predictivity(counts.cpu(), sizes)
+    ranking, subtask = rank_neurons(per_subtask)
+    return {"per_subtask": per_subtask, "best_position": best_position, "score": combined_score(per_subtask),
+            "ranking": ranking, "subtask": subtask, "baseline": baseline.cpu()}
+
+
+def noisy_accuracy(model: PromptedEncoder, state: RunState, neurons: dict[int, torch.Tensor], std: float) -> float:
+    """Dev accuracy with ``N(0, std^2)`` on those neurons; the noise stream ('perturb_noise') starts
+    afresh each call, so two neuron sets see the same draws."""
+    noise = torch.Generator(device=state.device).manual_seed(derive_seed(state.cfg.seed, "perturb_noise"))
+    handle = perturb_neurons(model.backbone, neurons, std, noise)
+    try:
+        model.eval()
+        metrics = evaluate(model, state.decoder, state.data.dev, state.task, state.cfg.train.batch_size, state.device)
+    finally:
+        handle.remove()
+    return float(metrics["accuracy"])
+
+
+def perturbation_check(model: PromptedEncoder, state: RunState, ranking: torch.Tensor,
+                       fractions: tuple[float, ...], std: float) -> dict[str, list]:
+    """Accuracy with noise on the top-k neurons and on k random ones (same layers), per fraction."""
+    num_layers = state.num_layers
+    inner = int(ranking.shape[0] // num_layers)
+    choose = generator(state.cfg.seed, "perturb_neurons")
+    out: dict[str, list] = {"fractions": list(fractions), "k": [], "accuracy_top": [], "accuracy_random": []}
+    for f in fractions:
+        k = max(1, round(f * ranking.shape[0]))
+        top = by_layer(ranking[:k], num_layers)
+        out["k"].append(k)
+        out["accuracy_top"].append(noisy_accuracy(model, state, top, std))
+        out["accuracy_random"].append(noisy_accuracy(model, state, random_like(top, inner, choose), std))
+    return out
+
+
+def _npz(found: dict, perturbation: dict, accuracy: float, words: list[str]) -> bytes:
+    buf = io.BytesIO()
+    np.savez_compressed(
+        buf,
+        ranking=found["ranking"].numpy().astype(np.int32),
+        subtask=found["subtask"].numpy().astype(np.int16),
+        per_subtask=found["per_subtask"].numpy().astype(np.float32),
+        best_position=found["best_position"].numpy().astype(np.int16),
+        baseline=found["baseline"].numpy().astype(np.float32),
+        fractions=np.asarray(perturbation["fractions"], dtype=np.float64),
+        k=np.asarray(perturbation["k"], dtype=np.int64),
+        accuracy_top=np.asarray(perturbation["accuracy_top"], dtype=np.float64),
+        accuracy_random=np.asarray(perturbation["accuracy_random"], dtype=np.float64),
+        accuracy=np.float64(accuracy),
+        label_words=np.asarray(words, dtype=str),
+    )
+    return buf.getvalue()
+
+
+def _perturbation_png(perturbation: dict, accuracy: float, std: float, num_neurons: int, title: str) -> bytes:
+    from matplotlib.figure import Figure
+
+    x = 100 * np.asarray(perturbation["fractions"])
+    fig = Figure(figsize=(5.5, 3.8), dpi=100)
+    ax = fig.subplots()
+    ax.plot(x, perturbation["accuracy_top"], "o-", color="tab:red", label="noise on the top-k skill neurons")
+    ax.plot(x, perturbation["accuracy_random"], "s-", color="tab:blue", label="noise on k random neurons (same layers)")
+    ax.axhline(accuracy, color="grey", linestyle="--", label="no noise")
+    ax.set_xlabel(f"k, % of the {num_neurons} FFN neurons")
+    ax.set_ylabel("dev accuracy")
+    ax.set_title(f"{title}\nperturbation check: Gaussian noise, std {std:g}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()

@@ -1,0 +1,72 @@
+"""A sweep's history: the events the supervisor acts on and ``status`` shows.
+
+Kinds (``detail`` in brackets): ``driver_lost`` {driver, state}: the sweep's Ray job ended
+without the driver writing the sweep's final status (killed, crashed, its head gone);
+``resumed`` {driver, auto, attempt, of}: a new driver, by hand (``headsweep resume``) or by
+the supervisor; ``gave_up`` {used, of}: the automatic resumes are used up.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+
+from orchestrator.registry.db import Database, now, retrying
+from orchestrator.registry.schema import Sweep, SweepEvent
+from orchestrator.status import SweepStatus
+
+DRIVER_LOST, RESUMED, GAVE_UP = "driver_lost", "resumed", "gave_up"
+_LIVE = (SweepStatus.SUBMITTED, SweepStatus.RUNNING)
+_FIELDS = (Sweep.id, Sweep.status, Sweep.driver, Sweep.auto_resumes, Sweep.cancel_requested,
+           Sweep.mlflow_parent_run_id)
+
+
+class SweepHistory(Database):
+    """Recording and reading sweep events; the supervisor's two queries."""
+
+    @retrying
+    def add_event(self, sweep_id: str, kind: str, detail: dict[str, Any], at: datetime | None = None) -> None:
+        with self._write() as connection:
+            connection.execute(insert(SweepEvent).values(sweep_id=sweep_id, kind=kind, detail=detail, at=at or now()))
+
+    @retrying
+    def events(self, sweep_id: str) -> list[dict[str, Any]]:
+        """The sweep's events, oldest first: kind, at (naive UTC), detail."""
+        with self._read() as connection:
+            rows = connection.execute(
+                select(SweepEvent.kind, SweepEvent.at, SweepEvent.detail)
+                .where(SweepEvent.sweep_id == sweep_id).order_by(SweepEvent.id)).all()
+        return [row._asdict() for row in rows]
+
+    @retrying
+    def lose_driver(self, sweep_id: str, driver: str, state: str, at: datetime | None = None) -> bool:
+        """The sweep's driver ``driver`` is dead: a live sweep -> failed, and a ``driver_lost`` event,
+        in one transaction. False (nothing written) when the sweep has another driver by now or is
+        no longer live (its driver wrote the final status, or someone noticed first)."""
+        with self._write() as connection:
+            changed = connection.execute(
+                update(Sweep).where(Sweep.id == sweep_id, Sweep.driver == driver, Sweep.status.in_(_LIVE))
+                .values(status=SweepStatus.FAILED, updated_at=now())).rowcount
+            if changed:
+                connection.execute(insert(SweepEvent).values(
+                    sweep_id=sweep_id, kind=DRIVER_LOST, at=at or now(), detail={"driver": driver, "state": state}))
+        return changed == 1
+
+    @retrying
+    def supervised_sweeps(self) -> list[dict[str, Any]]:
+        """The sweeps the supervisor looks at: auto-resume on, not cancelled, with a driver, and live
+        (submitted or running) or failed with a lost driver as their latest event (each with
+        ``events``)."""
+        latest = (select(SweepEvent.sweep_id, func.max(SweepEvent.id).label("last"))
+                  .group_by(SweepEvent.sweep_id).subquery())
+        wanted = (Sweep.auto_resumes > 0, Sweep.cancel_requested.is_(False), Sweep.driver.is_not(None))
+        with self._read() as connection:
+            live = connection.execute(select(*_FIELDS).where(*wanted, Sweep.status.in_(_LIVE))).all()
+            lost = connection.execute(
+                select(*_FIELDS).join(latest, latest.c.sweep_id == Sweep.id)
+                .join(SweepEvent, SweepEvent.id == latest.c.last)
+                .where(*wanted, Sweep.status == SweepStatus.FAILED, SweepEvent.kind == DRIVER_LOST)).all()
+        sweeps = [row._asdict() for row in (*live, *lost)]
+        return [sweep | {"events": self.events(sweep["id"])} for sweep in sorted(sweeps, key=lambda s: s["id"])]

@@ -1,0 +1,97 @@
+"""Cost of head ablation (Kovaleva et al. 2019) and gradient importance (Michel et al. 2019) on MiniLM.
+
+    .venv/bin/python tests/benchmarks/bench_head_analysis.py [--threads N]
+
+The real MiniLM (``minilm-l6``, 6 layers x 12 heads) with a fresh SST-2 decoder, on 500 SST-2
+examples (task ``sst2``, ``max_train``/``max_eval`` 500, ``max_length`` 64), batch 32. Timing
+does not depend on how well the model was fine-tuned, so no fine-tune is run first. Prints one
+JSON line per figure, then one with the ratios:
+
+1. ``ablation``: ``head_ablation.ablation_deltas``, what the method runs: the full model, then
+   each of the 72 heads and each of the 6 layers disabled alone (uniform attention), each
+   evaluated on the 500 dev examples (79 evaluations).
+2. ``importance``: ``head_importance.head_importance``, one importance pass (forward + backward
+   to the head gates) over the 500 training examples.
+3. ``finetune_epoch``: forward + backward + AdamW step over the same 500 training examples in
+   batches of 32 (16 steps), ``finetune``'s loop body: one fine-tuning epoch of that data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from experiments import RunContext, parse_config  # noqa: E402
+from experiments.loop import forward_logits, take, update  # noqa: E402
+from experiments.maths.losses import task_loss  # noqa: E402
+from experiments.methods.head_ablation import ablation_deltas  # noqa: E402
+from experiments.methods.head_importance import head_importance  # noqa: E402
+from experiments.state import fine_tuning, set_up  # noqa: E402
+
+EXAMPLES, TOKENS, BATCH = 500, 64, 32
+CONFIG = {
+    "model": "minilm-l6",
+    "method": "finetune",
+    "task": {"name": "sst2", "max_train": EXAMPLES, "max_eval": EXAMPLES, "max_length": TOKENS},
+    "train": {"batch_size": BATCH},
+}
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return round(time.perf_counter() - start, 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=1)
+    threads = parser.parse_args().threads
+    torch.set_num_threads(threads)
+    cfg = parse_config(CONFIG)
+    state = set_up(cfg, RunContext())
+    num_layers, num_heads = state.num_layers, state.num_heads
+    common = {"model": cfg.model, "task": "sst2", "examples": EXAMPLES, "max_length": TOKENS, "batch": BATCH,
+              "threads": torch.get_num_threads(), "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+    state.train(False)
+    ablation = _seconds(lambda: ablation_deltas(state, state.data.dev))
+    evaluations = num_layers * num_heads + num_layers + 1
+    print(json.dumps({"bench": "head_analysis", "figure": "ablation", "seconds": ablation,
+                      "evaluations": evaluations, "per_evaluation_s": round(ablation / evaluations, 3)} | common), flush=True)
+
+    keep = torch.ones(num_layers, num_heads, dtype=torch.bool)
+    for module in state.modules().values():
+        module.requires_grad_(False)  # as head_importance's run: only the gates need gradients
+    importance = _seconds(lambda: head_importance(state, keep, EXAMPLES, normalize=True))
+    for module in state.modules().values():
+        module.requires_grad_(True)
+    print(json.dumps({"bench": "head_analysis", "figure": "importance", "seconds": importance} | common), flush=True)
+
+    state.train(True)
+    train = state.data.train
+    optimizer, scheduler = fine_tuning(state, total=len(range(0, len(train), BATCH)))
+    params = list(state.encoder.parameters()) + list(state.decoder.parameters())
+
+    def epoch() -> None:
+        for start in range(0, len(train), BATCH):
+            ids, mask, labels = take(train, torch.arange(start, min(start + BATCH, len(train))), "cpu")
+            update(task_loss(forward_logits(state.encoder, state.decoder, ids, mask), labels),
+                   optimizer, scheduler, params, cfg.train.grad_clip)
+
+    finetune = _seconds(epoch)
+    print(json.dumps({"bench": "head_analysis", "figure": "finetune_epoch", "seconds": finetune} | common), flush=True)
+    print(json.dumps({"bench": "head_analysis", "figure": "ratios",
+                      "ablation_over_epoch": round(ablation / finetune, 2),
+                      "importance_over_epoch": round(importance / finetune, 2)} | common), flush=True)
+
+
+if __name__ == "__main__":
+    main()

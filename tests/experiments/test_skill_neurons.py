@@ -1,0 +1,187 @@
+"""skill_neurons end to end on tiny random models: prompt tuning with a frozen backbone, the
+predictivity map, the perturbation check and its noise hook, one-vs-rest, validation."""
+
+import copy
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from experiments import RunContext, parse_config
+from experiments.config import ConfigError
+from experiments.loop import forward_logits, update
+from experiments.maths.losses import task_loss
+from experiments.methods import skill_neurons
+from experiments.models import load_backbone
+from experiments.neurons import capture_ffn, perturb_neurons
+from experiments.seeding import derive_seed
+from experiments.tracking import MemoryTracker
+
+TINY = {
+    "model": "tiny-bert",
+    "task": {"name": "synthetic-cls", "num_train": 64, "num_eval": 48, "max_length": 24},
+    "train": {"max_steps": 12, "batch_size": 16, "eval_every": 2},
+}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def _cfg(base=TINY, **section):
+    raw = copy.deepcopy(base)
+    return parse_config({**raw, "method": "skill_neurons", "skill_neurons": {"prompt_length": 4, **section}})
+
+
+def _npz(result) -> dict:
+    return dict(np.load(io.BytesIO(result.artifacts["skill_neurons.npz"])))
+
+
+def test_the_prompt_alone_learns_through_the_frozen_backbone():
+    """A frozen verbalizer (random words) and a fixed batch in eval mode: only the prompt trains,
+    and the loss falls. (On a tiny random model the prompt finds the batch's label balance, not
+    much more: its whole lever is where the prompt positions attend. Still, nothing else moves.)"""
+    state, model, optimizer = skill_neurons.build(_cfg(verbalizer="random_words", lr=0.01), RunContext())
+    state.train(False)  # no dropout, the read-out's running statistics fixed: a deterministic loss
+    ids, mask, labels = state.data.train.input_ids[:16], state.data.train.attention_mask[:16], state.data.train.labels[:16]
+    assert not [name for name, p in state.encoder.named_parameters() if p.requires_grad]
+    assert not list(state.decoder.parameters())  # the verbalizer's rows are a buffer
+    before = {k: v.clone() for k, v in state.encoder.state_dict().items()}
+    losses = []
+    for _ in range(10):
+        losses.append(update(task_loss(forward_logits(model, state.decoder, ids, mask), labels), optimizer))
+    assert losses[-1] < losses[0] - 0.05, losses
+    assert model.prompt.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in state.encoder.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in state.encoder.state_dict().items())
+
+
+@pytest.mark.parametrize("model", ["tiny-bert", "tiny-roberta"])
+def test_a_run_leaves_the_backbone_and_maps_layers_by_neurons(run_chain, model):
+    tracker = MemoryTracker()
+    cfg = _cfg({**TINY, "model": model})
+    result, store = run_chain(cfg, tracker)
+    pretrained, _ = load_backbone(cfg.model, derive_seed(cfg.seed, "model_init"))
+    weights = store[cfg.run_key]
+    assert all(torch.equal(weights[f"encoder.{k}"], v) for k, v in pretrained.state_dict().items())
+    start = pretrained.get_input_embeddings().weight
+    prompt = weights["interventions.prompt.weight"]
+    assert prompt.shape == (4, start.shape[1])
+    distance = (prompt[:, None, :] - start[None]).abs().amax(dim=-1).min(dim=1).values  # (n,) to the nearest word
+    assert (distance > 1e-4).all()  # each vector moved off the word it started from
+    assert len(tracker.metrics["accuracy"]) == 6  # evaluated through the prompt every 2 steps
+
+    values = result.maps["neurons.predictivity"].values
+    assert values.shape == (2, 64)  # (layers, intermediate)
+    assert (values >= 0.5).all() and (values <= 1.0).all()
+    assert result.metrics["predictivity_top1"] == pytest.approx(values.max())
+    saved = _npz(result)
+    assert sorted(map(tuple, saved["ranking"][:, :2].tolist())) == [(l, i) for l in range(2) for i in range(64)]
+    ranked = values[saved["ranking"][:, 0], saved["ranking"][:, 1]]
+    assert (np.diff(ranked) <= 0).all()  # best first
+    assert saved["baseline"].shape == (4, 2, 64) and len(saved["label_words"]) == 0  # a learned read-out
+    for f, k in zip((0.01, 0.02, 0.05, 0.1), (1, 3, 6, 13), strict=True):
+        assert f"accuracy_noise_top_{f:g}" in result.metrics and f"accuracy_noise_random_{f:g}" in result.metrics
+        assert saved["k"].tolist()[(0.01, 0.02, 0.05, 0.1).index(f)] == k
+    assert {"skill_neurons.npz", "perturbation.png"} <= set(tracker.artifacts)
+
+
+def test_noise_changes_only_the_chosen_neurons_and_no_neurons_change_nothing():
+    cfg = _cfg(noise_std=0.5)
+    state, model, _ = skill_neurons.build(cfg, RunContext())
+    state.train(False)
+    ids, mask = state.data.dev.input_ids[:6], state.data.dev.attention_mask[:6]
+    with torch.no_grad(), capture_ffn(state.encoder) as capture:
+        model(ids, mask)
+        clean = capture.take()  # (B, T, L, I)
+        chosen = torch.tensor([3, 17, 40])
+        handle = perturb_neurons(state.encoder, {1: chosen}, 0.5, torch.Generator().manual_seed(0))
+        model(ids, mask)
+        noisy = capture.take()
+        handle.remove()
+        model(ids, mask)
+        again = capture.take()
+    assert torch.equal(again, clean)  # removed
+    assert torch.equal(noisy[:, :, 0], clean[:, :, 0])  # the layer before: untouched
+    changed = (noisy[:, :, 1] != clean[:, :, 1]).flatten(0, 1).any(dim=0)  # (I,)
+    assert changed.nonzero().flatten().tolist() == chosen.tolist()
+    assert (noisy[:, :, 1, chosen] != clean[:, :, 1, chosen]).all()  # at every position
+    # positions: only those are recorded
+    with torch.no_grad(), capture_ffn(state.encoder, torch.tensor([1, 2])) as capture:
+        model(ids, mask)
+        torch.testing.assert_close(capture.take(), clean[:, 1:3])
+    # the perturbation check's evaluation: no neurons, or zero noise, is the plain accuracy
+    plain = skill_neurons._evaluate(state, model)["accuracy"]
+    assert skill_neurons.noisy_accuracy(model, state, {}, 0.5) == plain
+    assert skill_neurons.noisy_accuracy(model, state, {0: torch.tensor([]), 1: torch.tensor([], dtype=torch.long)},
+                                        0.5) == plain
+    assert skill_neurons.noisy_accuracy(model, state, {1: torch.arange(64)}, 0.0) == plain
+
+
+def test_three_classes_from_a_file_on_another_family_are_one_vs_rest(run_chain, tmp_path):
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[2] / "examples" / "data"
+    base = {"model": "tiny-electra",
+            "task": {"name": "classification", "data_dir": str(data), "train": "feedback_train.csv",
+                     "dev": "feedback_dev.csv", "max_length": 24},
+            "train": {"max_steps": 3, "batch_size": 8, "eval_every": 3}}
+    result, _ = run_chain(_cfg(base, readout="cls", perturb_fractions=[0.05]))
+    saved = _npz(result)
+    assert saved["per_subtask"].shape == (3, 2, 64)
+    np.testing.assert_allclose(result.maps["neurons.predictivity"].values, saved["per_subtask"].max(axis=0))
+    counts = np.bincount(saved["subtask"][:7], minlength=3)
+    assert counts.max() - counts.min() <= 1  # equal numbers of neurons per subtask
+    assert "one-vs-rest" in result.maps["neurons.predictivity"].meaning
+
+
+def test_random_init_minilm_with_label_words():
+    """The pretraining control (random:minilm-l6) and a verbalizer of the task's label words."""
+    base = {"model": "random:minilm-l6",
+            "task": {"name": "synthetic-cls", "num_train": 24, "num_eval": 16, "max_length": 16},
+            "train": {"max_steps": 1, "batch_size": 8, "eval_every": 1}}
+    result = skill_neurons.run(_cfg(base, prompt_length=2, verbalizer="label_words", perturb_fractions=[0.001]),
+                               RunContext())
+    assert result.maps["neurons.predictivity"].values.shape == (6, 1536)
+    saved = _npz(result)
+    assert saved["label_words"].tolist() == ["negative", "positive"] and saved["k"].tolist() == [9]
+
+
+def test_random_words_follow_word_seed():
+    from experiments.models import load_tokenizer
+
+    tokenizer, words = load_tokenizer("tiny-bert"), []
+    for word_seed in (None, 0, 1):
+        state, _, _ = skill_neurons.build(_cfg(verbalizer="random_words", word_seed=word_seed), RunContext())
+        words.append(state.values["label_words"])
+        rows = state.encoder.get_input_embeddings().weight[tokenizer.convert_tokens_to_ids(words[-1])]
+        torch.testing.assert_close(state.decoder.words, rows / rows.norm(dim=1, keepdim=True))  # unit embeddings
+        assert not state.decoder.words.requires_grad and not list(state.decoder.parameters())
+    assert words[0] == words[1] != words[2]  # None = the run's seed (0)
+    assert all(len(w) == 2 and w[0] != w[1] for w in words)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"task": {"name": "ud-pos"}}, r"task.name: skill_neurons needs a sentence classification task, and 'ud-pos' is tagging"),
+        ({"skill_neurons": {"label_words": ["bad", "good"]}}, r"skill_neurons.label_words: read only with verbalizer label_words"),
+        ({"skill_neurons": {"verbalizer": "label_words", "label_words": ["bad", "ok", "good"]}},
+         r"skill_neurons.label_words: 3 words for the 2 classes"),
+        ({"skill_neurons": {"word_seed": 3}}, r"skill_neurons.word_seed: read only with verbalizer random_words"),
+        ({"model": "tiny-electra", "skill_neurons": {"verbalizer": "random_words"}},
+         r"skill_neurons.verbalizer: random_words scores hidden states \(32\) against word embeddings \(16\)"),
+        ({"model": "tiny-roberta", "skill_neurons": {"prompt_length": 100}, "task": {"max_length": 64}},
+         r"skill_neurons.prompt_length: 100 prompt vectors \+ task.max_length 64 exceed the 128 positions"),
+        ({"skill_neurons": {"perturb_fractions": [0.0, 0.1]}}, r"skill_neurons.perturb_fractions"),
+        ({"skill_neurons": {"readout": "mask"}}, r"skill_neurons.readout"),
+    ],
+)
+def test_bad_configs_fail_at_validation_naming_the_key(change, message):
+    raw = {"model": "tiny-bert", "method": "skill_neurons", "task": {"name": "synthetic-cls"}}
+    for key, value in change.items():
+        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
+    with pytest.raises(ConfigError, match=message):
+        parse_config(raw)

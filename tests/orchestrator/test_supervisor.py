@@ -1,0 +1,185 @@
+"""The supervisor's decisions (pure), the sweep history it writes and ``status`` reads, one look
+(``tick``) over a real registry (SQLite and PostgreSQL) with the Jobs API calls given as functions,
+and migration 0005. The real thing (a driver SIGKILLed on a Ray head, resumed by the supervisor's
+job) is the slow test in test_cluster.py."""
+
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from orchestrator import supervisor
+from orchestrator.grid import expand, parse_grid
+from orchestrator.registry import Registry, upgrade
+from orchestrator.registry import db as registry_db
+from orchestrator.registry.history import DRIVER_LOST, GAVE_UP, RESUMED
+from orchestrator.supervisor import Action, decide, history
+
+
+def _event(kind, **detail):
+    return {"kind": kind, "at": registry_db.now(), "detail": detail}
+
+
+LOST = _event(DRIVER_LOST, driver="d0", state="FAILED")
+AUTO = [_event(RESUMED, driver=f"d{i}", auto=True, attempt=i, of=3) for i in (1, 2, 3)]
+
+
+def _sweep(status="failed", events=(), auto_resumes=3, cancel=False):
+    return {"id": "sw-1", "status": status, "auto_resumes": auto_resumes, "cancel_requested": cancel,
+            "events": list(events)}
+
+
+@pytest.mark.parametrize("sweep, state, expected", [
+    (_sweep("running"), "RUNNING", Action("reconcile")),
+    (_sweep("submitted"), "PENDING", Action("reconcile")),
+    (_sweep("running"), "FAILED", Action("lose")),
+    (_sweep("running"), "STOPPED", Action("lose")),
+    (_sweep("running"), "SUCCEEDED", None),  # it wrote the final status itself
+    (_sweep("running"), "UNKNOWN", None),  # not this cluster's job, or gone with its head
+    (_sweep(events=[LOST]), None, Action("resume", 1, 3)),
+    (_sweep(events=[LOST, AUTO[0], LOST]), None, Action("resume", 2, 3)),
+    (_sweep(events=[LOST, AUTO[0], LOST, AUTO[1], LOST, AUTO[2], LOST]), None, Action("give_up", 3, 3)),
+    # a resume by hand gives the automatic resumes back
+    (_sweep(events=[LOST, *AUTO, _event(RESUMED, driver="d9", auto=False), LOST]), None, Action("resume", 1, 3)),
+    (_sweep(events=[LOST, AUTO[0], LOST], auto_resumes=1), None, Action("give_up", 1, 1)),
+    (_sweep(events=[LOST, AUTO[0], LOST, _event(GAVE_UP, used=1, of=1)], auto_resumes=1), None, None),
+    (_sweep(events=[LOST], auto_resumes=0), None, None),  # --no-auto-resume
+    (_sweep("running", auto_resumes=0), "FAILED", None),
+    (_sweep(events=[LOST], cancel=True), None, None),
+    (_sweep(events=[_event(DRIVER_LOST, driver="d0", state="UNKNOWN")]), None, None),
+    (_sweep(events=[]), None, None),  # failed by its own driver: runs failed, nothing to resume
+    (_sweep("finished", events=[LOST, AUTO[0]]), None, None),
+])
+def test_decide(sweep, state, expected):
+    assert decide(sweep, state) == expected
+
+
+def test_history_lines_say_when_the_driver_died_and_what_followed():
+    at = registry_db.now().replace(hour=9, minute=5)  # 09:05 UTC, shown in local time
+    clock = supervisor._clock(at)
+    lost = {"kind": DRIVER_LOST, "at": at, "detail": {"driver": "d0", "state": "FAILED"}}
+    auto = {"kind": RESUMED, "at": at, "detail": {"driver": "d1", "auto": True, "attempt": 1, "of": 3}}
+    assert history(_sweep("running", events=[lost, auto])) == [f"driver failed at {clock}; resumed automatically (1/3)"]
+    assert history(_sweep(events=[lost])) == [f"driver failed at {clock}; the supervisor resumes it within seconds"]
+    assert history(_sweep(events=[lost], auto_resumes=0)) == [
+        f"driver failed at {clock}; `headsweep resume sw-1` runs what is left"]
+    gave_up = {"kind": GAVE_UP, "at": at, "detail": {"used": 3, "of": 3}}
+    (line,) = history(_sweep(events=[lost, gave_up]))
+    assert line.startswith(f"driver failed at {clock}; not resumed: its 3 automatic resumes are used up")
+    assert "`headsweep resume sw-1`" in line
+    by_hand = {"kind": RESUMED, "at": at, "detail": {"driver": "d2", "auto": False}}
+    assert history(_sweep("running", events=[by_hand])) == [f"resumed by hand at {clock}"]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def registry_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'registry.db'}"
+    return request.getfixturevalue("fresh_pg_database")
+
+
+def _register(registry, auto_resumes=3, driver="d0", status="running"):
+    spec = parse_grid({"name": "t", "axes": {"seed": [0, 1, 2]}})
+    sweep_id, _ = registry.create_sweep("t", "name: t\n", expand(spec), {"cpus": 1.0}, None, 1)
+    registry.set_sweep(sweep_id, auto_resumes=auto_resumes, driver=driver, status=status)
+    return sweep_id
+
+
+class Cluster:
+    """The Jobs API as the supervisor sees it: a state per driver job; starting a driver does what
+    ``sweeps.start_driver`` does to the registry."""
+
+    def __init__(self):
+        self.states, self.started = {}, []
+
+    def job(self, dashboard, driver):
+        return self.states.get(driver, "UNKNOWN"), None
+
+    def start(self, registry, sweep_id, head, track):
+        driver = f"d{len(self.started) + 1}"
+        self.started.append(driver)
+        self.states[driver] = "RUNNING"
+        registry.set_sweep(sweep_id, driver=driver, status="submitted")
+        return driver
+
+
+def test_tick_resumes_a_dead_driver_three_times_then_gives_up(registry_url):
+    head = {"dashboard": "http://127.0.0.1:1", "address": "127.0.0.1:2"}
+    fake = Cluster()
+    with Registry(registry_url) as registry:
+        sweep_id = _register(registry)
+        off = _register(registry, auto_resumes=0, driver="x0")  # --no-auto-resume
+        fake.states.update(d0="RUNNING", x0="FAILED")
+        assert supervisor.tick(registry, head, fake.job, fake.start) == []
+        for attempt in (1, 2, 3):
+            fake.states[registry.get_sweep(sweep_id)["driver"]] = "FAILED"
+            did = supervisor.tick(registry, head, fake.job, fake.start)
+            assert any(f"resumed automatically ({attempt}/3)" in line for line in did), did
+            assert registry.get_sweep(sweep_id)["status"] == "submitted"
+        fake.states["d3"] = "STOPPED"
+        supervisor.tick(registry, head, fake.job, fake.start)
+        assert fake.started == ["d1", "d2", "d3"]  # bounded
+        sweep = registry.get_sweep(sweep_id) | {"events": registry.events(sweep_id)}
+        assert sweep["status"] == "failed"
+        assert [e["kind"] for e in sweep["events"]] == [DRIVER_LOST, RESUMED] * 3 + [DRIVER_LOST, GAVE_UP]
+        lines = history(sweep)
+        assert [line.split("; ", 1)[1] for line in lines[:3]] == [f"resumed automatically ({i}/3)" for i in (1, 2, 3)]
+        assert lines[3].startswith("driver stopped at") and "automatic resumes are used up" in lines[3]
+        assert supervisor.tick(registry, head, fake.job, fake.start) == []  # nothing more to do
+        # the sweep without auto-resume is no business of the supervisor's: status marks it
+        assert registry.get_sweep(off)["status"] == "running" and registry.events(off) == []
+
+
+def test_lose_driver_writes_once_and_only_for_the_current_driver(registry_url):
+    with Registry(registry_url) as registry:
+        sweep_id = _register(registry)
+        assert not registry.lose_driver(sweep_id, "an-old-driver", "FAILED")
+        assert registry.lose_driver(sweep_id, "d0", "FAILED")
+        assert not registry.lose_driver(sweep_id, "d0", "FAILED")  # noticed already (status and supervisor)
+        assert [e["kind"] for e in registry.events(sweep_id)] == [DRIVER_LOST]
+        finished = _register(registry, status="finished")
+        assert not registry.lose_driver(finished, "d0", "FAILED")  # its driver wrote the final status
+        assert [s["id"] for s in registry.supervised_sweeps()] == [sweep_id]  # lost; the finished one is not
+
+
+def test_tick_reconciles_orphans_while_the_driver_runs(registry_url):
+    with Registry(registry_url) as registry:
+        sweep_id = _register(registry)
+        first, second, _ = registry.unfinished(sweep_id)
+        registry.claim(first, "dead-trial@host:1")
+        registry.claim(second, "live-trial@host:2")
+        old = registry_db.now() - timedelta(seconds=supervisor.ORPHAN_AFTER_S + 5)
+        engine = sa.create_engine(registry_url)
+        with engine.begin() as connection:
+            connection.execute(sa.text("UPDATE runs SET heartbeat_at = :t WHERE run_key = :k"), {"t": old, "k": first})
+        engine.dispose()
+        fake = Cluster()
+        fake.states["d0"] = "RUNNING"
+        did = supervisor.tick(registry, {"dashboard": "", "address": ""}, fake.job, fake.start)
+        assert did == [f"{sweep_id}: 1 orphaned runs back to pending: {first}"]
+        assert registry.get_run(first)["status"] == "pending" and registry.get_run(second)["status"] == "running"
+        assert fake.started == []
+
+
+def test_a_registry_at_0004_upgrades_with_auto_resume_off_and_downgrades(registry_url):
+    engine = sa.create_engine(registry_url)
+    upgrade(engine, "0004")
+    when = registry_db.now()
+    with engine.begin() as connection:
+        connection.execute(sa.text(
+            "INSERT INTO sweeps (id, name, grid, created_at, updated_at, resources, max_concurrent, max_failures,"
+            " cancel_requested, status, driver) VALUES ('sw-old', 'old', '', :t, :t, '{}', NULL, 1, false, 'running', 'd0')"),
+            {"t": when})
+    engine.dispose()
+    with Registry(registry_url) as registry:  # opening upgrades to head
+        sweep = registry.get_sweep("sw-old")
+        assert sweep["auto_resumes"] == 0 and registry.events("sw-old") == []
+        assert registry.supervised_sweeps() == []  # a sweep from before never resumes by itself
+        assert registry.lose_driver("sw-old", "d0", "FAILED")
+    engine = registry_db.make_engine(registry_url)
+    registry_db.downgrade(engine, "0004")
+    with engine.connect() as connection:
+        columns = {c["name"] for c in sa.inspect(connection).get_columns("sweeps")}
+        assert "auto_resumes" not in columns and not sa.inspect(connection).has_table("sweep_events")
+        assert connection.execute(sa.text("SELECT status FROM sweeps")).scalar() == "failed"
+    engine.dispose()
