@@ -8,6 +8,8 @@
 - the supervisor (``orchestrator/supervisor.py``): ``HEADSWEEP_AUTO_RESUMES`` automatic resumes
   per sweep (default 3; 0 turns them off, as ``submit --no-auto-resume`` does for one sweep),
   looking every ``HEADSWEEP_SUPERVISOR_POLL_S`` seconds (default 5)
+- retries through a lost database (``orchestrator/retry.py``): registry and MLflow calls keep
+  trying for ``HEADSWEEP_RETRY_S`` seconds (default 60), then fail with the database's error
 """
 
 from __future__ import annotations
@@ -49,3 +51,8 @@ def auto_resumes() -> int:
 def supervisor_poll_s() -> float:
     """Seconds between two looks of the supervisor at the registry and the drivers' Ray jobs."""
     return float(os.environ.get("HEADSWEEP_SUPERVISOR_POLL_S", "5"))
+
+
+def retry_budget_s() -> float:
+    """Seconds a registry or MLflow call keeps retrying through a lost database connection."""
+    return float(os.environ.get("HEADSWEEP_RETRY_S", "60"))

@@ -3,13 +3,17 @@
 DESIGN.md decision 3: trials log from inside the trial with explicit run ids;
 the driver creates the experiment once and passes its id in. Writes are
 batched (``log_batch``: 19 ms per run vs 87 ms with single calls, measured).
+Every call goes through :class:`RetryingClient`: a restarting MLflow database (or server) is
+waited out with the registry's policy (``orchestrator/retry.py``), and a run is created once.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,15 +21,63 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE, ErrorCode
+from requests.exceptions import ConnectionError as RequestsConnectionError
+from sqlalchemy.exc import DBAPIError
 
-from orchestrator import settings
+from orchestrator import retry, settings
 
 _BATCH = 100  # MLflow's log_batch limit is 100 params / 1000 metrics per call
 _PARAM_MAX = 6000
 
 
-def client(uri: str | None = None) -> MlflowClient:
-    return MlflowClient(tracking_uri=uri or settings.tracking_uri())
+def transient_mlflow_error(err: BaseException) -> bool:
+    """An MLflow error worth a retry: its database lost the connection (MLflow's SQL store wraps
+    SQLAlchemy's error in an ``MlflowException``; judged as the registry judges it), or the
+    tracking server is unreachable or says it is temporarily unavailable."""
+    seen: BaseException | None = err
+    for _ in range(8):  # the error and what caused it
+        if seen is None:
+            break
+        if isinstance(seen, DBAPIError):
+            return retry.transient_db_error(seen)
+        if isinstance(seen, RequestsConnectionError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return isinstance(err, MlflowException) and err.error_code == ErrorCode.Name(TEMPORARILY_UNAVAILABLE)
+
+
+class RetryingClient:
+    """An ``MlflowClient`` whose every method is retried on a transient error (``retry.call``).
+
+    ``create_run`` is the one call that is not safe to repeat (a lost reply after a commit would
+    make a second run): use :func:`start_run`, which retries it without duplicates."""
+
+    _ONCE = frozenset({"create_run"})
+
+    def __init__(self, mlflow: MlflowClient) -> None:
+        self.unretried = mlflow
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "unretried":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        attr = getattr(self.unretried, name)
+        if not callable(attr) or name in self._ONCE or name.startswith("_"):
+            return attr
+
+        @functools.wraps(attr)
+        def retried(*args: Any, **kwargs: Any) -> Any:
+            return retry.call(lambda: attr(*args, **kwargs), transient_mlflow_error, what=f"mlflow {name}")
+
+        return retried
+
+
+def client(uri: str | None = None) -> RetryingClient:
+    return RetryingClient(MlflowClient(tracking_uri=uri or settings.tracking_uri()))
+
+
+def retrying_client(mlflow: MlflowClient | RetryingClient) -> RetryingClient:
+    return mlflow if isinstance(mlflow, RetryingClient) else RetryingClient(mlflow)
 
 
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
@@ -58,15 +110,35 @@ def ui_url(experiment_id: str, run_id: str | None = None, port: int = 5000) -> s
     return f"http://127.0.0.1:{port}/#/{page}?workflowType=machine_learning"
 
 
+CREATE_ID_TAG = "headsweep.create_id"
+"""A run's creation token (``start_run``): how a retry finds the run an earlier try created."""
+
+
 def start_run(
     mlflow: MlflowClient, experiment_id: str, name: str, tags: Mapping[str, str] | None = None,
     parent_run_id: str | None = None,
 ) -> str:
-    """Create a run (a child of ``parent_run_id`` if given) and return its id."""
-    all_tags = dict(tags or {})
+    """Create a run (a child of ``parent_run_id`` if given) and return its id.
+
+    Retried on a lost connection, once: a try whose reply was lost may have created the run, so
+    each retry first looks for the ``headsweep.create_id`` tag the tries share."""
+    raw = retrying_client(mlflow).unretried
+    token = uuid.uuid4().hex
+    all_tags = dict(tags or {}) | {CREATE_ID_TAG: token}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
-    return mlflow.create_run(experiment_id, run_name=name, tags=all_tags).info.run_id
+    tried = False
+
+    def create() -> str:
+        nonlocal tried
+        if tried:
+            found = raw.search_runs([experiment_id], f"tags.`{CREATE_ID_TAG}` = '{token}'", max_results=1)
+            if found:
+                return found[0].info.run_id
+        tried = True
+        return raw.create_run(experiment_id, run_name=name, tags=all_tags).info.run_id
+
+    return retry.call(create, transient_mlflow_error, what="mlflow create_run")
 
 
 _IN_THE_NAME = {"seed", "task.name", "method", "model"}
@@ -103,8 +175,8 @@ def run_name(cfg, keys: Sequence[str]) -> str:
 class MlflowTracker:
     """experiments' Tracker, backed by one MLflow run (explicit ``run_id``)."""
 
-    def __init__(self, mlflow: MlflowClient, run_id: str) -> None:
-        self.mlflow = mlflow
+    def __init__(self, mlflow: MlflowClient | RetryingClient, run_id: str) -> None:
+        self.mlflow = retrying_client(mlflow)  # a restarting database is waited out, not fatal
         self.run_id = run_id
 
     def log_params(self, params: Mapping[str, object]) -> None:

@@ -8,6 +8,7 @@ killed worker resumes mid-run, and writes status and results back.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import tempfile
@@ -29,6 +30,7 @@ from orchestrator.registry import Registry
 from orchestrator.status import RunStatus
 
 HEARTBEAT_S = 5.0
+log = logging.getLogger("headsweep.trial")
 CANCEL_POLL_S = 2.0
 _registries: dict[str, Registry] = {}  # one per worker process; reused actors keep it
 
@@ -71,10 +73,11 @@ class _Heartbeat(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.wait(HEARTBEAT_S):
-            try:
+            try:  # retried through a restarting database (registry.db.retrying)
                 self.registry.heartbeat(self.run_key, self.worker)
-            except Exception:  # a missed beat is not worth killing the run
-                pass
+            except Exception as err:  # noqa: BLE001 - a missed beat is not worth killing the run
+                log.warning("run %s: heartbeat missed (%s: %s); beating on", self.run_key,
+                            type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
 
 
 def _cancel_poll(registry: Registry, sweep_id: str) -> Callable[[], bool]:
@@ -82,7 +85,11 @@ def _cancel_poll(registry: Registry, sweep_id: str) -> Callable[[], bool]:
 
     def should_stop() -> bool:
         if time.monotonic() - state["at"] > CANCEL_POLL_S:
-            state["at"], state["value"] = time.monotonic(), registry.cancel_requested(sweep_id)
+            state["at"] = time.monotonic()
+            try:  # retried through a restarting database; past that, the run goes on uncancelled
+                state["value"] = registry.cancel_requested(sweep_id)
+            except Exception as err:  # noqa: BLE001 - asked again at the next poll
+                log.warning("sweep %s: could not read its cancel flag: %s", sweep_id, type(err).__name__)
         return state["value"]
 
     return should_stop
@@ -143,32 +150,38 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
         tune.report({"outcome": "skipped"})
         return
 
-    cpus = context.get_trial_resources().required_resources.get("CPU", 1)
-    torch.set_num_threads(max(1, int(cpus)))  # a reused worker keeps its first trial's threads otherwise
-    cfg = parse_config(claimed["config"], check_files=False)
-    tracker, mlflow_run = MemoryTracker(), None
-    if env.get("tracking_uri"):
-        from orchestrator import tracking
-
-        mlflow = tracking.client(env["tracking_uri"])
-        run_id = claimed.get("mlflow_run_id") or tracking.start_run(
-            mlflow, env["experiment_id"], tracking.run_name(cfg, env.get("name_keys", ())),
-            tags={"sweep": sweep_id}, parent_run_id=env.get("parent_run_id"),
-        )
-        registry.set_mlflow_run(run_key, run_id)
-        tracker = mlflow_run = tracking.MlflowTracker(mlflow, run_id)
-        mlflow.update_run(run_id, status="RUNNING")
-
-    device = "cuda" if torch.cuda.is_available() and context.get_trial_resources().required_resources.get("GPU") else "cpu"
-    ctx = RunContext(
-        tracker=tracker, checkpointer=TuneCheckpointer(env["checkpoint_every_s"]),
-        should_stop=_cancel_poll(registry, sweep_id), device=device,
-        **stage_hooks(claimed, env.get("checkpoints")),
-    )
     beat = _Heartbeat(registry, run_key, worker)
     beat.start()
-    try:
+    mlflow_run = None
+    try:  # from here, whatever fails (a database gone for longer than the retries wait) fails the run
+        cpus = context.get_trial_resources().required_resources.get("CPU", 1)
+        torch.set_num_threads(max(1, int(cpus)))  # a reused worker keeps its first trial's threads otherwise
+        cfg = parse_config(claimed["config"], check_files=False)
+        tracker = MemoryTracker()
+        if env.get("tracking_uri"):
+            from orchestrator import tracking
+
+            mlflow = tracking.client(env["tracking_uri"])
+            run_id = claimed.get("mlflow_run_id") or tracking.start_run(
+                mlflow, env["experiment_id"], tracking.run_name(cfg, env.get("name_keys", ())),
+                tags={"sweep": sweep_id}, parent_run_id=env.get("parent_run_id"),
+            )
+            tracker = mlflow_run = tracking.MlflowTracker(mlflow, run_id)
+            registry.set_mlflow_run(run_key, run_id)
+            mlflow.update_run(run_id, status="RUNNING")
+
+        device = "cuda" if torch.cuda.is_available() and context.get_trial_resources().required_resources.get("GPU") else "cpu"
+        ctx = RunContext(
+            tracker=tracker, checkpointer=TuneCheckpointer(env["checkpoint_every_s"]),
+            should_stop=_cancel_poll(registry, sweep_id), device=device,
+            **stage_hooks(claimed, env.get("checkpoints")),
+        )
         result = (run_fn or _default_run)(cfg, ctx)
+        # MLflow first: should the registry write then fail, the run is retried and its MLflow run
+        # reused; the other way round, a lost MLflow write would leave a finished run RUNNING there
+        if mlflow_run:
+            mlflow_run.finish("FINISHED")
+        registry.finish(run_key, result.metrics, worker=worker, maps=result.maps)
     except RunCancelled:
         registry.cancel_run(run_key, worker)
         if mlflow_run:
@@ -176,15 +189,23 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
         tune.report({"outcome": "cancelled"})
         return
     except Exception as err:
-        text = traceback.format_exc()
-        registry.fail(run_key, text, worker)
-        if mlflow_run:
-            mlflow_run.set_tags({"error": "".join(traceback.format_exception_only(err)).strip()[:4000]})
-            mlflow_run.finish("FAILED")
+        _record_failure(registry, run_key, worker, mlflow_run, err)
         raise  # Tune retries it (FailureConfig.max_failures), from the last checkpoint
     finally:
         beat.stopped.set()
-    registry.finish(run_key, result.metrics, worker=worker, maps=result.maps)
-    if mlflow_run:
-        mlflow_run.finish("FINISHED")
     tune.report({"outcome": "finished", **{k: float(v) for k, v in result.metrics.items()}})
+
+
+def _record_failure(registry: Registry, run_key: str, worker: str, mlflow_run: Any, err: Exception) -> None:
+    """The run -> failed with its traceback, its MLflow run FAILED; each as far as it goes (the
+    database may be what failed: then the run stays RUNNING and is reconciled as an orphan)."""
+    try:
+        registry.fail(run_key, traceback.format_exc(), worker)
+    except Exception:  # noqa: BLE001 - the original error is the one to raise
+        log.exception("run %s: could not record its failure in the registry", run_key)
+    if mlflow_run:
+        try:
+            mlflow_run.set_tags({"error": "".join(traceback.format_exception_only(err)).strip()[:4000]})
+            mlflow_run.finish("FAILED")
+        except Exception:  # noqa: BLE001
+            log.exception("run %s: could not mark its MLflow run FAILED", run_key)

@@ -46,10 +46,19 @@ import importlib
 import os
 from types import ModuleType
 
-from experiments.methods import bias_only, finetune, head_gates, imp, mask_train, multitask
-from experiments.methods import skill_neurons
-from experiments.methods import attention_analysis, probes
-from experiments.methods import head_ablation, head_importance
+from experiments.methods import (
+    attention_analysis,
+    bias_only,
+    finetune,
+    head_ablation,
+    head_gates,
+    head_importance,
+    imp,
+    mask_train,
+    multitask,
+    probes,
+    skill_neurons,
+)
 
 METHODS: dict[str, ModuleType] = {
     "head_gates": head_gates,

@@ -4,8 +4,9 @@ SQLite (a file, WAL, safe with several writing processes) by default, PostgreSQL
 by URL. Opening a :class:`Database` upgrades the schema to the newest Alembic
 revision (``orchestrator/migrations``). Every public registry method is one
 transaction (``_read`` or ``_write``), retried on transient errors by
-:func:`retrying`. Times are naive UTC, written by the caller's clock
-(heartbeats and the orphan cut-off compare clocks across nodes: keep them in sync).
+:func:`retrying` (``orchestrator/retry.py``: a lock, a deadlock, a PostgreSQL restart).
+Times are naive UTC, written by the caller's clock (heartbeats and the orphan cut-off
+compare clocks across nodes: keep them in sync).
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import random
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -40,11 +39,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
+from orchestrator import retry
+
 _MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
-_RETRIES = 5
 _PG_MIGRATION_LOCK = 0x68656164  # pg_advisory_xact_lock key: one migrator at a time
 
 _T = TypeVar("_T")
@@ -61,26 +60,14 @@ def now() -> datetime:
 # --------------------------------------------------------------------------- engine and retries
 
 
-def _is_transient(err: DBAPIError) -> bool:
-    """SQLite busy/locked, PostgreSQL deadlock or serialization failure: worth a retry."""
-    text = str(err.orig).lower()
-    sqlstate = getattr(err.orig, "sqlstate", None)
-    return "database is locked" in text or "database is busy" in text or sqlstate in ("40001", "40P01")
-
-
 def retrying(method: Callable[..., _T]) -> Callable[..., _T]:
-    """Re-run the whole transaction on a transient error, with jittered exponential backoff."""
+    """Re-run the whole transaction on a transient error (a lost or refused connection, a lock,
+    a deadlock) with jittered exponential backoff, within ``orchestrator.retry``'s bounds."""
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> _T:
-        for attempt in range(_RETRIES):
-            try:
-                return method(*args, **kwargs)
-            except DBAPIError as err:
-                if attempt == _RETRIES - 1 or not _is_transient(err):
-                    raise
-                time.sleep(min(2.0, 0.02 * 2**attempt) * (0.5 + random.random()))
-        raise AssertionError("unreachable")
+        return retry.call(lambda: method(*args, **kwargs), retry.transient_db_error,
+                          what=f"registry {method.__name__}")
 
     return wrapper
 

@@ -14,11 +14,11 @@ from experiments.maths.predictivity import (
     subtask_accuracy,
 )
 
-P, L, I = 3, 2, 8  # prompt positions, layers, neurons
+P, L, U = 3, 2, 8  # prompt positions, layers, neurons
 
 
 def _noise(n: int, seed: int) -> torch.Tensor:
-    return torch.randn(n, P, L, I, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(n, P, L, U, generator=torch.Generator().manual_seed(seed))
 
 
 def _planted(n: int, labels: torch.Tensor, seed: int, sign: float = 1.0) -> torch.Tensor:
@@ -38,9 +38,9 @@ def _labels(n: int, classes: int, seed: int) -> torch.Tensor:
 def test_a_planted_neuron_ranks_first_also_when_it_is_inverted(sign):
     y_train, y_dev = _labels(400, 2, 0), _labels(300, 2, 1)
     per_subtask = predictivity_from_activations(_planted(400, y_train, 2, sign), _planted(300, y_dev, 3, sign), y_dev, 2)
-    assert per_subtask.shape == (1, L, I)
+    assert per_subtask.shape == (1, L, U)
     order, owner = rank_neurons(per_subtask)
-    assert order[0].tolist() == [1, 5] and owner.tolist() == [0] * (L * I)
+    assert order[0].tolist() == [1, 5] and owner.tolist() == [0] * (L * U)
     assert order[1].tolist() == [0, 3]  # the weak one second
     assert per_subtask[0, 1, 5] > 0.95
     assert ((per_subtask >= 0.5) & (per_subtask <= 1.0)).all()
@@ -74,9 +74,9 @@ def test_one_vs_rest_on_a_three_class_toy():
         return a
 
     per_subtask = predictivity_from_activations(acts(n_train, y_train, 6), acts(n_dev, y_dev, 7), y_dev, 3)
-    assert per_subtask.shape == (3, L, I)
+    assert per_subtask.shape == (3, L, U)
     for c, (layer, neuron) in enumerate([(0, 1), (1, 2), (1, 7)]):
-        assert per_subtask[c].flatten().argmax().item() == layer * I + neuron  # each subtask finds its detector
+        assert per_subtask[c].flatten().argmax().item() == layer * U + neuron  # each subtask finds its detector
         assert per_subtask[c, layer, neuron] > 0.9
     # balanced accuracy: pure-noise neurons sit near 0.5, not at 1 - 1/C = 0.67 as plain accuracy would put them
     noise_units = combined_score(per_subtask).flatten()[[0, 4, 9]]
@@ -84,10 +84,10 @@ def test_one_vs_rest_on_a_three_class_toy():
     order, owner = rank_neurons(per_subtask)
     assert {tuple(u) for u in order[:3].tolist()} == {(0, 1), (1, 2), (1, 7)}
     assert owner[:3].tolist() == [0, 1, 2]  # round robin: one neuron per subtask
-    for k in range(1, L * I + 1):  # any prefix: equal numbers per subtask, within one
+    for k in range(1, L * U + 1):  # any prefix: equal numbers per subtask, within one
         counts = torch.bincount(owner[:k], minlength=3)
         assert counts.max() - counts.min() <= 1
-    assert sorted((order[:, 0] * I + order[:, 1]).tolist()) == list(range(L * I))  # every neuron once
+    assert sorted((order[:, 0] * U + order[:, 1]).tolist()) == list(range(L * U))  # every neuron once
 
 
 def test_a_dead_neuron_scores_chance_in_one_vs_rest():
@@ -110,9 +110,9 @@ def test_random_neurons_match_the_layers_and_are_uniform():
     chosen = by_layer(torch.tensor([[0, 1], [0, 4], [1, 7]]), L)
     assert {k: v.tolist() for k, v in chosen.items()} == {0: [1, 4], 1: [7]}
     gen = torch.Generator().manual_seed(0)
-    hits = torch.zeros(I)
+    hits = torch.zeros(U)
     for _ in range(400):
-        rand = random_like(chosen, I, gen)
+        rand = random_like(chosen, U, gen)
         assert {k: len(set(v.tolist())) for k, v in rand.items()} == {0: 2, 1: 1}  # distinct, as many per layer
         hits[rand[0]] += 1
     assert hits.min() > 60 and hits.max() < 140  # each of 8 neurons drawn ~100 times of 400 x 2

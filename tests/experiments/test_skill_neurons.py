@@ -78,7 +78,7 @@ def test_a_run_leaves_the_backbone_and_maps_layers_by_neurons(run_chain, model):
     assert (values >= 0.5).all() and (values <= 1.0).all()
     assert result.metrics["predictivity_top1"] == pytest.approx(values.max())
     saved = _npz(result)
-    assert sorted(map(tuple, saved["ranking"][:, :2].tolist())) == [(l, i) for l in range(2) for i in range(64)]
+    assert sorted(map(tuple, saved["ranking"][:, :2].tolist())) == [(layer, i) for layer in range(2) for i in range(64)]
     ranked = values[saved["ranking"][:, 0], saved["ranking"][:, 1]]
     assert (np.diff(ranked) <= 0).all()  # best first
     assert saved["baseline"].shape == (4, 2, 64) and len(saved["label_words"]) == 0  # a learned read-out
@@ -174,7 +174,7 @@ def test_random_words_follow_word_seed():
         ({"model": "tiny-electra", "skill_neurons": {"verbalizer": "random_words"}},
          r"skill_neurons.verbalizer: random_words scores hidden states \(32\) against word embeddings \(16\)"),
         ({"model": "tiny-roberta", "skill_neurons": {"prompt_length": 100}, "task": {"max_length": 64}},
-         r"skill_neurons.prompt_length: 100 prompt vectors \+ task.max_length 64 exceed the 128 positions"),
+         r"skill_neurons.prompt_length: 100 prompt vectors \+ task.max_length 64 exceed the 129 positions"),
         ({"skill_neurons": {"perturb_fractions": [0.0, 0.1]}}, r"skill_neurons.perturb_fractions"),
         ({"skill_neurons": {"readout": "mask"}}, r"skill_neurons.readout"),
     ],

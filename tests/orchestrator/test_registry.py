@@ -741,7 +741,7 @@ def test_sqlite_writer_waits_for_a_held_lock(tmp_path):
 
 
 def test_transient_errors_are_retried_and_others_are_not(monkeypatch):
-    monkeypatch.setattr(registry_db.time, "sleep", lambda s: None)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
     calls = []
 
     def flaky(message):

@@ -1,0 +1,242 @@
+"""Database faults (issue 12): the registry and MLflow on PostgreSQL, the server restarted in the
+middle of a sweep. Workers and the driver wait the outage out (orchestrator/retry.py), heartbeats
+resume, and the sweep finishes with every run finished once, one MLflow run per registry run, none
+left RUNNING. The server is a private one this test starts (initdb + pg_ctl, its own port and
+folder, loopback only) and restarts: the machine's own PostgreSQL on 5432 is shared and never
+touched. The retry policy itself is unit-tested in test_retry.py."""
+
+import glob
+import logging
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+import ray
+import yaml
+
+from experiments.result import RunResult
+from experiments.runner import run as real_run
+from orchestrator import tracking
+from orchestrator.driver import execute_sweep
+from orchestrator.grid import expand, parse_grid
+from orchestrator.registry import Registry
+from orchestrator.registry.db import now
+
+pytestmark = pytest.mark.ray
+
+_BINS = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+PG_BIN = os.path.dirname(_BINS[-1]) if _BINS else os.path.dirname(shutil.which("pg_ctl") or "")
+DOWN_S = 8.0
+"""How long the server stays stopped; with its stop and start, the outage is about 9-10 s."""
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of this test's own: a data folder, a free loopback port, trust auth.
+
+    As root, the server runs as the ``postgres`` user (it refuses to run as root), so its folder
+    is made outside pytest's root-only temp tree and given to that user."""
+
+    def __init__(self) -> None:
+        self.folder = tempfile.mkdtemp(prefix="headsweep-pg-")
+        self.owner = "postgres" if os.geteuid() == 0 else None
+        if self.owner:
+            shutil.chown(self.folder, self.owner, pwd.getpwnam(self.owner).pw_gid)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.data = os.path.join(self.folder, "data")
+        self._pg("initdb", "-D", self.data, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
+
+    def _pg(self, tool: str, *args: str) -> None:
+        command = [os.path.join(PG_BIN, tool), *args]
+        if self.owner:
+            command = ["runuser", "-u", self.owner, "--", *command]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"{tool}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+
+    def start(self) -> None:
+        self._pg("pg_ctl", "-D", self.data, "-l", os.path.join(self.folder, "server.log"), "-w", "-t", "60",
+                 "-o", f"-h 127.0.0.1 -p {self.port} -k {self.folder}", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        """``fast``: every session is terminated at once (what a restart does to the workers)."""
+        self._pg("pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "60", "stop")
+
+    def create_database(self) -> str:
+        """A new database; its SQLAlchemy URL."""
+        name = f"hs_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{self.port}/postgres", autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
+
+    def remove(self) -> None:
+        if os.path.exists(os.path.join(self.data, "postmaster.pid")):
+            self.stop("immediate")
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.fixture
+def private_pg():
+    if not os.path.exists(os.path.join(PG_BIN, "initdb")):
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl) on this machine")
+    server = PrivatePostgres()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+STEPS, EVAL_EVERY, STEP_S = 16, 4, 0.5
+GRID = {
+    "name": "dbfaults",
+    "base": {
+        "model": "tiny-bert",
+        "task": {"name": "synthetic-cls", "num_train": 48, "num_eval": 16, "max_length": 24},
+        "train": {"max_steps": STEPS, "batch_size": 8, "eval_every": EVAL_EVERY},
+        "head_gates": {"lambda": 0.1, "lr": 0.1},
+    },
+    "axes": {"seed": [0, 1], "pipeline": ["dp", "sp"]},  # 4 cells + the 2 fine-tunes SP starts from
+    "resources": {"cpus": 1},
+    "max_concurrent": 2,
+    "max_failures": 1,
+}
+
+
+def _paced(cfg, ctx) -> RunResult:
+    """The real run, ``STEP_S`` per step (so a restart lands in the middle of runs; the run's
+    MLflow metrics every ``EVAL_EVERY`` steps and its heartbeats go on while it waits)."""
+    progress = ctx.on_progress
+
+    def slowly(step, total, metrics):
+        time.sleep(STEP_S)
+        if progress:
+            progress(step, total, metrics)
+
+    ctx.on_progress = slowly
+    return real_run(cfg, ctx)
+
+
+def _submit(grid: dict, registry_url: str) -> tuple[Registry, str]:
+    """What `headsweep submit` writes before its driver starts (registry rows, the MLflow parent run)."""
+    spec = parse_grid(grid)
+    registry = Registry(registry_url)
+    sweep_id, _ = registry.create_sweep(spec.name, yaml.safe_dump(grid), expand(spec),
+                                        spec.resources.model_dump(), spec.max_concurrent, spec.max_failures)
+    mlflow = tracking.client()
+    experiment_id = tracking.ensure_experiment(mlflow, spec.name)
+    parent = tracking.start_run(mlflow, experiment_id, sweep_id)
+    registry.set_sweep(sweep_id, mlflow_experiment_id=experiment_id, mlflow_parent_run_id=parent)
+    return registry, sweep_id
+
+
+def _sweep(grid, registry_url, on_start=None, run_fn=_paced) -> tuple[Registry, str, dict, float]:
+    registry, sweep_id = _submit(grid, registry_url)
+    started = time.perf_counter()
+    if on_start:
+        on_start(registry, sweep_id)
+    counts = execute_sweep(sweep_id, registry_url=registry_url, tracking_uri=os.environ["HEADSWEEP_TRACKING_URI"],
+                           run_fn=run_fn)
+    return registry, sweep_id, counts, time.perf_counter() - started
+
+
+def _restart_mid_sweep(server: PrivatePostgres, registry: Registry, sweep_id: str, seen: dict) -> None:
+    """Once two runs finished and two more are running (a second into them): stop the server,
+    wait, start it again."""
+    try:
+        deadline = time.time() + 180
+        while (counts := registry.sweep_counts(sweep_id)).get("running", 0) < 2 or counts.get("finished", 0) < 2:
+            assert time.time() < deadline, f"not two runs finished and two running: {counts}"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        counts = registry.sweep_counts(sweep_id)
+        seen["running"] = [k for k in registry.unfinished(sweep_id) if registry.get_run(k)["status"] == "running"]
+        seen["finished_before"] = counts.get("finished", 0)
+        down = time.perf_counter()
+        server.stop()
+        time.sleep(DOWN_S)
+        server.start()
+        seen["outage_s"] = time.perf_counter() - down
+        seen["up_at"] = now()
+    except BaseException as err:  # noqa: BLE001 - raised in the test's thread
+        seen["error"] = err
+
+
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
+def test_a_postgresql_restart_mid_sweep_loses_and_duplicates_nothing(private_pg, tmp_path, monkeypatch, local_ray,
+                                                                     caplog):
+    caplog.set_level(logging.WARNING, logger="headsweep.retry")
+    monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
+    registry_url = private_pg.create_database()
+    monkeypatch.setenv("HEADSWEEP_TRACKING_URI", private_pg.create_database())
+    # two short runs first: Ray's workers start and import torch, so the two timed sweeps compare
+    warm_up = {**GRID, "name": "dbfaults-warm-up", "axes": {"seed": [20, 21], "pipeline": ["dp"]},
+               "base": {**GRID["base"], "train": {**GRID["base"]["train"], "max_steps": 2}}}
+    assert _sweep(warm_up, registry_url, run_fn=real_run)[2] == {"finished": 2}
+
+    # the same sweep with no fault (other seeds: nothing shared with the next one)
+    baseline = {**GRID, "name": "dbfaults-baseline", "axes": {**GRID["axes"], "seed": [10, 11]}}
+    _, _, counts, baseline_s = _sweep(baseline, registry_url)
+    assert counts == {"finished": 6}
+
+    seen: dict = {}
+    restarter = []
+
+    def restart_when_running(registry, sweep_id):
+        thread = threading.Thread(target=_restart_mid_sweep, args=(private_pg, registry, sweep_id, seen))
+        thread.start()
+        restarter.append(thread)
+
+    registry, sweep_id, counts, fault_s = _sweep(GRID, registry_url, on_start=restart_when_running)
+    restarter[0].join(timeout=120)
+    if "error" in seen:
+        raise seen["error"]
+    assert seen["running"] and seen["finished_before"] < 6  # the restart landed in the middle of runs
+    assert 8 < seen["outage_s"] < 30
+    # this process's driver felt it: its registry or MLflow calls were retried through the outage
+    retried = [r.getMessage() for r in caplog.records if r.name == "headsweep.retry"]
+    assert any("got through" in line for line in retried) and not any("giving up" in line for line in retried), retried
+
+    # every run finished once, on its first attempt: none failed, none was orphaned and rerun
+    assert counts == {"finished": 6}
+    assert registry.get_sweep(sweep_id)["status"] == "finished"
+    runs = {key: registry.get_run(key) for key in registry.results(sweep_id)["run_key"]}
+    assert len(runs) == 6
+    assert {key: run["attempts"] for key, run in runs.items()} == dict.fromkeys(runs, 1)
+    assert all(run["error"] is None for run in runs.values())
+    # heartbeats resumed: the runs the restart caught beat again after it
+    assert all(runs[key]["heartbeat_at"] > seen["up_at"] for key in seen["running"]), (
+        seen, {key: runs[key]["heartbeat_at"] for key in seen["running"]})
+
+    # MLflow: one child run per registry run (no duplicate), each the registry's, all ended FINISHED,
+    # with every evaluation's metrics logged once (nothing lost, nothing twice)
+    mlflow = tracking.client()
+    sweep = registry.get_sweep(sweep_id)
+    every = mlflow.search_runs([sweep["mlflow_experiment_id"]])
+    children = [r for r in every if r.data.tags.get("mlflow.parentRunId") == sweep["mlflow_parent_run_id"]]
+    assert sorted(r.data.tags["run_key"] for r in children) == sorted(runs)
+    assert {r.data.tags["run_key"]: r.info.run_id for r in children} == {k: r["mlflow_run_id"] for k, r in runs.items()}
+    assert {r.info.status for r in every if r.data.tags.get("sweep") == sweep_id or r.info.run_id == sweep["mlflow_parent_run_id"]} == {"FINISHED"}
+    assert len([r for r in every if r.data.tags.get("sweep") == sweep_id]) == 6
+    for child in children:
+        steps = [m.step for m in mlflow.get_metric_history(child.info.run_id, "accuracy")]
+        assert sorted(steps) == list(range(EVAL_EVERY, STEPS + 1, EVAL_EVERY)), (child.data.tags["run_key"], steps)
+
+    print(f"\nPostgreSQL down {seen['outage_s']:.1f} s (stop, {DOWN_S:g} s, start) with "
+          f"{len(seen['running'])} runs running and {seen['finished_before']}/6 finished: the sweep took "
+          f"{fault_s:.1f} s vs {baseline_s:.1f} s without the fault (+{fault_s - baseline_s:.1f} s)")
