@@ -55,9 +55,15 @@ def _rgb(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP) 
         raise QueryError(_several_cells(sel, cells, filters))
     idx = cells[0][np.argsort(sel.seed[cells[0]], kind="stable")][:3]
     seeds = ", ".join(str(s) for s in sel.seed[idx])
-    title = (f"{sel.task[idx[0]]} / {sel.pipeline[idx[0]] or sel.method[idx[0]]} / "
-             f"{sel.model[idx[0]]}: seeds {seeds}")
+    title = f"{_cell_name(sel, idx[0])}: seeds {seeds}"
     return figures.rgb_seed_map(x[idx[0]], x[idx[1]], x[idx[2]], title)
+
+
+def _cell_name(sel: SweepData, i: int, sep: str = " / ") -> str:
+    """The labels of run ``i``'s cell that it has (task, model, method, pipeline, sparsity, lambda)."""
+    values = [column(sel, axis)[i] for axis in CELL_AXES]
+    return sep.join(f"{axis} {value}" if axis in ("sparsity", "lambda") else str(value)
+                    for axis, value in zip(CELL_AXES, values, strict=True) if value is not None and value == value)
 
 
 def _several_cells(sel: SweepData, cells: list[np.ndarray], filters: Filters | None) -> str:
@@ -213,10 +219,14 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
     sel = data.subset(data.has_gates)
     plan: list[tuple[str, str, dict[str, Any]]] = []
     cells = [idx for idx in groups_in_cell_order(sel) if len(idx) >= 3][:max_rgb]
-    for idx in cells:
-        i = idx[0]
-        name = f"rgb_{sel.task[i]}_{sel.pipeline[i] or sel.method[i]}_{sel.group_key[i][:8]}"
-        plan.append((name, "rgb", {"filters": {"group_key": [str(sel.group_key[i])]}}))
+    if cells:  # each named by its labels and any other key that tells it apart, never by a hash
+        firsts = sel.subset(np.array([idx[0] for idx in cells]))
+        others = [k for k in _keys_apart(firsts) if k not in CELL_AXES and k != "group_key"]
+        names = ["_".join([_cell_name(firsts, j, "_"), *(f"{k}-{column(firsts, k)[j]}" for k in others)])
+                 for j in range(len(cells))]
+        for j, idx in enumerate(cells):
+            name = names[j] if names.count(names[j]) == 1 else f"{names[j]}_{j + 1}"
+            plan.append((f"rgb_{name}", "rgb", {"filters": {"group_key": [str(sel.group_key[idx[0]])]}}))
     if len(sel):
         plan.append(("grey_all", "grey", {}))
         tasks = axis_values(sel, "task")

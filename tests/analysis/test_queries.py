@@ -384,6 +384,8 @@ def test_figure_plan_covers_every_kind(data):
     names = [name for name, _, _ in plan]
     assert len(names) == len(set(names)) == 8 + 3 + 3 + 4
     assert sum(kind == "rgb" for _, kind, _ in plan) == 8
+    # each rgb file names its cell by its labels, no hash: task, model, method, pipeline, lambda
+    assert f"rgb_{CLS}_minilm-l6_head_gates_dp_lambda-0.1.png" in names, names
     assert {"grey_all.png", "agreement_seed.png", "agreement_task.png", "agreement_pipeline.png",
             f"curves_{CLS}_accuracy_vs_lambda.png", f"curves_{TAG}_accuracy_vs_open_heads.png"} <= set(names)
 
