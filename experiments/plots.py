@@ -11,6 +11,9 @@ import textwrap
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from experiments.units import OPEN_THRESHOLD
 
 
 def gate_map_png(gates: np.ndarray, title: str) -> bytes:
@@ -23,8 +26,11 @@ def gate_map_png(gates: np.ndarray, title: str) -> bytes:
     ax.set_yticks(range(num_layers), [str(layer + 1) for layer in range(num_layers)])
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    open_count = int((gates > 1e-3).sum())
-    ax.set_title(f"{title}\n{open_count}/{gates.size} heads open", fontsize=9)
+    is_open = gates > OPEN_THRESHOLD  # outlined: a gate of 0.01 is open but prints nearly white
+    for layer, head in zip(*np.nonzero(is_open), strict=True):
+        ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="tab:orange", linewidth=1.5))
+    ax.set_title(f"{title}\n{int(is_open.sum())}/{gates.size} heads open (gate > {OPEN_THRESHOLD:g}, outlined)",
+                 fontsize=9)
     fig.colorbar(image, ax=ax, label="gate")
     fig.tight_layout()
     buf = io.BytesIO()
@@ -48,7 +54,12 @@ def map_png(values: np.ndarray, title: str, label: str, units: list[str] | None 
     title = _wrap(title, width)
     fig = Figure(figsize=(width, max(2.5, 0.4 * num_layers + 1.2 + 0.16 * title.count("\n"))), dpi=100)
     ax = fig.subplots()
-    image = ax.imshow(values, cmap="viridis", aspect="auto", interpolation="nearest")
+    low, high = float(np.nanmin(values)), float(np.nanmax(values))
+    if low < 0 < high:  # signed (an ablation's change in the metric): white at 0, red below, blue above
+        bound = max(-low, high)
+        image = ax.imshow(values, cmap="RdBu", vmin=-bound, vmax=bound, aspect="auto", interpolation="nearest")
+    else:
+        image = ax.imshow(values, cmap="viridis", aspect="auto", interpolation="nearest")
     ax.set_yticks(range(num_layers), [str(layer + 1) for layer in range(num_layers)])
     if units is not None:
         ax.set_xticks(range(num_units), units, rotation=30, ha="right")

@@ -39,8 +39,8 @@ def run(cfg: RunConfig, ctx: RunContext | None = None) -> RunResult:
 
 
 def log_maps(tracker: Tracker, result: RunResult, labels: dict) -> None:
-    """``maps.npz`` (every map and trajectory) and one heat map ``<name>.png`` per ``heads.*`` map
-    and per weight mask's layer x matrix density (``weights.mask_density``).
+    """``maps.npz`` (every map and trajectory) and one heat map ``<name>.png`` per ``heads.*`` and
+    ``layers.*`` map and per weight mask's layer x matrix density (``weights.mask_density``).
 
     A run without maps (plain fine-tuning learns no gates) logs only the (empty) ``maps.npz``.
     """
@@ -51,6 +51,8 @@ def log_maps(tracker: Tracker, result: RunResult, labels: dict) -> None:
         if unit_map.kind == "weights" and unit_map.values.shape[1] == len(ROLES):  # a mask's layer x matrix
             png = map_png(unit_map.values, f"{title}\n{name}: fraction of each matrix kept", name,
                           units=list(ROLES), xlabel="matrix")
+        elif unit_map.kind == "layers":  # one value per layer (an ablation of whole layers)
+            png = map_png(unit_map.values, f"{title}\n{name}: {unit_map.meaning}", name, units=[""], xlabel="")
         elif unit_map.kind != "heads":
             continue
         elif name == "heads.gate":
