@@ -41,6 +41,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
+from experiments.config import ConfigError
 from orchestrator import retry
 
 _MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
@@ -147,9 +148,27 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
     target = head_revision() if revision == "head" else revision
     with engine.connect() as connection:
-        if current_revision(connection) == target:
+        current = current_revision(connection)
+        if current == target:
             return
+    if current is not None and current not in known_revisions():
+        raise SchemaTooNew(
+            f"the registry at {engine.url.render_as_string(hide_password=True)} is at schema revision {current}, "
+            f"newer than this code knows (up to {head_revision()}): a newer checkout of headsweep upgraded it; "
+            "run that checkout's headsweep, or update this one")
     _migrate(engine, lambda config: command.upgrade(config, revision))
+
+
+class SchemaTooNew(ConfigError):
+    """The registry was migrated by newer code than this: older code must not write to it (the CLI
+    prints it as one line, like any bad input)."""
+
+
+@functools.cache
+def known_revisions() -> frozenset[str]:
+    from alembic.script import ScriptDirectory
+
+    return frozenset(script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions())
 
 
 def downgrade(engine: Engine, revision: str) -> None:

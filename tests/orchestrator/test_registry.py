@@ -755,3 +755,20 @@ def test_transient_errors_are_retried_and_others_are_not(monkeypatch):
     with pytest.raises(sa.exc.OperationalError):
         registry_db.retrying(flaky)("no such table: runs")
     assert len(calls) == 1
+
+
+def test_a_registry_migrated_by_newer_code_is_refused_in_one_line(registry_url):
+    """Older code meeting a newer schema (another checkout upgraded it) stops with what to do,
+    instead of an Alembic traceback in every trial."""
+    from sqlalchemy import text
+
+    from experiments.config import ConfigError
+
+    Registry(registry_url).close()  # at this code's head
+    engine = registry_db.make_engine(registry_url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    with pytest.raises(ConfigError, match="schema revision 9999, newer than this code knows") as info:
+        Registry(registry_url)
+    assert "\n" not in str(info.value)
+    engine.dispose()
