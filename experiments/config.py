@@ -142,6 +142,11 @@ class TrainConfig(_Frozen):
     warmup_ratio: float = Field(0.1, ge=0, lt=1, description="Fraction of steps with linear warm-up.")
     eval_every: int = Field(50, gt=0, description="Evaluate (and log gates) every this many steps.")
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="Forward-pass precision (experiments/precision.py): fp32; bf16 = autocast to "
+        "bfloat16 (CPU or CUDA); fp16 = autocast to float16 with a grad scaler (CUDA only: use bf16 on CPU). "
+        "Weights, optimiser states, gates and losses stay float32.",
+    )
 
 
 class Section(_Frozen):

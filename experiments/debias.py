@@ -118,5 +118,5 @@ def teacher_probs(cfg, ctx, state) -> torch.Tensor:
     probs = []
     for start in range(0, len(split), batch_size):
         ids, mask, _ = take(split, torch.arange(start, min(start + batch_size, len(split))), state.device)
-        probs.append(forward_logits(encoder, decoder, ids, mask).softmax(dim=-1).cpu())
+        probs.append(forward_logits(encoder, decoder, ids, mask, state.precision).softmax(dim=-1).cpu())
     return torch.cat(probs)

@@ -117,9 +117,13 @@ class HeadGates(torch.nn.Module):
         self.log_alpha = torch.nn.Parameter(init_log_alpha(num_layers, num_heads, generator))
 
     def forward(self) -> torch.Tensor:
-        if self.training:
-            return sample_gates(self.log_alpha, self.generator)
-        return eval_gates(self.log_alpha)
+        # float32 also inside a bf16/fp16 forward (train.precision): log u - log(1 - u) near the
+        # ends of U(eps, 1 - eps) and the stretched clamp need float32's precision; the head-gate
+        # hook casts the (L, H) result to the activations' dtype, one small copy per layer.
+        with torch.autocast(self.log_alpha.device.type, enabled=False):
+            if self.training:
+                return sample_gates(self.log_alpha, self.generator)
+            return eval_gates(self.log_alpha)
 
     def penalty(self) -> torch.Tensor:
         """``l0_penalty(self.log_alpha)``: expected open heads per layer (mean over layers)."""

@@ -13,7 +13,7 @@ checkpoint sees the same batches as one that never stopped.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import torch
@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from experiments.context import RunContext
 from experiments.maths.losses import IGNORE_INDEX, task_loss
+from experiments.precision import autocast
 from experiments.seeding import derive_seed
 from experiments.state import RunState
 from experiments.tasks import Split
@@ -62,18 +63,25 @@ def take(split: Split, idx: torch.Tensor, device: str) -> Batch:
     return (split.input_ids[idx, :length].to(device), mask[:, :length].to(device), labels.to(device))
 
 
-def forward_logits(encoder, decoder, input_ids, attention_mask) -> torch.Tensor:
-    """Task logits (B, C) or (B, T, C): the decoder over the encoder's last hidden states."""
-    hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, Hd)
-    return decoder(hidden, attention_mask)
+def forward_logits(encoder, decoder, input_ids, attention_mask, precision: str = "fp32") -> torch.Tensor:
+    """Task logits (B, C) or (B, T, C): the decoder over the encoder's last hidden states.
+
+    The forward runs under ``precision``'s autocast (``train.precision``: experiments/precision.py)
+    on the inputs' device; bf16/fp16 logits come back as float32, so every loss on them is float32."""
+    with autocast(precision, input_ids.device):
+        hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, Hd)
+        logits = decoder(hidden, attention_mask)
+    return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits  # float64 stays
 
 
 # ------------------------------------------------------------------------------ evaluation
 
 
 @torch.no_grad()
-def evaluate(encoder, decoder, split: Split, task, batch_size: int, device: str) -> dict[str, float]:
-    """Task metrics and loss on ``split``, in eval mode, batch by batch."""
+def evaluate(encoder, decoder, split: Split, task, batch_size: int, device: str,
+             precision: str = "fp32") -> dict[str, float]:
+    """Task metrics and loss on ``split``, in eval mode, batch by batch; forwards in ``precision``
+    (``train.precision``), metrics and loss on float32 logits."""
     was_training = encoder.training
     encoder.eval()
     decoder.eval()
@@ -81,7 +89,7 @@ def evaluate(encoder, decoder, split: Split, task, batch_size: int, device: str)
     for start in range(0, len(split), batch_size):
         idx = torch.arange(start, min(start + batch_size, len(split)))
         ids, mask, labels = take(split, idx, device)
-        logits = forward_logits(encoder, decoder, ids, mask)
+        logits = forward_logits(encoder, decoder, ids, mask, precision)
         losses.append(task_loss(logits, labels).item() * len(idx))
         if labels.dim() == 2:  # pad back to a common length so batches concatenate
             pad = split.input_ids.shape[1] - labels.shape[1]
@@ -102,11 +110,11 @@ def evaluate_all(state: RunState) -> dict[str, float]:
     data (``accuracy/ood``, ``loss/ood``). Modes are restored afterwards."""
     modes = {name: module.training for name, module in state.modules().items()}
     state.train(False)
-    batch_size, device = state.cfg.train.batch_size, state.device
+    batch_size, device, precision = state.cfg.train.batch_size, state.device, state.precision
     try:
-        metrics = evaluate(state.encoder, state.decoder, state.data.dev, state.task, batch_size, device)
+        metrics = evaluate(state.encoder, state.decoder, state.data.dev, state.task, batch_size, device, precision)
         for name, split in state.data.eval_sets.items():
-            scores = evaluate(state.encoder, state.decoder, split, state.task, batch_size, device)
+            scores = evaluate(state.encoder, state.decoder, split, state.task, batch_size, device, precision)
             metrics |= {f"{metric}/{name}": value for metric, value in scores.items()}
     finally:
         for name, module in state.modules().items():
@@ -117,19 +125,34 @@ def evaluate_all(state: RunState) -> dict[str, float]:
 # ------------------------------------------------------------------------------ the loop
 
 
-def update(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scheduler=None,
-           params: list | None = None, grad_clip: float | None = None) -> float:
-    """One optimiser step on ``loss``: zero the gradients, backward, clip ``params`` to
-    ``grad_clip`` (when given), step the optimiser and the scheduler; returns the loss value."""
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+def update(loss: torch.Tensor, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+           scheduler=None, params: list | None = None, grad_clip: float | None = None,
+           scaler: torch.amp.GradScaler | None = None) -> float:
+    """One optimiser step on ``loss``, the one place every method's steps happen: zero the
+    gradients of ``optimizer`` (one, or several that step together: model and gates), backward,
+    clip ``params`` to ``grad_clip`` (when given), step every optimiser and the ``scheduler``
+    (one, a sequence, or None); returns the loss value.
+
+    With ``scaler`` (``state.scaler``: a GradScaler under fp16, else None) the loss is scaled for
+    the backward, the gradients unscaled before clipping, and a step whose gradients overflowed is
+    skipped (``GradScaler.step``) while the scale adapts (``update``)."""
+    optimizers = list(optimizer) if isinstance(optimizer, Sequence) else [optimizer]
+    schedulers = [] if scheduler is None else list(scheduler) if isinstance(scheduler, Sequence) else [scheduler]
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    (loss if scaler is None else scaler.scale(loss)).backward()
+    if scaler is not None:
+        for opt in optimizers:
+            scaler.unscale_(opt)  # clip (and step) the true gradients
     if params is not None and grad_clip is not None:
         torch.nn.utils.clip_grad_norm_(params, grad_clip)
-    optimizer.step()
-    if scheduler is not None:
-        scheduler.step()
+    for opt in optimizers:
+        opt.step() if scaler is None else scaler.step(opt)
+    if scaler is not None:
+        scaler.update()
+    for sched in schedulers:
+        sched.step()
     return loss.item()
-
 
 
 def train_steps(

@@ -15,6 +15,7 @@ import torch
 from experiments.attention import head_contexts, record_attention
 from experiments.maths.probes import crop
 from experiments.models import load_backbone
+from experiments.precision import autocast
 from experiments.seeding import derive_seed
 from experiments.tasks._common import default_data_dir
 from experiments.tasks.dependencies import UD_EWT
@@ -54,11 +55,13 @@ def boundary_ids(tokenizer) -> list[int]:
 
 @torch.no_grad()
 def sentence_maps(encoder, input_ids: torch.Tensor, attention_mask: torch.Tensor, batch_size: int, device: str,
-                  attention: bool = True, contexts: bool = False) -> Iterator[tuple[int, np.ndarray | None, np.ndarray | None]]:
+                  attention: bool = True, contexts: bool = False,
+                  precision: str = "fp32") -> Iterator[tuple[int, np.ndarray | None, np.ndarray | None]]:
     """Run ``encoder`` (eval mode) over (N, T) examples in batches; yield per example, in order,
     ``(index, attn, heads)``: ``attn`` (L, H, n, n) float32, the post-softmax attention over its
     n real tokens (``attention``), and ``heads`` (n, L, H, D) float32, each head's output before
-    the output projection at each real token (``contexts``); None for what was not asked."""
+    the output projection at each real token (``contexts``); None for what was not asked.
+    The forward runs in ``precision`` (``train.precision``); what it records is cast to float32."""
     encoder.eval()
     for start in range(0, len(input_ids), batch_size):
         mask = attention_mask[start : start + batch_size]
@@ -67,7 +70,8 @@ def sentence_maps(encoder, input_ids: torch.Tensor, attention_mask: torch.Tensor
         with ExitStack() as stack:
             probs = stack.enter_context(record_attention(encoder)) if attention else None
             outputs = stack.enter_context(head_contexts(encoder)) if contexts else None
-            encoder(input_ids=ids.to(device), attention_mask=mask.to(device))
+            with autocast(precision, device):
+                encoder(input_ids=ids.to(device), attention_mask=mask.to(device))
         attn = torch.stack(probs, dim=1).float().cpu().numpy() if attention else None  # (B, L, H, T, T)
         heads = torch.stack(outputs, dim=2).float().cpu().numpy() if contexts else None  # (B, T, L, H, D)
         for b in range(len(ids)):

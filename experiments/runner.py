@@ -15,6 +15,7 @@ from experiments.context import RunContext
 from experiments.masks import ROLES
 from experiments.methods import METHODS
 from experiments.plots import gate_map_png, map_png
+from experiments.precision import check_precision
 from experiments.result import RunResult
 from experiments.seeding import sub_seeds
 from experiments.tasks import TASKS
@@ -22,8 +23,10 @@ from experiments.tracking import Tracker
 
 
 def run(cfg: RunConfig, ctx: RunContext | None = None) -> RunResult:
-    """Run the config's method; log tags, params, metrics and the map artifacts to ``ctx.tracker``."""
+    """Run the config's method; log tags, params, metrics and the map artifacts to ``ctx.tracker``.
+    A precision the run's device cannot run (fp16 off CUDA) is a ConfigError before anything runs."""
     ctx = ctx or RunContext()
+    check_precision(cfg, ctx.device)
     ctx.tracker.set_tags(run_tags(cfg))
     ctx.tracker.log_params(flatten(cfg.to_dict()) | {f"seeds.{k}": v for k, v in sub_seeds(cfg.seed).items()})
     started = time.perf_counter()

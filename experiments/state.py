@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from experiments.models import head_layout, load_backbone
+from experiments.precision import autocast, grad_scaler
 from experiments.seeding import derive_seed
 
 
@@ -46,6 +47,15 @@ class RunState:
     values: dict[str, Any] = field(default_factory=lambda: {"eval_steps": []})
     """Plain values that belong in a checkpoint: ``eval_steps``, a gate ``trajectory``, ..."""
     device: str = "cpu"
+    precision: str = "fp32"
+    """``train.precision`` of the run: how its forwards run (``autocast()``, experiments/precision.py)."""
+    scaler: torch.amp.GradScaler | None = None
+    """fp16's gradient scaler (``loop.update(..., scaler=state.scaler)``); None in fp32 and bf16."""
+
+    def autocast(self):
+        """The context every forward pass of this run runs in (``train.precision`` on its device):
+        for methods that call the model themselves rather than through ``loop.forward_logits``."""
+        return autocast(self.precision, self.device)
 
     @property
     def decoder(self) -> nn.Module:
@@ -80,7 +90,7 @@ class RunState:
         Module, optimiser and scheduler states are their own ``state_dict()``s and share
         storage with the live tensors (a checkpointer writes them before the next step);
         ``values`` is a deep copy. Holds the global CPU RNG (dropout) and, on CUDA, that
-        device's RNG too.
+        device's RNG too; under fp16, the grad scaler's scale and growth tracker.
         """
         state: dict[str, Any] = {
             "step": self.step,
@@ -95,6 +105,8 @@ class RunState:
         }
         if torch.device(self.device).type == "cuda":
             state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
         return state
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
@@ -115,6 +127,8 @@ class RunState:
         torch.set_rng_state(saved["rng"])
         if "cuda_rng" in saved and torch.device(self.device).type == "cuda":
             torch.cuda.set_rng_state(saved["cuda_rng"], self.device)
+        if self.scaler is not None and "scaler" in saved:
+            self.scaler.load_state_dict(saved["scaler"])
 
     # ----------------------------------------------------------------- stages
 
@@ -186,15 +200,19 @@ def fine_tuning(state: RunState, total: int, period: int | None = None):
 
 def set_up(cfg, ctx) -> RunState:
     """What every method starts from: the task's data, the backbone (seeded 'model_init' stream)
-    and a fresh task decoder ('decoder' stream), on ``ctx.device``; the global RNG (dropout) seeded
-    from the 'dropout' stream. Optimisers, schedulers and interventions are the method's to add."""
+    and a fresh task decoder ('decoder' stream), on ``ctx.device``, in float32 whatever
+    ``train.precision`` (which sets ``precision`` and, for fp16, the ``scaler``); the global RNG
+    (dropout) seeded from the 'dropout' stream. Optimisers, schedulers and interventions are the
+    method's to add."""
     from experiments.tasks import TASKS
 
     task = TASKS[cfg.task.name]
     encoder, tokenizer = load_backbone(cfg.model, derive_seed(cfg.seed, "model_init"))
     data = task.load(cfg.task, tokenizer)
     decoder = build_decoder(task, encoder.config.hidden_size, data.num_labels, cfg.seed)
-    state = RunState(cfg=cfg, task=task, data=data, encoder=encoder, decoders={"task": decoder}, device=ctx.device)
+    precision = cfg.train.precision
+    state = RunState(cfg=cfg, task=task, data=data, encoder=encoder, decoders={"task": decoder}, device=ctx.device,
+                     precision=precision, scaler=grad_scaler(precision, ctx.device))
     if getattr(cfg, "init_from", None) is not None:
         state.load_weights(upstream_weights(cfg, ctx, "init_from"),
                            decoders=cfg.upstreams["init_from"].task == cfg.task)  # another task: its own decoder

@@ -51,6 +51,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     them first, each once: their final weights go to the checkpoint store under their run
     keys, where a later run (or sweep) finds and reuses them."""
     cfg = parse_config(apply_overrides(load_yaml(args.config), args.set or []))
+    from experiments.precision import check_precision
+
+    check_precision(cfg, "cpu")  # headsweep run trains on this machine's CPU: fp16 fails here, not after its stages
     _threads(args.threads)
     from orchestrator.checkpoints import CheckpointStore
     from orchestrator.registry.stages import with_upstreams

@@ -183,6 +183,9 @@ def expand(spec: GridSpec) -> list[RunConfig]:
     applied: set[tuple[str, str]] = set()  # (base | axes, key) of grid keys some cell used
     methods: set[str] = set()
     index = 0
+    from experiments.precision import check_precision
+
+    on_cpu = spec.resources.gpus == 0  # trials without a GPU run on CPU (orchestrator/trial.py)
     with gc_paused(), fingerprints_memoised():
         for prefix, values, is_include in _candidates(spec):
             try:
@@ -191,6 +194,11 @@ def expand(spec: GridSpec) -> list[RunConfig]:
                 if not is_include and resolver.excluded(flat, method, spec.exclude):
                     continue
                 cfg = validate(flat)
+                if on_cpu:
+                    try:
+                        check_precision(cfg, "cpu")
+                    except ConfigError as err:
+                        raise ConfigError(f"{err} (resources.gpus is 0: the trials run on CPU)") from None
                 if cfg.task not in data_checked:
                     check_data(cfg)
                     data_checked.add(cfg.task)

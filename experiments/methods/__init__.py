@@ -25,6 +25,11 @@ one file plus one line here, or one file named in ``HEADSWEEP_METHODS`` (below).
 Validation, "did you mean", ``--set``, grid axes and ``headsweep methods`` read these,
 so nothing else changes when a method is added.
 
+Precision (``train.precision``, experiments/precision.py): a method runs its forwards through
+``loop.forward_logits`` / ``loop.evaluate`` with ``precision=``, ``state.autocast()`` or
+``probing.sentence_maps(precision=)``, and its optimiser steps through ``loop.update(...,
+scaler=state.scaler)``; tests/experiments/test_precision.py checks every method's forwards.
+
 Methods outside this package: name their modules in the environment variable
 ``HEADSWEEP_METHODS`` (comma-separated import paths, importable where headsweep runs,
 e.g. through ``PYTHONPATH``)::

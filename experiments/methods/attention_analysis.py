@@ -108,19 +108,21 @@ def run(cfg, ctx: RunContext) -> RunResult:
     model = f"{cfg.model} after {up.method} on {up.task.name}"
     maps, metrics = {}, {}
     _kovaleva(maps, metrics, tuned, base, state.data.dev, boundary_ids(tokenizer), hp, ctx.device,
-              f"{cfg.task.name} dev", model)
-    _voita(maps, metrics, tuned, tokenizer, hp, cfg.task.data_seed, ctx.device, model)
+              f"{cfg.task.name} dev", model, state.precision)
+    _voita(maps, metrics, tuned, tokenizer, hp, cfg.task.data_seed, ctx.device, model, state.precision)
     return RunResult(run_key=cfg.run_key, group_key=cfg.group_key, metrics=metrics, maps=maps)
 
 
-def _kovaleva(maps, metrics, tuned, base, dev, boundary, hp, device, split, model) -> None:
-    """attention_change, cls_sep_share and pattern_<type> on the task's dev examples."""
+def _kovaleva(maps, metrics, tuned, base, dev, boundary, hp, device, split, model, precision="fp32") -> None:
+    """attention_change, cls_sep_share and pattern_<type> on the task's dev examples (forwards in
+    ``precision``, maps read as float32)."""
     n = len(dev) if hp.eval_examples is None else min(hp.eval_examples, len(dev))
     where = f"{split}, {n} examples, {model}"
     ids, mask = dev.input_ids[:n], dev.attention_mask[:n]
     cosine, special_share, counts, pairs = 0.0, 0.0, 0.0, 0
-    for (i, after, _), (_, before, _) in zip(sentence_maps(tuned, ids, mask, hp.batch_size, device),
-                                             sentence_maps(base, ids, mask, hp.batch_size, device), strict=True):
+    for (i, after, _), (_, before, _) in zip(sentence_maps(tuned, ids, mask, hp.batch_size, device, precision=precision),
+                                             sentence_maps(base, ids, mask, hp.batch_size, device, precision=precision),
+                                             strict=True):
         cosine = cosine + attention_cosine(before, after)
         special = np.isin(ids[i][mask[i].bool()].numpy(), boundary)  # (n,)
         masses = pattern_masses(after, special)
@@ -141,14 +143,16 @@ def _kovaleva(maps, metrics, tuned, base, dev, boundary, hp, device, split, mode
     metrics["cls_sep_share"] = float(maps["heads.cls_sep_share"].values.mean())
 
 
-def _voita(maps, metrics, tuned, tokenizer, hp, data_seed, device, model) -> None:
-    """confidence, positional, syntactic.<rel> (and .reverse) and rare_word on UD EWT test sentences."""
+def _voita(maps, metrics, tuned, tokenizer, hp, data_seed, device, model, precision="fp32") -> None:
+    """confidence, positional, syntactic.<rel> (and .reverse) and rare_word on UD EWT test sentences
+    (forwards in ``precision``, maps read as float32)."""
     folder = ud_folder(hp.ud_dir)
     frequency = Counter(w.lower() for tree in read_trees(folder / FILES["train"]) for w in tree.words)
     data = load_ud_ewt(folder, "dev", tokenizer, hp.max_length, hp.sentences, data_seed)
     wanted = set(hp.relations)
     row_max, offsets, to_head, to_dependent, relations, word_offsets, rare = [], [], [], [], [], [], []
-    for i, attn, _ in sentence_maps(tuned, data.input_ids, data.attention_mask, hp.batch_size, device):
+    for i, attn, _ in sentence_maps(tuned, data.input_ids, data.attention_mask, hp.batch_size, device,
+                                    precision=precision):
         argmax = row_argmax(attn)  # (L, H, n)
         row_max.append(attn.max(axis=-1))
         offsets.append(argmax_offsets(argmax))

@@ -54,8 +54,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     def step(state, batch) -> dict[str, float]:
         ids, mask, labels = batch
-        loss = loss_fn(forward_logits(encoder, decoder, ids, mask), labels, state.batch_index)
-        return {"loss": update(loss, optimizer, scheduler, params, tc.grad_clip), "open_heads": all_heads}
+        loss = loss_fn(forward_logits(encoder, decoder, ids, mask, tc.precision), labels, state.batch_index)
+        return {"loss": update(loss, optimizer, scheduler, params, tc.grad_clip, state.scaler), "open_heads": all_heads}
 
     metrics = train_steps(state, ctx, total, step)
 

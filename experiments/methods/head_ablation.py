@@ -109,7 +109,7 @@ def metrics_with(state: RunState, dev: Split, disabled: torch.Tensor) -> dict[st
     given uniform attention over the real tokens."""
     batch_size = state.cfg.train.batch_size
     with disable_heads(state.encoder, disabled):
-        return evaluate(state.encoder, state.decoder, dev, state.task, batch_size, state.device)
+        return evaluate(state.encoder, state.decoder, dev, state.task, batch_size, state.device, state.precision)
 
 
 def first_examples(split: Split, n: int | None) -> Split:

@@ -42,7 +42,7 @@ from experiments.config import Section
 from experiments.context import RunContext
 from experiments.gates import HeadGates, eval_gates, l0_penalty, open_heads, prob_open
 from experiments.heads import attach_head_gates
-from experiments.loop import evaluate_all, forward_logits, num_steps, train_steps
+from experiments.loop import evaluate_all, forward_logits, num_steps, train_steps, update
 from experiments.maths.losses import task_loss
 from experiments.result import RunResult, UnitMap
 from experiments.seeding import generator
@@ -107,12 +107,10 @@ def run(cfg, ctx: RunContext) -> RunResult:
     # The loop body; train_steps does the batches, evaluations, checkpoints and progress.
     def step(state, batch) -> dict[str, float]:
         ids, mask, labels = batch
-        loss = task_loss(forward_logits(encoder, decoder, ids, mask), labels)
-        penalty = l0_penalty(gates.log_alpha)
-        optimizer.zero_grad(set_to_none=True), gate_optimizer.zero_grad(set_to_none=True)
-        (loss + hp.lambda_ * penalty).backward()
-        torch.nn.utils.clip_grad_norm_(model_params, tc.grad_clip)
-        optimizer.step(), scheduler.step(), gate_optimizer.step()
+        loss = task_loss(forward_logits(encoder, decoder, ids, mask, tc.precision), labels)
+        penalty = l0_penalty(gates.log_alpha)  # float32: outside autocast, on float32 log_alpha
+        update(loss + hp.lambda_ * penalty, [optimizer, gate_optimizer], scheduler, model_params, tc.grad_clip,
+               state.scaler)
         with torch.no_grad():
             n_open = int(open_heads(eval_gates(gates.log_alpha)).sum())
             expected = prob_open(gates.log_alpha).sum().item()

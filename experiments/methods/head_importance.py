@@ -125,12 +125,13 @@ def run(cfg, ctx: RunContext) -> RunResult:
     )
 
 
-def head_gradients(encoder, decoder, ids, mask, labels, xi: torch.Tensor) -> torch.Tensor:
-    """``dL/dxi`` (L, H) of the batch's mean task loss, head h of layer l multiplied by ``xi[l, h]``."""
+def head_gradients(encoder, decoder, ids, mask, labels, xi: torch.Tensor, precision: str = "fp32") -> torch.Tensor:
+    """``dL/dxi`` (L, H) of the batch's mean task loss, head h of layer l multiplied by ``xi[l, h]``;
+    the forward in ``precision`` (``train.precision``), ``xi`` and its gradient float32."""
     xi = xi.detach().clone().requires_grad_(True)
     handle = attach_head_gates(encoder, lambda: xi)
     try:
-        loss = task_loss(forward_logits(encoder, decoder, ids, mask), labels)
+        loss = task_loss(forward_logits(encoder, decoder, ids, mask, precision), labels)
         (grad,) = torch.autograd.grad(loss, xi)
     finally:
         handle.remove()
@@ -146,7 +147,7 @@ def head_importance(state: RunState, keep: torch.Tensor, examples: int, normaliz
     total, tokens = torch.zeros_like(xi), 0
     for start in range(0, n, batch_size):
         ids, mask, labels = take(split, torch.arange(start, min(start + batch_size, n)), state.device)
-        total += head_gradients(state.encoder, state.decoder, ids, mask, labels, xi).abs()
+        total += head_gradients(state.encoder, state.decoder, ids, mask, labels, xi, state.precision).abs()
         tokens += int(mask.sum())
     importance = (total / tokens).cpu() * keep
     return normalize_per_layer(importance) if normalize else importance

@@ -139,8 +139,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
             if 0 <= k < rounds:
                 prune(k)
         ids, mask, labels = batch
-        loss = loss_fn(forward_logits(encoder, decoder, ids, mask), labels, state.batch_index)
-        return {"loss": update(loss, optimizer, scheduler, params, tc.grad_clip),
+        loss = loss_fn(forward_logits(encoder, decoder, ids, mask, tc.precision), labels, state.batch_index)
+        return {"loss": update(loss, optimizer, scheduler, params, tc.grad_clip, state.scaler),
                 "sparsity": realised_sparsity(masks.as_dict())[1]}
 
     metrics = train_steps(state, ctx, total, step)

@@ -109,8 +109,9 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
         def step(state, batch) -> dict[str, float]:
             ids, mask, labels = batch
-            loss = loss_fn(forward_logits(encoder, decoder, ids, mask), labels, state.batch_index)
-            return {"loss": update(loss, optimizer, scheduler, params, tc.grad_clip), "sparsity": hp.sparsity}
+            loss = loss_fn(forward_logits(encoder, decoder, ids, mask, tc.precision), labels, state.batch_index)
+            return {"loss": update(loss, optimizer, scheduler, params, tc.grad_clip, state.scaler),
+                    "sparsity": hp.sparsity}
     else:  # trained scores over frozen weights
         def scheduled(step: int) -> float:
             start = hp.sparsity if hp.initial_sparsity is None else hp.initial_sparsity
@@ -128,7 +129,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
         def step(state, batch) -> dict[str, float]:
             ids, mask, labels = batch
-            loss = update(loss_fn(forward_logits(encoder, decoder, ids, mask), labels, state.batch_index), optimizer)
+            logits = forward_logits(encoder, decoder, ids, mask, tc.precision)
+            loss = update(loss_fn(logits, labels, state.batch_index), optimizer, scaler=state.scaler)
             done = state.step + 1
             if done % hp.reset_every == 0 or done == total:
                 scores.reset_thresholds(scheduled(done))

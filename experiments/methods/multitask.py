@@ -215,15 +215,13 @@ def run(cfg, ctx: RunContext) -> RunResult:
     def step(state, batch) -> dict[str, float]:
         t = active[0] = int(schedule[state.step])
         ids, mask, labels = batch
-        loss = task_loss(forward_logits(encoder, tasks[t].decoder, ids, mask), labels)
+        loss = task_loss(forward_logits(encoder, tasks[t].decoder, ids, mask, tc.precision), labels)
         if not gate_sets:  # gradients set to None first: the other tasks' decoders are left alone
-            value = update(loss, optimizer, scheduler, model_params, tc.grad_clip)
+            value = update(loss, optimizer, scheduler, model_params, tc.grad_clip, state.scaler)
             return {"loss": value, "open_heads": state.num_layers * state.num_heads}
         penalty = l0_penalty(gate_sets[t].log_alpha)
-        optimizer.zero_grad(set_to_none=True), gate_optimizer.zero_grad(set_to_none=True)
-        (loss + hp.lambda_ * penalty).backward()
-        torch.nn.utils.clip_grad_norm_(model_params, tc.grad_clip)
-        optimizer.step(), scheduler.step(), gate_optimizer.step()
+        update(loss + hp.lambda_ * penalty, [optimizer, gate_optimizer], scheduler, model_params, tc.grad_clip,
+               state.scaler)
         with torch.no_grad():
             expected = prob_open(gate_sets[t].log_alpha).sum().item()
         return {"loss": loss.item(), "l0_penalty": penalty.item(), "expected_open_heads": expected,
@@ -289,17 +287,18 @@ def _evaluate(state, tasks: list[_Task], active: list[int]) -> dict[str, float]:
     """Every task on its dev set and evaluation sets, each with its own decoder (and gates, via
     ``active``): ``<metric>/<task>``, ``<metric>/<task>.<set>``, ``<metric>/mean``, and the
     primary under plain names (``accuracy``, ``accuracy/<set>``). Modes are the caller's."""
-    batch_size, device = state.cfg.train.batch_size, state.device
+    batch_size, device, precision = state.cfg.train.batch_size, state.device, state.precision
     metrics: dict[str, float] = {}
     dev: dict[str, dict[str, float]] = {}
     for index, task in enumerate(tasks):
         active[0] = index
-        dev[task.name] = scores = evaluate(state.encoder, task.decoder, task.data.dev, task.module, batch_size, device)
+        dev[task.name] = scores = evaluate(state.encoder, task.decoder, task.data.dev, task.module, batch_size, device,
+                                           precision)
         metrics |= {f"{metric}/{task.name}": value for metric, value in scores.items()}
         if index == 0:
             metrics |= scores
         for set_name, split in task.data.eval_sets.items():
-            extra = evaluate(state.encoder, task.decoder, split, task.module, batch_size, device)
+            extra = evaluate(state.encoder, task.decoder, split, task.module, batch_size, device, precision)
             metrics |= {f"{metric}/{task.name}.{set_name}": value for metric, value in extra.items()}
             if index == 0:
                 metrics |= {f"{metric}/{set_name}": value for metric, value in extra.items()}

@@ -76,14 +76,14 @@ def run(cfg, ctx: RunContext) -> RunResult:
     # One pass over the scored sentences: attention for the DEP probe, head outputs for centroids.
     hits, relations, features, tags = [], [], [], []
     for i, attn, heads in sentence_maps(encoder, scored.input_ids, scored.attention_mask, hp.batch_size,
-                                        ctx.device, contexts=True):
+                                        ctx.device, contexts=True, precision=cfg.train.precision):
         first = scored.first[i]
         dependents, governors, rels = arcs(scored.trees[i], len(first))
         hits.append(dep_probe_hits(row_argmax(attn), first[governors], first[dependents]))  # (L, H, P)
         relations += rels
         features.append(heads[first])  # (W, L, H, D)
         tags += _tag_ids(scored, i)
-    fit_features, fit_tags = _word_features(encoder, fit, hp.batch_size, ctx.device)
+    fit_features, fit_tags = _word_features(encoder, fit, hp.batch_size, ctx.device, cfg.train.precision)
 
     maps, metrics = {}, {}
     hits_all = np.concatenate(hits, axis=-1)  # (L, H, P)
@@ -106,11 +106,12 @@ def _tag_ids(data: EncodedTrees, i: int) -> list[int]:
     return [UPOS.index(tag) for tag in data.trees[i].upos[: len(data.first[i])]]
 
 
-def _word_features(encoder, data: EncodedTrees, batch_size: int, device: str) -> tuple[np.ndarray, np.ndarray]:
+def _word_features(encoder, data: EncodedTrees, batch_size: int, device: str,
+                   precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
     """((N, L, H, D) head outputs at every kept word's first subword, (N,) its UPOS id)."""
     features, tags = [], []
     for i, _, heads in sentence_maps(encoder, data.input_ids, data.attention_mask, batch_size, device,
-                                     attention=False, contexts=True):
+                                     attention=False, contexts=True, precision=precision):
         features.append(heads[data.first[i]])
         tags += _tag_ids(data, i)
     return np.concatenate(features), np.asarray(tags)

@@ -310,7 +310,7 @@ def test_bad_name():
         (
             {"axes": {"method": ["head_gates", "finetune"]}, "include": [{"method": "finetune", "lambda": 0.1}]},
             "cell 2 (include[0]: method=finetune, lambda=0.1): 'lambda' is not a key of method 'finetune' "
-            "(it is a key of head_gates)",
+            "(it is a key of head_gates, multitask)",
         ),
         (
             {"axes": {"lambda": [0.1], "head_gates.lambda": [0.2]}},
@@ -319,11 +319,11 @@ def test_bad_name():
         ),
         (
             {"axes": {"method": ["finetune"], "pipeline": ["dp"]}},
-            "axes: 'pipeline' applies to no cell: it is a key of head_gates, mask_train, imp, and this grid's cells run finetune",
+            "axes: 'pipeline' applies to no cell: it is a key of head_gates, mask_train, imp, multitask, and this grid's cells run finetune",
         ),
         (
             {"axes": {"method": ["finetune"], "lambda": [0.1]}},
-            "axes: 'lambda' applies to no cell: it is a key of head_gates, and this grid's cells run finetune",
+            "axes: 'lambda' applies to no cell: it is a key of head_gates, multitask, and this grid's cells run finetune",
         ),
         (
             {"base": {"method": "finetune", "head_gates": {"lr": 0.1}}, "axes": {"seed": [0, 1]}},
