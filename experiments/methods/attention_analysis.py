@@ -59,6 +59,7 @@ from experiments.maths.probes import (
     row_argmax,
     segments,
 )
+from experiments.methods import finetune
 from experiments.naming import suggest
 from experiments.probing import boundary_ids, pretrained, sentence_maps, ud_folder
 from experiments.result import RunResult, UnitMap
@@ -86,10 +87,7 @@ class Config(Section):
 def stages(section: Config) -> dict[str, dict]:
     """A fine-tuned model to look at: a ``finetune`` run of the same model, task, seed and training
     settings (shared with head_gates' SP and the other analyses that start from it)."""
-    upstream = {"method": "finetune"}
-    if section.finetune_steps is not None:
-        upstream["train"] = {"max_steps": section.finetune_steps}
-    return {"init_from": upstream}
+    return finetune.stage(section.finetune_steps)
 
 
 def check(cfg) -> None:

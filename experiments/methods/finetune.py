@@ -30,6 +30,16 @@ class Config(Section):
     loss: str = Field("ce", description="Training objective: " + "; ".join(f"{k}: {v}" for k, v in LOSSES.items()) + ".")
 
 
+def stage(steps: int | None = None) -> dict[str, dict]:
+    """The ``init_from`` stage of a method that starts from a fine-tuned model (head_gates' SP, the
+    head analyses): a ``finetune`` run of the same model, task, seed and training settings, or of
+    ``steps`` training steps; shared by every cell that differs only in the dependant's own keys."""
+    upstream: dict = {"method": "finetune"}
+    if steps is not None:
+        upstream["train"] = {"max_steps": steps}
+    return {"init_from": upstream}
+
+
 def stages(section: Config) -> dict[str, dict]:
     """A debiasing loss starts from a bias model (and conf_reg a teacher): experiments/debias.py."""
     return loss_stages(section.loss)

@@ -32,6 +32,7 @@ from experiments.attention import disable_heads
 from experiments.config import Section
 from experiments.context import RunContext
 from experiments.loop import evaluate
+from experiments.methods import finetune
 from experiments.result import RunResult, UnitMap
 from experiments.state import RunState, set_up
 from experiments.tasks import Split
@@ -52,10 +53,7 @@ class Config(Section):
 def stages(section: Config) -> dict[str, dict]:
     """A fine-tuned model to ablate: a ``finetune`` run of the same model, task, seed and training
     settings (shared with head_gates' SP and the other analyses that start from it)."""
-    upstream = {"method": "finetune"}
-    if section.finetune_steps is not None:
-        upstream["train"] = {"max_steps": section.finetune_steps}
-    return {"init_from": upstream}
+    return finetune.stage(section.finetune_steps)
 
 
 def run(cfg, ctx: RunContext) -> RunResult:

@@ -44,6 +44,7 @@ from experiments.gates import HeadGates, eval_gates, l0_penalty, open_heads, pro
 from experiments.heads import attach_head_gates
 from experiments.loop import evaluate_all, forward_logits, num_steps, train_steps, update
 from experiments.maths.losses import task_loss
+from experiments.methods import finetune
 from experiments.result import RunResult, UnitMap
 from experiments.seeding import generator
 from experiments.state import fine_tuning, set_up
@@ -80,12 +81,7 @@ def stages(section: Config) -> dict[str, dict]:
     from a fine-tuned model, a ``finetune`` run of the same model, task, seed and training
     settings (``sp_finetune_steps`` steps if set), shared by every SP cell that differs only in
     head_gates' keys (lambda, lr, sparsity). A config's own ``init_from`` wins."""
-    if section.pipeline != "sp":
-        return {}
-    upstream = {"method": "finetune"}
-    if section.sp_finetune_steps is not None:
-        upstream["train"] = {"max_steps": section.sp_finetune_steps}
-    return {"init_from": upstream}
+    return finetune.stage(section.sp_finetune_steps) if section.pipeline == "sp" else {}
 
 
 def run(cfg, ctx: RunContext) -> RunResult:

@@ -44,6 +44,7 @@ from experiments.heads import attach_head_gates
 from experiments.loop import evaluate_all, forward_logits, take
 from experiments.maths.head_importance import least_important, normalize_per_layer, pruning_counts
 from experiments.maths.losses import task_loss
+from experiments.methods import finetune
 from experiments.result import RunResult, UnitMap
 from experiments.state import RunState, set_up
 
@@ -75,10 +76,7 @@ class Config(Section):
 def stages(section: Config) -> dict[str, dict]:
     """A fine-tuned model to score: a ``finetune`` run of the same model, task, seed and training
     settings (shared with head_gates' SP and the other analyses that start from it)."""
-    upstream = {"method": "finetune"}
-    if section.finetune_steps is not None:
-        upstream["train"] = {"max_steps": section.finetune_steps}
-    return {"init_from": upstream}
+    return finetune.stage(section.finetune_steps)
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
