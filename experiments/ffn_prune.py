@@ -272,8 +272,8 @@ def pruned_metrics(
     Keeps ``upper_layer_keep(scores, fraction, layers)``, folds the rest with
     ``baseline`` and calls ``evaluate(pruned_encoder)`` (e.g. a lambda around
     ``loop.evaluate`` with the run's decoder). Returns its metrics as
-    ``pruned/<metric>`` plus ``pruned/kept_fraction`` (of the neurons in the
-    pruned layers), ``pruned/params`` and ``pruned/params_full`` (encoder).
+    ``pruned_<metric>`` (no "/": that names an evaluation set) plus ``pruned_kept_fraction`` (of the neurons in the
+    pruned layers), ``pruned_params`` and ``pruned_params_full`` (encoder).
     ``encoder`` is the bare backbone; a wrapper (a soft prompt) goes around the
     pruned copy inside ``evaluate``, e.g.
     ``lambda backbone: loop.evaluate(PromptedEncoder(backbone, prompt), decoder, dev, task, 32, "cpu")``.
@@ -282,11 +282,11 @@ def pruned_metrics(
     keep = upper_layer_keep(scores, fraction, layers)
     pruned = copy.deepcopy(encoder)
     prune_ffn(pruned, keep, baseline)
-    metrics = {f"pruned/{name}": float(value) for name, value in evaluate(pruned).items()}
+    metrics = {f"pruned_{name}": float(value) for name, value in evaluate(pruned).items()}
     _, inner = ffn_layout(encoder)
     kept = sum(len(index) for index in keep.values())
     return metrics | {
-        "pruned/kept_fraction": kept / (inner * len(keep)),
-        "pruned/params": float(sum(p.numel() for p in pruned.parameters())),
-        "pruned/params_full": float(sum(p.numel() for p in encoder.parameters())),
+        "pruned_kept_fraction": kept / (inner * len(keep)),
+        "pruned_params": float(sum(p.numel() for p in pruned.parameters())),
+        "pruned_params_full": float(sum(p.numel() for p in encoder.parameters())),
     }

@@ -70,6 +70,7 @@ from torch import nn
 
 from experiments.config import ConfigError, Section
 from experiments.context import RunContext
+from experiments.ffn_prune import mean_ffn_activations, pruned_metrics
 from experiments.loop import evaluate, forward_logits, num_steps, train_steps, update
 from experiments.maths.losses import task_loss
 from experiments.maths.predictivity import (
@@ -109,6 +110,10 @@ class Config(Section):
     word_seed: int | None = Field(
         None, ge=0, description="verbalizer random_words: seed of the random words; None = the run's seed.")
     noise_std: float = Field(0.1, ge=0, description="Std of the Gaussian noise of the perturbation check (paper: 0.1).")
+    prune_fraction: float | None = Field(
+        0.02, gt=0, le=1, description="Neuron pruning (paper: 0.02): keep this fraction of the FFN neurons of the upper "
+        "half of the layers, the top by predictivity, fold the others' mean activation into the output bias, slice the "
+        "matrices (experiments/ffn_prune.py) and report pruned_<metric>; None = no pruning.")
     perturb_fractions: tuple[float, ...] = Field(
         (0.01, 0.02, 0.05, 0.1), min_length=1,
         description="Fractions of all FFN neurons perturbed: top-k vs k random (same layers), k = max(1, round(f*L*I)).")
@@ -328,6 +333,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
     for f, top, rand in zip(hp.perturb_fractions, perturbation["accuracy_top"], perturbation["accuracy_random"],
                             strict=True):
         extra[f"accuracy_noise_top_{f:g}"], extra[f"accuracy_noise_random_{f:g}"] = top, rand
+    if hp.prune_fraction is not None:  # the paper's pruning of a copy: what is kept, and what it costs
+        extra |= _pruned(model, state, score, hp.prune_fraction)
     ctx.tracker.log_metrics(extra, state.step)
     metrics |= extra
 
@@ -350,6 +357,20 @@ def run(cfg, ctx: RunContext) -> RunResult:
         steps=state.step,
         artifacts=artifacts,
     )
+
+
+def _pruned(model: PromptedEncoder, state: RunState, score: torch.Tensor, fraction: float) -> dict[str, float]:
+    """Dev metrics of a sliced copy of the backbone keeping the top ``fraction`` of the upper layers'
+    FFN neurons (the removed ones' mean activation over the training tokens, prompt included,
+    folded into the output bias: a pruned neuron is gone at every position, not only the prompt's)."""
+    batch_size = state.cfg.train.batch_size
+    baseline = mean_ffn_activations(model.backbone, _batches(state.data.train, batch_size, state.device),
+                                    forward=lambda batch: model(batch[0], batch[1]))
+    return pruned_metrics(
+        model.backbone,
+        lambda backbone: evaluate(PromptedEncoder(backbone, model.prompt), state.decoder, state.data.dev, state.task,
+                                  batch_size, state.device, state.cfg.train.precision),
+        score, baseline, fraction)
 
 
 def _evaluate(state: RunState, model: PromptedEncoder) -> dict[str, float]:
@@ -485,6 +506,7 @@ def _by_layer_png(score: np.ndarray, title: str) -> bytes:
     ax.plot(layers, np.median(score, axis=1), "^-", color="tab:blue", label="median")
     ax.axhline(0.5, color="grey", linestyle=":", label="chance (0.5)")
     ax.set_xticks(layers)
+    ax.set_ylim(0.48, 1.0)  # the whole range of predictivity: runs' figures compare by eye
     ax.set_xlabel("layer")
     ax.set_ylabel("neuron predictivity on dev")
     ax.set_title(f"{title}\nskill-neuron predictivity per layer ({score.shape[1]} FFN neurons each)", fontsize=9)

@@ -220,9 +220,9 @@ def test_pruned_metrics_evaluates_a_pruned_copy(tiny):
         return {"distance": (_run(encoder, batch) - reference).abs().max().item()}
 
     metrics = pruned_metrics(model, evaluate, scores, baseline, fraction=0.1)
-    assert metrics["pruned/distance"] < 1e-5  # evaluate saw the pruned copy
-    assert metrics["pruned/kept_fraction"] == pytest.approx(6 / INNER)  # round(0.1 * 64) in layer 1
+    assert metrics["pruned_distance"] < 1e-5  # evaluate saw the pruned copy
+    assert metrics["pruned_kept_fraction"] == pytest.approx(6 / INNER)  # round(0.1 * 64) in layer 1
     hidden = model.config.hidden_size
-    assert metrics["pruned/params_full"] - metrics["pruned/params"] == (INNER - 6) * (2 * hidden + 1)
+    assert metrics["pruned_params_full"] - metrics["pruned_params"] == (INNER - 6) * (2 * hidden + 1)
     for name, p in model.named_parameters():  # the original is untouched
         assert torch.equal(p, before[name]), name

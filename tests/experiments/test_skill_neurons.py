@@ -185,3 +185,18 @@ def test_bad_configs_fail_at_validation_naming_the_key(change, message):
         raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
     with pytest.raises(ConfigError, match=message):
         parse_config(raw)
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.05])
+def test_pruning_the_upper_layers_reports_a_sliced_copy(run_chain, fraction):
+    """Keeping every neuron of the upper layers is the unpruned model (nothing folded, same
+    accuracy); keeping 5 % (3 of 64) slices the upper layer's FFN and says what was kept."""
+    result, _ = run_chain(_cfg(prune_fraction=fraction, perturb_fractions=[0.05]))
+    metrics = result.metrics
+    assert metrics["pruned_kept_fraction"] == pytest.approx(round(fraction * 64) / 64)
+    hidden = 32  # tiny-bert
+    removed = 64 - round(fraction * 64)  # in layer 2, the upper half of 2 layers
+    assert metrics["pruned_params_full"] - metrics["pruned_params"] == removed * (2 * hidden + 1)
+    if fraction == 1.0:
+        assert metrics["pruned_accuracy"] == pytest.approx(metrics["accuracy"])
+    assert 0.0 <= metrics["pruned_accuracy"] <= 1.0
