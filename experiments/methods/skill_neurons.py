@@ -364,8 +364,10 @@ def _pruned(model: PromptedEncoder, state: RunState, score: torch.Tensor, fracti
     FFN neurons (the removed ones' mean activation over the training tokens, prompt included,
     folded into the output bias: a pruned neuron is gone at every position, not only the prompt's)."""
     batch_size = state.cfg.train.batch_size
-    baseline = mean_ffn_activations(model.backbone, _batches(state.data.train, batch_size, state.device),
-                                    forward=lambda batch: model(batch[0], batch[1]))
+    with state.autocast():
+        baseline = mean_ffn_activations(model.backbone, _batches(state.data.train, batch_size, state.device),
+                                        forward=lambda batch: model(batch[0], batch[1]))
+    baseline = {layer: mean.float() for layer, mean in baseline.items()}
     return pruned_metrics(
         model.backbone,
         lambda backbone: evaluate(PromptedEncoder(backbone, model.prompt), state.decoder, state.data.dev, state.task,

@@ -159,7 +159,7 @@ def _restart_mid_sweep(server: PrivatePostgres, registry: Registry, sweep_id: st
     """Once two runs finished and two more are running (a second into them): stop the server,
     wait, start it again."""
     try:
-        deadline = time.time() + 180
+        deadline = time.time() + 600  # the first runs take minutes on a loaded machine
         while (counts := registry.sweep_counts(sweep_id)).get("running", 0) < 2 or counts.get("finished", 0) < 2:
             assert time.time() < deadline, f"not two runs finished and two running: {counts}"
             time.sleep(0.2)
@@ -178,6 +178,8 @@ def _restart_mid_sweep(server: PrivatePostgres, registry: Registry, sweep_id: st
 
 
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
+# three sweeps (warm-up, baseline, the restart): ~3 min on 2 idle cores, 11+ min measured at load 15
+@pytest.mark.timeout(1800)
 def test_a_postgresql_restart_mid_sweep_loses_and_duplicates_nothing(private_pg, tmp_path, monkeypatch, local_ray,
                                                                      caplog):
     caplog.set_level(logging.WARNING, logger="headsweep.retry")
