@@ -24,8 +24,9 @@ COMPANIONS = {"heads.gate": "heads.log_alpha"}
 """Binarised map -> its continuous companion, used when the binarised map is constant in a run
 (every gate closed: Pearson is undefined there, the continuous scores still rank the units)."""
 LEGACY_MAPS = {"heads.gate": ("gates", "has_gates"), "heads.log_alpha": ("scores", None)}
-_NOT_CURVE_METRICS = ("loss", "train_loss", "open_heads", "sparsity")
-"""Metrics (on any evaluation set: ``loss/ood``) that are no figure's y: losses, counts, the realised sparsity."""
+_NOT_CURVE_METRICS = ("loss", "train_loss", "open_heads", "sparsity", "l0_penalty", "expected_open_heads")
+"""Metrics (on any evaluation set: ``loss/ood``) that are no figure's y: losses and the L0 penalty, head counts
+(the x already), the realised sparsity."""
 
 Filters = Mapping[str, Sequence[Any]]
 
