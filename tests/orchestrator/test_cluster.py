@@ -250,6 +250,61 @@ def test_a_sigkilled_driver_is_resumed_by_the_supervisor(home, ray_cluster, tmp_
     print(f"\nkill -> automatic resume: {resumed_after_s:.1f} s; the sweep finished {finished_after_s:.0f} s after the kill")
 
 
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
+def test_a_sigkilled_worker_is_rerun_and_every_run_finishes_exactly_once(home, ray_cluster, tmp_path):
+    """A detached sweep (MLflow on, the supervisor watching): one trial's worker process is SIGKILLed
+    mid-run (what the kernel's OOM killer does). Tune retries the trial (max_failures 1); its new
+    attempt takes the dead one's run over (the run key's row, its MLflow run), and the sweep ends
+    with every run finished once, one MLflow run per run key and none left RUNNING. The driver never
+    died: the supervisor has nothing to resume."""
+    grid_file = tmp_path / "grid.yaml"
+    grid_file.write_text(yaml.safe_dump(SLOW_GRID))
+    submitted = _cli("submit", str(grid_file))
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    registry = Registry(f"sqlite:///{home}/registry.db")
+    (sweep,) = registry.list_sweeps()
+    sweep_id = sweep["id"]
+
+    deadline = time.time() + 180
+    while not (running := [r for r in map(registry.get_run, registry.unfinished(sweep_id)) if r["status"] == "running"]):
+        assert time.time() < deadline, registry.sweep_counts(sweep_id)
+        time.sleep(0.2)
+    time.sleep(2)  # mid-run (a run takes 10-30 s here)
+    victim = registry.get_run(running[0]["run_key"])
+    assert victim["status"] == "running" and victim["attempts"] == 1, victim
+    pid = int(victim["worker"].rsplit(":", 1)[1])  # trial_id@host:pid, the trial's own process
+    assert "ImplicitFunc" in cluster._processes()[pid][1]  # a Tune trial's worker, not the driver
+    os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    while True:  # rerun: a new attempt holds the run (or has finished it)
+        now = registry.get_run(victim["run_key"])
+        if now["attempts"] == 2 and now["status"] in ("running", "finished"):
+            break
+        assert now["status"] != "failed" and time.time() - killed < 60, now
+        time.sleep(0.2)
+    rerun_after_s = time.time() - killed
+    assert now["worker"] != victim["worker"] and now["mlflow_run_id"] == victim["mlflow_run_id"]
+
+    deadline = time.time() + 400
+    while registry.get_sweep(sweep_id)["status"] != "finished" and time.time() < deadline:
+        time.sleep(1)
+    finished_after_s = time.time() - killed
+    assert registry.sweep_counts(sweep_id) == {"finished": 4}
+    attempts = {key: registry.get_run(key)["attempts"] for key in registry.results(sweep_id)["run_key"]}
+    assert attempts == {key: 2 if key == victim["run_key"] else 1 for key in attempts}  # only the victim ran twice
+    assert registry.events(sweep_id) == []  # the driver lived: nothing lost, nothing resumed
+    mlflow = tracking.client()
+    children = [r for r in mlflow.search_runs([sweep["mlflow_experiment_id"]]) if "run_key" in r.data.tags]
+    assert sorted(r.data.tags["run_key"] for r in children) == sorted(attempts)  # one MLflow run per run key
+    deadline = time.time() + 60  # the parent run is ended by the driver's last step
+    while "RUNNING" in {r.info.status for r in mlflow.search_runs([sweep["mlflow_experiment_id"]])} and time.time() < deadline:
+        time.sleep(1)
+    assert {r.info.status for r in mlflow.search_runs([sweep["mlflow_experiment_id"]])} == {"FINISHED"}
+    status = _cli("status", sweep_id)
+    assert "finished: 4 of 4 runs finished" in status.stdout, status.stdout
+    print(f"\nworker SIGKILL -> its run rerun: {rerun_after_s:.1f} s; the sweep finished {finished_after_s:.0f} s after the kill")
+
+
 def test_resources_no_node_can_satisfy_fail_at_submit_and_write_nothing(home, tmp_path):
     grid_file = tmp_path / "grid.yaml"
     grid_file.write_text(yaml.safe_dump({**SLOW_GRID, "resources": {"cpus": 1, "gpus": 8}}))
