@@ -1,4 +1,4 @@
-"""``headsweep results | agreement | compare-maps | iou | figures | serve``: the analysis commands.
+"""``headsweep results | agreement | compare-maps | transfer | iou | figures | serve``: the analysis commands.
 
 ``register(subparsers)`` adds them to the main parser (orchestrator/cli.py).
 Each handler takes the parsed args and returns an exit code; bad input
@@ -345,9 +345,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_agreement)
 
-    from analysis import compare_cli  # imports this module: registered here, not at import time
+    from analysis import compare_cli, transfer_cli  # they import this module: registered here
 
     compare_cli.register(subparsers, db_help, where_help)
+    transfer_cli.register(subparsers, db_help, where_help)
 
     p = subparsers.add_parser("iou", help="do runs keep the same weights? mask IoU across seeds, pipelines, losses, ...")
     p.add_argument("sweep", help=SWEEP_HELP)

@@ -169,6 +169,7 @@ STAGE_ROLES = {
     "init_from": "start from that run's final weights (encoder and task decoder)",
     "teacher": "learn from that run's predictions (e.g. confidence regularisation)",
     "bias_model": "weigh examples by that run's predictions of the label (debiasing losses)",
+    "source": "carry that run's outputs over to this run's task (prompt_transfer: another task's prompt)",
 }
 """Upstream runs a run may start from or use (DESIGN.md decision 10). Each is a partial run
 config: the dependant's ``seed``, ``model``, ``task`` and ``train`` with the keys it sets on
@@ -191,6 +192,7 @@ class RunConfig(_Frozen):
     init_from: dict[str, Any] | None = Field(None, description="Upstream run: " + STAGE_ROLES["init_from"] + ".")
     teacher: dict[str, Any] | None = Field(None, description="Upstream run: " + STAGE_ROLES["teacher"] + ".")
     bias_model: dict[str, Any] | None = Field(None, description="Upstream run: " + STAGE_ROLES["bias_model"] + ".")
+    source: dict[str, Any] | None = Field(None, description="Upstream run: " + STAGE_ROLES["source"] + ".")
 
     def __hash__(self) -> int:  # the stage sections are dicts: hash the canonical JSON instead
         return hash(json.dumps(self.to_dict(), sort_keys=True))

@@ -44,7 +44,7 @@ class RunContext:
     should_stop: Callable[[], bool] = lambda: False
     device: str = "cpu"
     load_upstream: Callable[[str], dict] | None = None
-    """Stages: role (``"init_from"``, later ``"teacher"``, ``"bias_model"``) -> that upstream run's
+    """Stages: role (``"init_from"``, ``"teacher"``, ``"bias_model"``, ``"source"``) -> that upstream run's
     saved final weights (a ``RunState.weights()`` state dict). None: the run has no upstream."""
     save_artifact: Callable[[str, bytes], None] | None = None
     """Keeps a large artifact of the run (``RunResult.artifacts``: name, bytes) by its run key."""

@@ -62,6 +62,7 @@ from experiments.methods import (
     mask_train,
     multitask,
     probes,
+    prompt_transfer,
     skill_neurons,
 )
 
@@ -73,13 +74,14 @@ METHODS: dict[str, ModuleType] = {
     "imp": imp,
     "multitask": multitask,
     "skill_neurons": skill_neurons,
+    "prompt_transfer": prompt_transfer,
     "probes": probes,
     "attention_analysis": attention_analysis,
     "head_importance": head_importance,
     "head_ablation": head_ablation,
 }
 
-_RESERVED = ("seed", "model", "method", "task", "train", "init_from", "teacher", "bias_model")
+_RESERVED = ("seed", "model", "method", "task", "train", "init_from", "teacher", "bias_model", "source")
 """Top-level keys of every run config: neither a method's name nor a short name may be one."""
 
 

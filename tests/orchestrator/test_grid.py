@@ -396,7 +396,7 @@ def test_spec_round_trips_through_yaml():
 
 
 @pytest.mark.parametrize("name", ["grid_demo.yaml", "grid_stem_cell.yaml", "grid_shortcut.yaml", "grid_sparse_robust.yaml", "grid_sst2_masks.yaml",
-                                  "grid_skill_neurons.yaml", "grid_multitask.yaml"])
+                                  "grid_skill_neurons.yaml", "grid_multitask.yaml", "grid_skill_transfer.yaml"])
 def test_every_example_grid_expands(name, shared_data):
     from pathlib import Path
 

@@ -1,0 +1,334 @@
+"""Prompt transferability across tasks: ``prompt_transfer`` runs as task x task tables (pure).
+
+Each finished ``prompt_transfer`` run (experiments/methods/prompt_transfer.py) measured one
+ordered pair of tasks, source -> target: its ``task`` is the target, its source stage's task
+(config ``source.task.name``, else the target's) the source. :func:`transfer_tables` averages
+each metric over the pair's seeds into a ``(T, T)`` table, rows = source, columns = target:
+
+- ``transfer_relative``: the source prompt on the target task / the target prompt's own accuracy
+  (zero-shot, read-out statistics re-estimated without labels), ``transfer_accuracy`` the same
+  unscaled;
+- ``overlap_top20``: the shared fraction of the two prompts' top 20 % skill neurons;
+- ``overlap_active``: the overlap (cosine) of the neurons the two prompts activate;
+- ``drop_top`` / ``drop_random``: the target prompt's accuracy minus its accuracy with Gaussian
+  noise on the source's top ``f`` of the neurons / on as many random neurons in the same layers
+  (the task x task perturbation table; ``f`` = ``fraction``, default the largest reported).
+
+Wang et al. (2022) report that the overlap of top skill neurons predicts transferability better
+than the overlap of activated neurons (Spearman 0.71 vs 0.53 across task pairs).
+:func:`transfer_tables` computes Spearman rho between each overlap table and
+``transfer_relative`` over the ordered pairs of different tasks (the diagonal is 1 by
+construction), each against a permutation null: the transfer values shuffled among the pairs
+(``n_perm`` times), p one-sided (a positive relation), as ``stats.null_result`` reports it. The
+overlaps are symmetric, so each value stands for both directions of a pair, whose transfers differ.
+What was pooled is said: the number of pairs and of seeds averaged per pair. Runs must agree on every
+other config key (model, training, ...): select them with ``--where`` otherwise.
+
+File tasks are labelled by their ``task.name`` (``classification``), so two of them in one
+sweep would share a label: compare one at a time.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.stats import rankdata
+
+from analysis import stats
+from analysis.loading import SweepData
+from analysis.select import (
+    Filters,
+    QueryError,
+    as_codes,
+    config_columns,
+    describe,
+    list_choices,
+    py,
+    select,
+    value_label,
+    varying_config,
+)
+
+METHOD = "prompt_transfer"
+TABLES = {
+    "transfer_relative": "zero-shot transfer: source prompt on the target task / target prompt's own accuracy",
+    "transfer_accuracy": "zero-shot transfer: dev accuracy of the source prompt on the target task",
+    "overlap_top20": "shared fraction of the two prompts' top 20 % skill neurons",
+    "overlap_active": "overlap (cosine) of the neurons the two prompts activate",
+    "drop_top": "target accuracy lost to noise on the source's top skill neurons",
+    "drop_random": "target accuracy lost to noise on as many random neurons (same layers)",
+}
+"""The tables, by name, and what each shows (rows: source task, columns: target task)."""
+TABLES_DRAWN = ("transfer_relative", "overlap_top20", "overlap_active", "drop_top", "drop_random")
+OVERLAPS = ("overlap_top20", "overlap_active")
+TRANSFER = "transfer_relative"
+_NOISE = "accuracy_noise_source_{}_{:g}"
+_SOURCE_TASK = "source.task."
+"""Config keys of the source stage's task: they follow ``source_task``, never another axis."""
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """Spearman rho of one overlap with ``transfer_relative`` across ordered pairs of tasks."""
+
+    overlap: str
+    n_pairs: int
+    rho: float
+    tested: stats.NullResult | None
+    """rho against the transfer values shuffled among the pairs; None without permutations."""
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """The task x task tables of a sweep's prompt_transfer runs, and the correlations."""
+
+    sweep_id: str
+    tasks: list[str]
+    """Row (source) and column (target) labels, in this order."""
+    tables: dict[str, np.ndarray]
+    """Name (``TABLES``) -> ``(T, T)`` seed means; NaN where no finished run has the pair."""
+    seeds: np.ndarray
+    """``(T, T)`` int: finished runs (seeds) averaged in each cell."""
+    fraction: float
+    """The perturbed fraction of the ``drop_*`` tables."""
+    correlations: list[Correlation]
+    model: str
+    runs: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def pooled(self) -> str:
+        """What each correlation pooled, in words."""
+        off = ~np.eye(len(self.tasks), dtype=bool) & (self.seeds > 0)
+        counts = self.seeds[off]
+        per = f"{counts.min()}" if counts.size and counts.min() == counts.max() else (
+            f"{counts.min()}-{counts.max()}" if counts.size else "0")
+        return (f"{int(off.sum())} ordered pairs of different tasks, each the mean of {per} seeds "
+                f"({self.runs} runs)")
+
+
+def _standard_ranks(x: np.ndarray) -> np.ndarray | None:
+    """Average ranks (ties share theirs) scaled to mean 0 and mean square 1; None when constant."""
+    ranks = rankdata(np.asarray(x, dtype=np.float64))
+    spread = ranks.std()
+    return (ranks - ranks.mean()) / spread if spread > 0 else None
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman rho of two ``(n,)`` arrays (Pearson r of their average ranks); NaN when either is
+    constant or ``n < 3``."""
+    rx, ry = _standard_ranks(x), _standard_ranks(y)
+    if len(x) < 3 or rx is None or ry is None:
+        return math.nan
+    return float(np.mean(rx * ry))
+
+
+def spearman_test(x: np.ndarray, y: np.ndarray, n_perm: int, rng: np.random.Generator) -> stats.NullResult:
+    """Spearman rho of ``x`` and ``y`` against ``n_perm`` (>= 1) shuffles of ``y`` among the pairs."""
+    observed = spearman(x, y)
+    if math.isnan(observed):
+        return stats.null_result(observed, np.full(n_perm, np.nan), "pairs")
+    rx, ry = _standard_ranks(x), _standard_ranks(y)
+    shuffled = rng.permuted(np.broadcast_to(ry, (n_perm, len(ry))), axis=1)  # (n_perm, n)
+    return stats.null_result(observed, shuffled @ rx / len(rx), "pairs")
+
+
+def perturbed_fractions(names) -> list[float]:
+    """The fractions ``f`` of the ``accuracy_noise_source_top_<f>`` metrics among ``names``."""
+    prefix = "accuracy_noise_source_top_"
+    return sorted(float(name[len(prefix):]) for name in names if name.startswith(prefix))
+
+
+def transfer_tables(data: SweepData, filters: Filters | None = None, fraction: float | None = None,
+                    n_perm: int = 1000, seed: int = 0) -> Transfer:
+    """The task x task tables and the overlap-transfer correlations of the prompt_transfer runs."""
+    sel = select(data, filters)
+    sel = sel.subset(sel.method == METHOD)
+    if TRANSFER in sel.metrics:
+        sel = sel.subset(np.isfinite(sel.metrics[TRANSFER]))
+    if len(sel) == 0:
+        raise QueryError(f"no finished {METHOD} run in {describe(filters)} (examples/grid_skill_transfer.yaml "
+                         "runs them)")
+    _check_one_setting(sel)
+    fractions = perturbed_fractions(sel.metrics)
+    fraction = max(fractions) if fraction is None else fraction
+    if not any(math.isclose(fraction, f) for f in fractions):
+        raise QueryError(f"no perturbation of {fraction:g} of the neurons (fractions: "
+                         f"{', '.join(f'{f:g}' for f in fractions)})")
+    fraction = next(f for f in fractions if math.isclose(fraction, f))
+
+    targets = np.array([str(t) for t in sel.task])
+    sources = source_tasks(sel)
+    tasks = sorted(set(targets) | set(sources))
+    row = np.array([tasks.index(s) for s in sources])
+    col = np.array([tasks.index(t) for t in targets])
+    accuracy = sel.metrics["accuracy"]
+    values = {
+        "transfer_relative": sel.metrics[TRANSFER],
+        "transfer_accuracy": sel.metrics["transfer_accuracy"],
+        "overlap_top20": sel.metrics["overlap_top20"],
+        "overlap_active": sel.metrics["overlap_active"],
+        "drop_top": accuracy - sel.metrics[_NOISE.format("top", fraction)],
+        "drop_random": accuracy - sel.metrics[_NOISE.format("random", fraction)],
+    }
+    seeds = np.zeros((len(tasks), len(tasks)), dtype=np.int64)
+    np.add.at(seeds, (row, col), 1)
+    tables = {name: cell_means(v, row, col, len(tasks)) for name, v in values.items()}
+
+    rng = np.random.default_rng(seed)
+    off = ~np.eye(len(tasks), dtype=bool) & (seeds > 0)
+    correlations, notes = [], []
+    for name in OVERLAPS:
+        x, y = tables[name][off], tables[TRANSFER][off]
+        tested = spearman_test(x, y, n_perm, rng) if n_perm > 0 else None
+        correlations.append(Correlation(name, int(off.sum()), spearman(x, y), tested))
+    if off.sum() < 3:
+        notes.append(f"{int(off.sum())} ordered pairs of different tasks: a rank correlation needs 3 or more")
+    models = sorted({str(m) for m in sel.model})
+    return Transfer(data.sweep_id, tasks, tables, seeds, fraction, correlations, ", ".join(models), len(sel), notes)
+
+
+def cell_means(values: np.ndarray, row: np.ndarray, col: np.ndarray, size: int) -> np.ndarray:
+    """``(size, size)``: the mean of ``values`` over the runs of each (row, col) cell; NaN where none."""
+    total = np.zeros((size, size))
+    count = np.zeros((size, size))
+    np.add.at(total, (row, col), values)
+    np.add.at(count, (row, col), 1)
+    with np.errstate(invalid="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def source_tasks(sel: SweepData) -> np.ndarray:
+    """``(N,)`` str: each run's source task, its source stage's ``task.name`` (else its own task)."""
+    stage = config_columns(sel).get("source.task.name")
+    if stage is None:
+        return np.array([str(t) for t in sel.task])
+    return np.array([str(t) if value_label(s) == "none" else str(s) for s, t in zip(stage, sel.task, strict=True)])
+
+
+def _check_one_setting(sel: SweepData) -> None:
+    """QueryError naming the config keys (other than seed, task and the source) the runs differ in."""
+    ignored = ("seed", "task.name", f"{METHOD}.source_task")
+    differ = {key: col for key, col in varying_config(sel).items()
+              if key not in ignored and not key.startswith(_SOURCE_TASK)}
+    if differ:
+        key, col = next(iter(sorted(differ.items())))
+        choices = sorted(set(as_codes(col).tolist()))
+        raise QueryError(f"the {METHOD} runs differ in {', '.join(sorted(differ))}: compare one setting at a time, "
+                         f"e.g. --where {key}:{choices[0]} ({key}: {list_choices(choices)})")
+
+
+# --------------------------------------------------------------------------- output
+
+
+def transfer_rows(result: Transfer) -> list[dict]:
+    """One row per ordered pair with a finished run: source, target, seeds, every table's value."""
+    rows = []
+    for i, source in enumerate(result.tasks):
+        for j, target in enumerate(result.tasks):
+            if result.seeds[i, j]:
+                rows.append({"source": source, "target": target, "seeds": int(result.seeds[i, j]),
+                             **{name: py(table[i, j]) for name, table in result.tables.items()}})
+    return rows
+
+
+def transfer_json(result: Transfer) -> dict:
+    """Everything as plain JSON values."""
+    return {
+        "sweep": result.sweep_id, "model": result.model, "tasks": result.tasks, "runs": result.runs,
+        "fraction": result.fraction, "meaning": TABLES,
+        "tables": {name: [[py(v) for v in r] for r in table] for name, table in result.tables.items()},
+        "seeds": result.seeds.tolist(),
+        "correlations": [_correlation_json(c) for c in result.correlations],
+        "pooled": result.pooled, "notes": result.notes,
+    }
+
+
+def _correlation_json(c: Correlation) -> dict:
+    out = {"overlap": c.overlap, "with": TRANSFER, "n_pairs": c.n_pairs, "rho": py(c.rho)}
+    if c.tested is not None:
+        out |= {"null": "transfer values shuffled among the pairs", "null_mean": py(c.tested.null_mean),
+                "band_lo": py(c.tested.band_lo), "band_hi": py(c.tested.band_hi), "p_value": py(c.tested.p_value),
+                "p_text": c.tested.p_text, "n_perm": c.tested.n_perm}
+    return out
+
+
+def panel_title(name: str, fraction: float) -> str:
+    """A table's title: what it shows (with the perturbed fraction for the drops)."""
+    what = TABLES[name]
+    return f"{name}: {what}" + (f" ({100 * fraction:g} % of the neurons)" if name.startswith("drop_") else "")
+
+
+def transfer_png(result: Transfer, filters: Filters | None = None) -> bytes:
+    """The annotated task x task tables (transfer, both overlaps, both drops) and overlap vs
+    transfer across pairs with each rho, as PNG bytes. Transfer and overlaps are coloured over the
+    pairs of different tasks (their diagonal is 1 by construction: clipped), the two drops on one
+    shared scale."""
+    from matplotlib.figure import Figure
+
+    n = len(result.tasks)
+    side = max(3.6, 0.9 * n + 1.6)
+    fig = Figure(figsize=(3 * side + 1.0, 2 * side + 1.4), dpi=100, layout="constrained")
+    axes = fig.subplots(2, 3)
+    off = ~np.eye(n, dtype=bool)
+    drops = np.concatenate([result.tables[name].ravel() for name in ("drop_top", "drop_random")])
+    for ax, name in zip(axes.flat, TABLES_DRAWN, strict=False):
+        table = result.tables[name]
+        scale = drops if name.startswith("drop_") else table[off]
+        _matrix(ax, table, result.tasks, _wrap(panel_title(name, result.fraction), 36), scale)
+    _scatter(axes.flat[5], result)
+    where = f" ({describe(filters)})" if filters else ""
+    fig.suptitle(f"{result.sweep_id}{where}: prompt transfer between tasks, {result.model}\n"
+                 f"rows = source task (its prompt, its skill neurons), columns = target task; "
+                 f"seed means, {result.pooled}", fontsize="medium")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.2f}" if math.isfinite(value) else "undefined"
+
+
+def _wrap(text: str, width: int) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def _matrix(ax, table: np.ndarray, tasks: list[str], title: str, scale: np.ndarray) -> None:
+    """``table`` annotated, coloured from the smallest to the largest finite value of ``scale``."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.85")
+    finite = scale[np.isfinite(scale)]
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    if high - low < 1e-9:  # one value: a range around it, so it is not drawn as the extreme
+        low, high = low - 0.5, high + 0.5
+    image = ax.imshow(table, cmap=cmap, vmin=low, vmax=high, interpolation="nearest")
+    ax.figure.colorbar(image, ax=ax, shrink=0.8)
+    ax.set_xticks(np.arange(len(tasks)), tasks, rotation=30, ha="right", rotation_mode="anchor")
+    ax.set_yticks(np.arange(len(tasks)), tasks)
+    ax.set_xlabel("target task")
+    ax.set_ylabel("source task")
+    for (i, j), value in np.ndenumerate(table):
+        text = "–" if not np.isfinite(value) else f"{value:.2f}"
+        ax.text(j, i, text, ha="center", va="center", fontsize="small",
+                color="black" if np.isfinite(value) and value > (low + high) / 2 else "white")
+    ax.set_title(title, fontsize="small")
+
+
+def _scatter(ax, result: Transfer) -> None:
+    off = ~np.eye(len(result.tasks), dtype=bool) & (result.seeds > 0)
+    y = result.tables[TRANSFER][off]
+    for c, marker in zip(result.correlations, ("o", "s"), strict=True):
+        label = f"{c.overlap}: rho {_fmt(c.rho)}" + (f", {c.tested.p_text}" if c.tested is not None else "")
+        ax.plot(result.tables[c.overlap][off], y, marker, alpha=0.8, label=label)
+    ax.set_xlabel("overlap of the two prompts' neurons")
+    ax.set_ylabel(TRANSFER)
+    ax.set_title(_wrap(f"overlap vs transfer over {int(off.sum())} ordered pairs (Spearman rho, "
+                       "p: transfer shuffled among pairs)", 36), fontsize="small")
+    ax.legend(fontsize="x-small")

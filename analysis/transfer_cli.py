@@ -1,0 +1,96 @@
+"""``headsweep transfer``: prompt transferability between tasks as task x task tables (``analysis.transfer``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich import box
+from rich.table import Table
+
+from analysis import cli
+from analysis.transfer import (
+    TABLES,
+    TRANSFER,
+    Transfer,
+    panel_title,
+    transfer_json,
+    transfer_png,
+    transfer_rows,
+    transfer_tables,
+)
+
+HELP = """\
+Task x task tables of the prompt_transfer runs (rows: source task, columns: target task; seed
+means): zero-shot transfer of the source prompt to the target task, the overlap of the two
+prompts' top 20 % skill neurons and of the neurons they activate, and the target accuracy lost
+to noise on the source's top neurons vs on as many random ones. Then Spearman rho between each
+overlap and transfer_relative across the ordered pairs of different tasks, against the transfer
+values shuffled among the pairs (Wang et al. 2022: 0.71 for skill neurons, 0.53 for activated ones).
+"""
+
+EXAMPLES = """\
+examples:
+  headsweep submit examples/grid_skill_transfer.yaml --wait
+  headsweep transfer last --png transfer.png
+  headsweep transfer last --fraction 0.05 --format csv
+"""
+
+
+@cli._bad_input_is_config_error
+def cmd_transfer(args: argparse.Namespace) -> int:
+    data, where = cli._load(args)
+    result = transfer_tables(data, where, fraction=args.fraction, n_perm=args.n_perm)
+    if args.format == "json":
+        print(json.dumps(transfer_json(result), indent=2))
+    elif args.format == "csv":
+        cli._write_rows(transfer_rows(result), "csv", None)
+    else:
+        _print(result)
+    if args.png:
+        Path(args.png).write_bytes(transfer_png(result, where))
+        print(f"tables -> {args.png}", file=sys.stderr)  # stdout may be the csv or json
+    return 0
+
+
+def _print(result: Transfer) -> None:
+    for name in TABLES:
+        table = Table(title=f"{panel_title(name, result.fraction)} ({result.sweep_id}, {result.model})",
+                      box=box.SIMPLE, pad_edge=False)
+        table.add_column("source \\ target")
+        for task in result.tasks:
+            table.add_column(task, justify="right")
+        for i, source in enumerate(result.tasks):
+            table.add_row(source, *(cli._fmt3(v) for v in result.tables[name][i]))
+        cli.out.print(table)
+    for c in result.correlations:
+        line = f"Spearman({c.overlap}, {TRANSFER}) = {cli._fmt3(c.rho)}"
+        if c.tested is None:
+            line += " (no permutation test)"
+        else:
+            t = c.tested
+            line += (f"; transfer shuffled among the pairs: chance {cli._fmt3(t.null_mean)}, 95 % "
+                     f"{cli._fmt3(t.band_lo)}..{cli._fmt3(t.band_hi)}, {t.p_text} ({t.n_perm} permutations)")
+        cli.out.print(line)
+    cli.out.print(f"pooled: {result.pooled}")
+    for note in result.notes:
+        cli.out.print(f"note: {note}")
+
+
+def register(subparsers: argparse._SubParsersAction, db_help: str, where_help: str) -> None:
+    """Add ``transfer`` to the main CLI."""
+    p = subparsers.add_parser("transfer", help="prompt transfer between tasks: task x task tables, overlap vs transfer",
+                              description=HELP, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sweep", help=cli.SWEEP_HELP)
+    p.add_argument("--fraction", type=float,
+                   help="the perturbed fraction of the neurons in the drop tables (default: the largest reported)")
+    p.add_argument("--n-perm", type=int, default=1000,
+                   help="shuffles of the transfer values among the pairs; default 1000, 0 = no test")
+    p.add_argument("--format", default="table", choices=cli.AGREEMENT_FORMATS,
+                   help="table (default), csv (one row per ordered pair) or json (everything)")
+    p.add_argument("--png", help="also write the annotated tables to this PNG file")
+    p.add_argument("--where", help=where_help)
+    p.add_argument("--db", help=db_help)
+    p.set_defaults(func=cmd_transfer)

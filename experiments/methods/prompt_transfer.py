@@ -1,0 +1,233 @@
+"""Prompt transferability between tasks, and the task x task perturbation (Wang et al. 2022; ../shared/PAPERS.md).
+
+One run looks at ONE ordered pair of tasks, source -> target, through two ``skill_neurons``
+runs, its stages (nothing is trained here):
+
+- ``init_from``: the target, a skill_neurons run on this run's task: its prompt, read-out, data;
+- ``source``: a skill_neurons run of the same model, seed and settings on ``source_task``.
+
+By default the stages are ``{method: skill_neurons}`` and the same with the task's name replaced
+(the target's file keys reset, its sizes and ``data_dir`` kept), so a grid with ``task`` and
+``source_task`` as axes trains each task's prompt once per seed, shared as target and as source
+(a diagonal cell's two stages are one run). Stages written in the config win; ``check`` asks that
+both are skill_neurons runs of this run's model trained alike, the target on this run's task.
+
+Each prompt's skill-neuron ranking is computed again from its handed-on weights on its own task's
+data by ``skill_neurons.find_skill_neurons`` (deterministic: the ranking of its
+``skill_neurons.npz``; a stage hands on weights, not artifacts). Reports:
+
+- ``accuracy``: the target's prompt and read-out on the target's dev set, as trained (the
+  baseline of the noise metrics below; the target run's own final ``accuracy``).
+- ``transfer_accuracy``: zero-shot prompt transfer, the source prompt read by the target's
+  read-out on the target's dev set. The read-out standardises the state it reads (a BatchNorm
+  without parameters, ``skill_neurons.Readout``) with statistics of the prompt it was trained
+  with; another prompt moves that state by many of its standard deviations, and the read-out
+  would give one class to every sentence. So the statistics are re-estimated, without labels,
+  on the target's training sentences under the prompt being read (as
+  ``torch.optim.swa_utils.update_bn`` does: a cumulative average over batches). The paper reads
+  a frozen MLM head through label words, which needs no such step.
+- ``own_accuracy``: the same protocol with the target's own prompt, and
+  ``transfer_relative = transfer_accuracy / own_accuracy`` (the paper's relative transfer
+  performance; exactly 1 when source = target).
+- ``overlap_top20``: the shared fraction of the two prompts' top 20 % skill neurons
+  (experiments/maths/transfer.py), ``overlap_top20_chance`` what chance gives within layers
+  (across all neurons chance is 0.2 for every pair).
+- ``overlap_active``: Su et al. (2022)'s overlapping rate of activated neurons, the plain
+  indicator the paper improves on: each prompt fed alone (``[CLS] p_1 .. p_n [SEP]``, no
+  sentence), a neuron active at a prompt position when its FFN activation is above 0, the two
+  prompts' (P, L, I) sets compared by cosine; ``overlap_active_chance`` its chance (within each
+  layer at each position), ``active_fraction`` and ``active_fraction_source`` the sets' sizes.
+- ``accuracy_noise_source_top_<f>`` / ``accuracy_noise_source_random_<f>``: the target prompt on
+  its own task with Gaussian noise N(0, ``noise_std``^2) on the SOURCE prompt's top-k skill
+  neurons, vs on k random neurons in the same layers, ``k = max(1, round(f * L * I))``
+  (``skill_neurons.perturbation_check`` with the source's ranking and the target run's noise
+  and random draws, so a diagonal cell repeats the target run's own check).
+
+``headsweep transfer SWEEP`` (analysis/transfer.py) puts the pairs into task x task tables and
+correlates the overlaps with transfer across pairs (paper: Spearman 0.53 for activated neurons,
+0.71 for skill neurons).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from pydantic import Field, field_validator
+
+from experiments.config import ConfigError, Section
+from experiments.context import RunContext
+from experiments.loop import evaluate, forward_logits, take
+from experiments.maths.transfer import chance_overlap, overlap, top_mask
+from experiments.methods.skill_neurons import (
+    PromptedEncoder,
+    build,
+    find_skill_neurons,
+    perturbation_check,
+)
+from experiments.models import RANDOM_PREFIX, load_tokenizer
+from experiments.naming import suggest
+from experiments.neurons import capture_ffn
+from experiments.result import RunResult
+from experiments.state import RunState, upstream_weights
+
+VERSION = "1"
+PIPELINES = ("none",)
+SHORT_NAMES = ("source_task",)
+
+TOP_FRACTION = 0.2
+"""The paper's top 20 % skill neurons (``overlap_top20``)."""
+FILE_KEYS = ("train", "dev", "eval_sets", "format", "text", "label", "labels", "column")
+"""The target's task keys that describe its files: reset in the default source stage."""
+
+
+class Config(Section):
+    """prompt_transfer's own keys; ``train`` (batch_size, precision) and ``task`` reach its stages."""
+
+    source_task: str | None = Field(
+        None, description="Task whose prompt is carried over to this run's task (a task name: sst2, synthetic-cls, "
+        "...): the source stage is skill_neurons on that task, the target's file keys reset. None = this run's "
+        "own task, or the source stage written in the config (source: {method: skill_neurons, task: {...}}, "
+        "e.g. a task from your files).")
+    noise_std: float = Field(0.1, ge=0, description="Std of the Gaussian noise on the source's top neurons (paper: 0.1).")
+    perturb_fractions: tuple[float, ...] = Field(
+        (0.01, 0.02, 0.05, 0.1), min_length=1,
+        description="Fractions of all FFN neurons perturbed: the source's top-k vs k random (same layers), "
+        "k = max(1, round(f*L*I)).")
+
+    @field_validator("perturb_fractions")
+    @classmethod
+    def _fractions(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        bad = [f for f in value if not 0 < f <= 1]
+        if bad:
+            raise ValueError(f"each fraction must be in (0, 1], got {bad}")
+        return tuple(sorted(set(value)))
+
+
+def stages(section: Config) -> dict[str, dict]:
+    """The target's skill_neurons run, and the source's: the same on ``source_task``."""
+    source: dict = {"method": "skill_neurons"}
+    if section.source_task is not None:  # a list, not {}: a mapping would merge into the target's eval_sets
+        source["task"] = {"name": section.source_task} | {key: None for key in FILE_KEYS} | {"eval_sets": []}
+    return {"init_from": {"method": "skill_neurons"}, "source": source}
+
+
+def check(cfg) -> None:
+    """A known source task; both stages skill_neurons runs of this run's model (and seed, for a
+    random-init one) with the same skill_neurons keys, the target on this run's task, the source on
+    ``source_task``."""
+    from experiments.tasks import TASKS
+
+    name = cfg.section.source_task
+    if name is not None and name not in TASKS:
+        raise ConfigError(f"prompt_transfer.source_task: unknown task '{name}'{suggest(name, TASKS)}")
+    upstreams = cfg.upstreams
+    for role in ("init_from", "source"):
+        method = upstreams[role].method
+        if method != "skill_neurons":
+            raise ConfigError(f"{role}.method: prompt_transfer reads the prompt of a skill_neurons run, not {method}")
+        if upstreams[role].model != cfg.model:
+            raise ConfigError(f"{role}.model: the prompts must be of this run's model {cfg.model} "
+                              f"(got {upstreams[role].model}): neurons are compared by index")
+    target, source = upstreams["init_from"], upstreams["source"]
+    if cfg.model.startswith(RANDOM_PREFIX) and source.seed != target.seed:
+        raise ConfigError(f"source.seed: a random-init model ({cfg.model}) is another network for each seed, "
+                          f"so the prompts must share one (init_from: {target.seed}, source: {source.seed})")
+    if target.task != cfg.task:
+        got = target.task.name if target.task.name != cfg.task.name else "it with other task keys"
+        raise ConfigError(f"init_from.task: the target prompt must be trained on this run's task "
+                          f"'{cfg.task.name}' (got {got}); source_task names the other task")
+    if name is not None and source.task.name != name:
+        raise ConfigError(f"source.task.name: the source stage is on '{source.task.name}', source_task says "
+                          f"'{name}'; leave source_task out when you write the source stage")
+    differ = [f"{section}.{key}" for section in ("skill_neurons", "train")
+              for key, value in _keys(getattr(target, section)).items()
+              if _keys(getattr(source, section))[key] != value]
+    if differ:
+        raise ConfigError(f"source: the two prompts must be trained alike, the stages differ in {', '.join(differ)}")
+
+
+def _keys(section) -> dict:
+    return section.model_dump(by_alias=True)
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+def run(cfg, ctx: RunContext) -> RunResult:
+    hp = cfg.section
+    target, model = prompted(cfg, ctx, "init_from")
+    source, source_model = prompted(cfg, ctx, "source")
+    carried = PromptedEncoder(target.encoder, source_model.prompt)  # the source prompt on the target's backbone
+
+    found, found_source = find_skill_neurons(model, target), find_skill_neurons(source_model, source)
+    num_layers, inner = found["score"].shape
+    top = top_mask(found["ranking"], TOP_FRACTION, num_layers, inner)
+    top_source = top_mask(found_source["ranking"], TOP_FRACTION, num_layers, inner)
+    alone = load_tokenizer(cfg.model)("", return_tensors="pt")["input_ids"].to(target.device)  # [CLS] [SEP]
+    active, active_source = active_neurons(model, alone, target), active_neurons(carried, alone, target)
+
+    own, transfer = calibrated_accuracy(model, target), calibrated_accuracy(carried, target)
+    metrics = {
+        "accuracy": _accuracy(model, target.decoder, target),
+        "own_accuracy": own,
+        "transfer_accuracy": transfer,
+        "transfer_relative": transfer / own if own > 0 else float("nan"),
+        "overlap_top20": overlap(top_source, top),
+        "overlap_top20_chance": chance_overlap(top_source, top),
+        "overlap_active": overlap(active_source, active),
+        "overlap_active_chance": chance_overlap(active_source, active),
+        "active_fraction": float(active.float().mean()),
+        "active_fraction_source": float(active_source.float().mean()),
+    }
+    perturbation = perturbation_check(model, target, found_source["ranking"], hp.perturb_fractions, hp.noise_std)
+    for f, top_acc, random_acc in zip(hp.perturb_fractions, perturbation["accuracy_top"],
+                                      perturbation["accuracy_random"], strict=True):
+        metrics[f"accuracy_noise_source_top_{f:g}"] = top_acc
+        metrics[f"accuracy_noise_source_random_{f:g}"] = random_acc
+    ctx.tracker.log_metrics(metrics, 0)
+    return RunResult(run_key=cfg.run_key, group_key=cfg.group_key, metrics=metrics)
+
+
+def prompted(cfg, ctx: RunContext, role: str) -> tuple[RunState, PromptedEncoder]:
+    """The state of the skill_neurons run of stage ``role`` (its own config and data) with its
+    handed-on weights, and its prompted model, in eval mode."""
+    upstream = cfg.upstreams[role]
+    state, model, _ = build(upstream, ctx)
+    weights = upstream_weights(cfg, ctx, role)
+    state.load_weights(weights)  # the encoder (frozen, as handed on) and the read-out
+    model.prompt.load_state_dict({"weight": weights["interventions.prompt.weight"]})
+    state.train(False)
+    model.eval()
+    return state, model
+
+
+def _accuracy(model: PromptedEncoder, readout: torch.nn.Module, state: RunState) -> float:
+    return float(evaluate(model, readout, state.data.dev, state.task, state.cfg.train.batch_size, state.device,
+                          state.precision)["accuracy"])
+
+
+@torch.no_grad()
+def calibrated_accuracy(model: PromptedEncoder, state: RunState) -> float:
+    """Dev accuracy of ``state``'s read-out (a copy) over ``model``'s prompt, the read-out's
+    standardisation re-estimated on the training sentences under that prompt (no labels read)."""
+    readout = copy.deepcopy(state.decoder)
+    readout.norm.reset_running_stats()
+    readout.norm.momentum = None  # running statistics = the plain average over the batches
+    readout.train()
+    split, batch_size = state.data.train, state.cfg.train.batch_size
+    for start in range(0, len(split), batch_size):
+        ids, mask, _ = take(split, torch.arange(start, min(start + batch_size, len(split))), state.device)
+        forward_logits(model, readout, ids, mask, state.precision)
+    return _accuracy(model, readout, state)
+
+
+@torch.no_grad()
+def active_neurons(model: PromptedEncoder, ids: torch.Tensor, state: RunState) -> torch.Tensor:
+    """``(P, L, I)`` bool: the FFN neurons the prompt activates (activation > 0) at its positions,
+    the prompt fed alone: ``ids`` (1, 2) are an empty sentence, [CLS] [SEP] (Su et al. 2022)."""
+    n = model.prompt.weight.shape[0]
+    with capture_ffn(model.backbone, torch.arange(1, 1 + n, device=state.device)) as capture, state.autocast():
+        model(ids, torch.ones_like(ids))
+        activations = capture.take()[0]  # (P, L, I)
+    return (activations > 0).cpu()
