@@ -157,17 +157,20 @@ def _keys(section) -> dict:
 def run(cfg, ctx: RunContext) -> RunResult:
     hp = cfg.section
     target, model = prompted(cfg, ctx, "init_from")
-    source, source_model = prompted(cfg, ctx, "source")
-    carried = PromptedEncoder(target.encoder, source_model.prompt)  # the source prompt on the target's backbone
+    found, own = find_skill_neurons(model, target), calibrated_accuracy(model, target)
+    if cfg.upstreams["source"].run_key == cfg.upstreams["init_from"].run_key:  # the diagonal: one run, read once
+        carried, found_source, transfer = model, found, own
+    else:
+        source, source_model = prompted(cfg, ctx, "source")
+        found_source = find_skill_neurons(source_model, source)  # on the source's own data
+        carried = PromptedEncoder(target.encoder, source_model.prompt)  # the source prompt on the target's backbone
+        transfer = calibrated_accuracy(carried, target)
 
-    found, found_source = find_skill_neurons(model, target), find_skill_neurons(source_model, source)
     num_layers, inner = found["score"].shape
     top = top_mask(found["ranking"], TOP_FRACTION, num_layers, inner)
     top_source = top_mask(found_source["ranking"], TOP_FRACTION, num_layers, inner)
     alone = load_tokenizer(cfg.model)("", return_tensors="pt")["input_ids"].to(target.device)  # [CLS] [SEP]
     active, active_source = active_neurons(model, alone, target), active_neurons(carried, alone, target)
-
-    own, transfer = calibrated_accuracy(model, target), calibrated_accuracy(carried, target)
     metrics = {
         "accuracy": _accuracy(model, target.decoder, target),
         "own_accuracy": own,
