@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.config import ConfigError, suggest
+from experiments.units import OPEN_THRESHOLD
 
 FORMATS = ("table", "csv", "parquet", "json")
 AGREEMENT_FORMATS = ("table", "csv", "json")
@@ -114,6 +115,9 @@ def cmd_results(args: argparse.Namespace) -> int:
     group_by = [a.strip() for a in (args.group_by or "").split(",") if a.strip()]
     metric = args.metric or select.default_metric(data)
     rows = queries.aggregate(data, group_by, metric, where)
+    if metric == "open_heads" and "expected_open_heads" in data.metrics:  # beside it: what the L0 penalty counts
+        expected = queries.aggregate(data, group_by, "expected_open_heads", where)  # the same groups, in order
+        rows = [row | {"expected_open": e["mean"]} for row, e in zip(rows, expected, strict=True)]
     if args.format != "table":
         _write_rows(rows, args.format, args.out)
         if args.out:
@@ -124,22 +128,28 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def _results_table(rows: list[dict[str, Any]], title: str) -> Table:
-    """Group columns that vary, then mean, std, n, the 95 % CI and runs; constant columns in the caption."""
-    stats_columns = ("mean", "std", "n", "ci_lo", "ci_hi", "ci_method", "runs", "metric")
+    """Group columns that vary, then mean, std, n, the 95 % CI and runs (and the mean expected open heads
+    beside open heads); constant columns in the caption."""
+    stats_columns = ("mean", "std", "n", "ci_lo", "ci_hi", "ci_method", "runs", "metric", "expected_open")
     groups = [k for k in rows[0] if k not in (*stats_columns, "group_key")] if rows else []  # key: csv/json
     constant = [k for k in groups if len(rows) > 1 and len({str(r[k]) for r in rows}) == 1]
     caption = "  ".join(f"{k}: {_fmt(rows[0][k])}" for k in constant)
     caption += "\n95% CI: t interval below 10 runs (t), percentile bootstrap from 10 (bootstrap)"
+    expected = bool(rows) and "expected_open" in rows[0]
+    if expected:
+        caption += (f"\nopen: test-time gate > {OPEN_THRESHOLD:g}; expected open (mean): sum over heads of "
+                    "P(gate > 0) in training, what the L0 penalty counts")
     table = Table(title=title, caption=caption.strip(), box=box.SIMPLE, pad_edge=False)
     shown = [k for k in groups if k not in constant]
     for column in shown:
         table.add_column(column, no_wrap=True)
-    for column in ("mean", "std", "n", "95% CI", "runs"):
+    for column in ("mean", "std", "n", "95% CI", "runs", *(("expected open",) if expected else ())):
         table.add_column(column, justify="right", no_wrap=column == "95% CI")
     for row in rows:
         ci = f"[{_fmt(row['ci_lo'])}, {_fmt(row['ci_hi'])}] {row['ci_method']}"
         table.add_row(*(_fmt(row[k]) for k in shown),
-                      _fmt(row["mean"]), _fmt2(row["std"]), str(row["n"]), ci, str(row["runs"]))
+                      _fmt(row["mean"]), _fmt2(row["std"]), str(row["n"]), ci, str(row["runs"]),
+                      *((_fmt(row["expected_open"]),) if expected else ()))
     return table
 
 

@@ -56,7 +56,22 @@ def _rgb(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP) 
     idx = cells[0][np.argsort(sel.seed[cells[0]], kind="stable")][:3]
     seeds = ", ".join(str(s) for s in sel.seed[idx])
     title = f"{_cell_name(sel, idx[0])}: seeds {seeds}"
-    return figures.rgb_seed_map(x[idx[0]], x[idx[1]], x[idx[2]], title)
+    z = x[idx]
+    if map_name == DEFAULT_MAP:  # a head is open or closed as the counts say, never by its shade
+        z = (z > OPEN_THRESHOLD).astype(np.float64)
+        title += "\n" + _open_counts(sel, idx, z)
+    return figures.rgb_seed_map(z[0], z[1], z[2], title)
+
+
+def _open_counts(sel: SweepData, idx: np.ndarray, is_open: np.ndarray) -> str:
+    """``heads open (test-time gate > 0.001): 16, 14, 15; expected open 9.9, 9.1, 9.5`` of runs ``idx``
+    (``is_open``: their (n, L, H) open heads); the expected ones when the runs report them."""
+    text = f"heads open (test-time gate > {OPEN_THRESHOLD:g}): " + ", ".join(
+        str(int(n)) for n in is_open.reshape(len(idx), -1).sum(axis=1))
+    expected = sel.metrics.get("expected_open_heads")
+    if expected is not None and np.isfinite(expected[idx]).all():
+        text += "; expected open " + ", ".join(f"{e:.1f}" for e in expected[idx])
+    return text
 
 
 def _cell_name(sel: SweepData, i: int, sep: str = " / ") -> str:
@@ -95,7 +110,16 @@ def _grey(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP)
     sel, x, _, _ = map_runs(select(data, filters), map_name, switch=False)
     if len(sel) == 0:
         raise QueryError(f"no finished run with map {map_name} in {describe(filters)}")
-    return figures.grey_map(x, f"mean {map_name} over {len(sel)} runs\n{_title(sel, filters)}")
+    if map_name != DEFAULT_MAP:
+        return figures.grey_map(x, f"mean {map_name} over {len(sel)} runs\n{_title(sel, filters)}")
+    is_open = x > OPEN_THRESHOLD  # the one definition of open, as every count
+    counts = is_open.reshape(len(sel), -1).sum(axis=1)
+    text = f"heads open (test-time gate > {OPEN_THRESHOLD:g}) in {len(sel)} runs: mean {counts.mean():.1f}"
+    expected = sel.metrics.get("expected_open_heads")
+    if expected is not None and np.isfinite(expected).all():
+        text += f", expected open {expected.mean():.1f}"
+    return figures.grey_map(is_open.astype(np.float64), f"{text}\n{_title(sel, filters)}",
+                            label=f"fraction of {len(sel)} runs with the head open")
 
 
 def agreement_png(result: Agreement, filters: Filters | None = None) -> bytes:
@@ -163,7 +187,7 @@ def _curves(data: SweepData, filters: Filters | None, metric: str | None, x: str
     metric = metric or default_metric(sel)
     x = x or _default_x(sel)
     curves = curve_points(data, metric, x, filters)
-    xlabel = {"open_heads": "open heads", "lambda": "lambda (L0 penalty)"}.get(x, x)
+    xlabel = {"open_heads": f"open heads (test-time gate > {OPEN_THRESHOLD:g})", "lambda": "lambda (L0 penalty)"}.get(x, x)
     return figures.metric_curves(curves, xlabel, metric, f"{metric} vs {xlabel}\n{_title(sel, filters)}")
 
 
@@ -181,7 +205,10 @@ def figure(data: SweepData, kind: str, filters: Filters | None = None, across: s
 
     ``rgb``: He & Choi's map of the one cell with 3 finished seeds that the
     filters select (its 3 lowest seeds; QueryError naming the cells, by what
-    tells them apart, when several match); ``grey``: mean gate over every selected run;
+    tells them apart, when several match); ``grey``: mean map over every selected run. Of
+    ``heads.gate`` both draw open heads (test-time gate > OPEN_THRESHOLD, the one definition) and
+    give each run's open and expected open heads in the title: the grey map is then the fraction of
+    runs that keep each head open;
     ``agreement``: ``agreement(across)`` as an annotated heat map (title: the
     stem cell statistic and its null band); ``curves``: ``metric`` vs ``x``
     (default: sparsity, else lambda, else open heads), mean line and std

@@ -102,7 +102,7 @@ def rgb_seed_map(z1: np.ndarray, z2: np.ndarray, z3: np.ndarray, title: str) -> 
     return _png(_rgb_seed_map_figure(z1, z2, z3, title))
 
 
-def _grey_map_figure(gates: np.ndarray, title: str) -> Figure:
+def _grey_map_figure(gates: np.ndarray, title: str, label: str | None = None) -> Figure:
     gates = np.asarray(gates, dtype=np.float64)
     if gates.ndim == 2:
         gates = gates[None]
@@ -115,17 +115,18 @@ def _grey_map_figure(gates: np.ndarray, title: str) -> Figure:
         mean, cmap="Greys", vmin=0.0, vmax=1.0, origin="upper", interpolation="nearest"
     )
     _label_head_grid(ax, layers, heads, title)
-    fig.colorbar(image, ax=ax, shrink=0.9, label=f"mean gate over {len(gates)} runs")
+    fig.colorbar(image, ax=ax, shrink=0.9, label=label or f"mean gate over {len(gates)} runs")
     return fig
 
 
-def grey_map(gates: np.ndarray, title: str) -> bytes:
-    """Mean gate per head over every run given, ``(N, L, H)`` -> grey map (black = open in all).
+def grey_map(gates: np.ndarray, title: str, label: str | None = None) -> bytes:
+    """Mean gate per head over every run given, ``(N, L, H)`` -> grey map (black = open in all);
+    ``label`` names the colour bar (default: mean gate over N runs).
 
     (The reference script meant to average all tasks' runs but averaged only
     the last task; this averages exactly the runs passed in.)
     """
-    return _png(_grey_map_figure(gates, title))
+    return _png(_grey_map_figure(gates, title, label))
 
 
 def _agreement_heatmap_figure(

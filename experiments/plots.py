@@ -16,8 +16,12 @@ from matplotlib.patches import Rectangle
 from experiments.units import OPEN_THRESHOLD
 
 
-def gate_map_png(gates: np.ndarray, title: str) -> bytes:
-    """Heat map of gates (L, H) in [0, 1]: layer 1 at the top, white = closed, dark = open."""
+def gate_map_png(gates: np.ndarray, title: str, expected_open: float | None = None) -> bytes:
+    """Heat map of gates (L, H) in [0, 1]: layer 1 at the top, white = closed, dark = open.
+
+    The title counts the open heads (test-time gate > OPEN_THRESHOLD, outlined: the one definition)
+    and, when given, ``expected_open`` beside them: the sum over heads of P(gate != 0) under the
+    training noise, what the L0 penalty counts (``gates.prob_open``)."""
     num_layers, num_heads = gates.shape
     fig = Figure(figsize=(max(4.0, 0.45 * num_heads + 1.5), max(2.5, 0.4 * num_layers + 1.2)), dpi=100)
     ax = fig.subplots()
@@ -29,8 +33,10 @@ def gate_map_png(gates: np.ndarray, title: str) -> bytes:
     is_open = gates > OPEN_THRESHOLD  # outlined: a gate of 0.01 is open but prints nearly white
     for layer, head in zip(*np.nonzero(is_open), strict=True):
         ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="tab:orange", linewidth=1.5))
-    ax.set_title(f"{title}\n{int(is_open.sum())}/{gates.size} heads open (gate > {OPEN_THRESHOLD:g}, outlined)",
-                 fontsize=9)
+    counts = f"{int(is_open.sum())}/{gates.size} heads open (test-time gate > {OPEN_THRESHOLD:g}, outlined)"
+    if expected_open is not None:
+        counts += f"\nexpected open {expected_open:.1f} (sum of P(gate > 0) in training)"
+    ax.set_title(f"{title}\n{counts}", fontsize=9)
     fig.colorbar(image, ax=ax, label="gate")
     fig.tight_layout()
     buf = io.BytesIO()

@@ -10,8 +10,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from experiments.config import RunConfig, flatten
 from experiments.context import RunContext
+from experiments.gates import prob_open
 from experiments.masks import ROLES
 from experiments.methods import METHODS
 from experiments.plots import gate_map_png, map_png
@@ -58,13 +61,18 @@ def log_maps(tracker: Tracker, result: RunResult, labels: dict) -> None:
             png = map_png(unit_map.values, f"{title}\n{name}: {unit_map.meaning}", name, units=[""], xlabel="")
         elif unit_map.kind != "heads":
             continue
-        elif name == "heads.gate":
-            png = gate_map_png(unit_map.values, title)
-        elif name.startswith("heads.gate."):  # one gate set of several: multitask's heads.gate.<task>
-            png = gate_map_png(unit_map.values, f"{title}\n{name}")
+        elif name == "heads.gate" or name.startswith("heads.gate."):  # several gate sets: multitask's heads.gate.<task>
+            png = gate_map_png(unit_map.values, title if name == "heads.gate" else f"{title}\n{name}",
+                               _expected_open(result, name))
         else:
             png = map_png(unit_map.values, f"{title}\n{name}: {unit_map.meaning}", name, xlabel="head")
         tracker.log_artifact(f"{name}.png", png)
+
+
+def _expected_open(result: RunResult, gate_map: str) -> float | None:
+    """Expected open heads of a gate map, from its companion ``heads.log_alpha[.<task>]`` (None without one)."""
+    log_alpha = result.maps.get(gate_map.replace("heads.gate", "heads.log_alpha", 1))
+    return None if log_alpha is None else float(prob_open(torch.tensor(log_alpha.values)).sum())
 
 
 def run_tags(cfg: RunConfig) -> dict[str, str]:

@@ -74,6 +74,33 @@ def test_results_csv_json_parquet(sweep, tmp_path, capsys):
     assert table[0]["mean"] == pytest.approx(1 - np.mean([0.7, 0.8]) + 0.5 * np.mean([0.01, 0.1]))
 
 
+def test_open_heads_are_shown_with_expected_open_heads_beside_them(tmp_path, capsys):
+    """One definition of open (test-time gate > 0.001), named in the caption, and beside it the mean of
+    what the L0 penalty counts; runs that report no expected open heads (a fine-tune) show '-'."""
+    from experiments.config import parse_config
+
+    configs = [parse_config({"model": "minilm-l6", "method": "head_gates", "seed": seed, "train": {"max_steps": 10},
+                             "head_gates": {"lambda": lam}}) for lam in (0.01, 0.1) for seed in (0, 1)]
+    finetune = parse_config({"model": "minilm-l6", "method": "finetune", "train": {"max_steps": 10}})
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    with Registry(url) as registry:
+        sweep_id, _ = registry.create_sweep("open", "name: open\n", [*configs, finetune], {"cpus": 1.0}, None, 1)
+        for i, cfg in enumerate(configs):
+            assert registry.claim(cfg.run_key, "w") is not None
+            registry.finish(cfg.run_key, {"accuracy": 0.9, "open_heads": 20.0 - 10 * (i > 1) + i % 2,
+                                          "expected_open_heads": 12.0 - 8 * (i > 1) + i % 2}, np.ones((6, 12)))
+        assert registry.claim(finetune.run_key, "w") is not None
+        registry.finish(finetune.run_key, {"accuracy": 0.95, "open_heads": 72.0})
+    assert _run("results", sweep_id, "--group-by", "lambda", "--metric", "open_heads", "--db", url) == 0
+    text = capsys.readouterr().out
+    assert "open: test-time gate > 0.001; expected open (mean): sum over heads of P(gate > 0)" in text
+    rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["0.01"], ["0.1"], ["-"])]
+    assert [(r[0], r[2], r[-1]) for r in rows] == [("0.01", "20.5", "12.5"), ("0.1", "10.5", "4.5"), ("-", "72", "-")]
+    assert _run("results", sweep_id, "--group-by", "lambda", "--metric", "open_heads", "--format", "json",
+                "--db", url) == 0
+    assert [row["expected_open"] for row in json.loads(capsys.readouterr().out)] == [12.5, 4.5, None]
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["results", "sw-nope"], "unknown sweep 'sw-nope'"),
     (["results", "{s}", "--metric", "acc"], "unknown metric 'acc'; did you mean 'accuracy'"),

@@ -326,7 +326,9 @@ def test_rgb_figure_colours_follow_the_three_seeds(data, sweep):
     png = figure_plan.figure(data, "rgb", {"task": [TAG], "pipeline": ["sp"], "lambda": ["0.1"]})
     z = _cell_runs(sweep, TAG, "sp", 0.1)
     # the same figure built directly gives the layout (where each cell is) of the PNG
-    fig = figures._rgb_seed_map_figure(z[0], z[1], z[2], f"{TAG} / sp / minilm-l6: seeds 0, 1, 2")
+    counts = ", ".join(str(int(n)) for n in z.reshape(3, -1).sum(axis=1))  # binary gates: open = 1
+    fig = figures._rgb_seed_map_figure(z[0], z[1], z[2], f"{TAG} / sp / minilm-l6: seeds 0, 1, 2\n"
+                                                         f"heads open (test-time gate > 0.001): {counts}")
     reference = _decode(figures._png(fig))
     image = _decode(png)
     assert image.shape == reference.shape
@@ -336,6 +338,28 @@ def test_rgb_figure_colours_follow_the_three_seeds(data, sweep):
             x, y = ax.transData.transform((head, layer))
             pixel = image[int(round(image.shape[0] - y)), int(round(x)), :3]
             np.testing.assert_allclose(pixel, 1.0 - z[:, layer, head], atol=0.02, err_msg=f"{layer}, {head}")
+
+
+def test_rgb_and_grey_figures_draw_open_heads_as_the_counts_do(data, sweep):
+    """A gate of 0.01 is open (test-time gate > 1e-3, the one definition): black on the rgb map of
+    the three runs that have it and in the grey map's mean, as every count says, never nearly white."""
+    from dataclasses import replace
+
+    filters = {"task": [TAG], "pipeline": ["sp"], "lambda": ["0.1"]}
+    gates = np.array(data.gates)
+    gates[:, 0, :] = 0.01  # layer 1: barely open in every run
+    expected = np.full(len(data), 9.87)
+    barely = replace(data, gates=gates, metrics={**data.metrics, "expected_open_heads": expected})
+    z = (_cell_runs(sweep, TAG, "sp", 0.1) > 0).astype(float)
+    z[:, 0, :] = 1.0
+    counts = ", ".join(str(int(n)) for n in z.reshape(3, -1).sum(axis=1))
+    title = (f"{TAG} / minilm-l6 / head_gates / sp / lambda 0.1: seeds 0, 1, 2\n"
+             f"heads open (test-time gate > 0.001): {counts}; expected open 9.9, 9.9, 9.9")
+    assert figure_plan.figure(barely, "rgb", filters) == figures.rgb_seed_map(z[0], z[1], z[2], title)
+    title = (f"heads open (test-time gate > 0.001) in 3 runs: mean {z.reshape(3, -1).sum(axis=1).mean():.1f}, "
+             f"expected open 9.9\n{data.sweep_id}: {select.describe(filters)}")
+    assert figure_plan.figure(barely, "grey", filters) == figures.grey_map(
+        z, title, label="fraction of 3 runs with the head open")  # layer 1 black: open in all 3 runs
 
 
 def test_every_figure_kind_is_a_png(data):
@@ -348,9 +372,10 @@ def test_every_figure_kind_is_a_png(data):
 def test_grey_figure_is_the_mean_over_the_selection(data, sweep):
     png = figure_plan.figure(data, "grey", {"task": [CLS]})
     runs = np.stack([z for (t, *_), z in sweep.gates.items() if t == CLS])
-    title = f"mean heads.gate over 12 runs\n{data.sweep_id}: task:{CLS}"
-    assert _decode(png).shape == _decode(figures.grey_map(runs, title)).shape
-    assert png == figures.grey_map(runs, title)  # exactly the figure of those 12 runs
+    mean_open = runs.reshape(12, -1).sum(axis=1).mean()  # binary gates: open = 1
+    title = f"heads open (test-time gate > 0.001) in 12 runs: mean {mean_open:.1f}\n{data.sweep_id}: task:{CLS}"
+    expected = figures.grey_map(runs, title, label="fraction of 12 runs with the head open")
+    assert png == expected  # exactly the figure of those 12 runs
 
 
 def test_curves_points_per_pipeline(data):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config, run
+from experiments.runner import _expected_open
 from experiments.tracking import MemoryTracker
 
 TINY = {
@@ -56,6 +57,8 @@ def test_run_records_params_tags_metrics_and_map_artifacts():
     assert {m.kind for m in result.maps.values()} == {"heads"}
     assert _gate(result).shape == (2, 4) and ((_gate(result) >= 0) & (_gate(result) <= 1)).all()
     assert result.metrics["open_heads"] == float((_gate(result) > 1e-3).sum())
+    # the gate map's title gives expected open beside open: the run's own metric, from its final log_alpha
+    assert _expected_open(result, "heads.gate") == pytest.approx(result.metrics["expected_open_heads"], rel=1e-5)
 
 
 def test_same_config_gives_identical_gates_and_metrics():
