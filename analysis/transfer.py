@@ -215,10 +215,10 @@ def _check_one_setting(sel: SweepData) -> None:
     differ = {key: col for key, col in varying_config(sel).items()
               if key not in ignored and not key.startswith(_SOURCE_TASK)}
     if differ:
-        key, col = next(iter(sorted(differ.items())))
-        choices = sorted(set(as_codes(col).tolist()))
-        raise QueryError(f"the {METHOD} runs differ in {', '.join(sorted(differ))}: compare one setting at a time, "
-                         f"e.g. --where {key}:{choices[0]} ({key}: {list_choices(choices)})")
+        keys = sorted(differ, key=lambda k: (k.split(".", 1)[0] in ("init_from", "source"), k))  # stages last
+        choices = sorted(set(as_codes(differ[keys[0]]).tolist()))
+        raise QueryError(f"the {METHOD} runs differ in {', '.join(keys)}: compare one setting at a time, "
+                         f"e.g. --where {keys[0]}:{choices[0]} ({keys[0]}: {list_choices(choices)})")
 
 
 # --------------------------------------------------------------------------- output

@@ -60,11 +60,11 @@ def sweep(tmp_path_factory):
     and one more prompt_transfer run with another noise_std (another setting)."""
     url = f"sqlite:///{tmp_path_factory.mktemp('transfer') / 'registry.db'}"
     cells = {(i, j, s): _config(TASKS[j], TASKS[i], s) for i in range(3) for j in range(3) for s in SEEDS}
-    other = _config(TASKS[0], TASKS[1], 0, noise_std=0.5)
+    other = _config(TASKS[0], TASKS[1], 0, skill_neurons={"noise_std": 0.5})
     with Registry(url) as registry:
         sweep_id, counts = registry.create_sweep("transfer", "name: transfer\n", [*cells.values(), other],
                                                  {"cpus": 1.0, "gpus": 0.0}, None, 1)
-        assert counts["new"] == 18 + 1 + 6  # each task's prompt once per seed
+        assert counts["new"] == 18 + 1 + 6 + 2  # each task's prompt once per seed; the other setting's two
         for cfg in {up.run_key: up for c in cells.values() for up in c.upstreams.values()}.values():
             assert registry.claim(cfg.run_key, "test") is not None
             assert registry.finish(cfg.run_key, {"accuracy": 0.8})
@@ -99,7 +99,7 @@ def test_cell_means_and_source_labels():
 
 
 def test_tables_are_seed_means_rows_source_columns_target(data):
-    result = transfer.transfer_tables(data, {"prompt_transfer.noise_std": ["0.1"]}, n_perm=500)
+    result = transfer.transfer_tables(data, {"prompt_transfer.skill_neurons.noise_std": ["0.1"]}, n_perm=500)
     assert result.tasks == list(TASKS) and result.runs == 18 and result.fraction == 0.1
     assert (result.seeds == 2).all()
     for i in range(3):
@@ -114,16 +114,17 @@ def test_tables_are_seed_means_rows_source_columns_target(data):
     assert rho["overlap_active"].rho == pytest.approx(-1.0)
     assert rho["overlap_top20"].tested.p_value < 0.02 and rho["overlap_active"].tested.p_value == 1.0
     assert result.pooled == "6 ordered pairs of different tasks, each the mean of 2 seeds (18 runs)"
-    half = transfer.transfer_tables(data, {"prompt_transfer.noise_std": ["0.1"]}, fraction=0.05, n_perm=0)
+    half = transfer.transfer_tables(data, {"prompt_transfer.skill_neurons.noise_std": ["0.1"]}, fraction=0.05, n_perm=0)
     assert half.tables["drop_top"][2, 0] == pytest.approx(0.15) and half.correlations[0].tested is None
 
 
 def test_runs_of_another_setting_are_not_pooled(data):
-    with pytest.raises(QueryError, match=r"differ in prompt_transfer.noise_std: compare one setting at a time, "
-                                         r"e.g. --where prompt_transfer.noise_std:0.1"):
+    with pytest.raises(QueryError, match=r"differ in prompt_transfer.skill_neurons.noise_std, "
+                                         r"init_from.skill_neurons.noise_std, source.skill_neurons.noise_std: compare "
+                                         r"one setting at a time, e.g. --where prompt_transfer.skill_neurons.noise_std:0.1"):
         transfer.transfer_tables(data)
     with pytest.raises(QueryError, match="no perturbation of 0.3 of the neurons .fractions: 0.05, 0.1."):
-        transfer.transfer_tables(data, {"prompt_transfer.noise_std": ["0.1"]}, fraction=0.3)
+        transfer.transfer_tables(data, {"prompt_transfer.skill_neurons.noise_std": ["0.1"]}, fraction=0.3)
     with pytest.raises(QueryError, match="no finished prompt_transfer run"):
         transfer.transfer_tables(data, {"method": ["skill_neurons"]})
 
@@ -138,7 +139,7 @@ def _run(*argv: str) -> int:
 def test_the_command_prints_tables_csv_json_and_the_figure(sweep, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cli.out, "_width", 200)
     url, sweep_id = sweep
-    where = ("--where", "prompt_transfer.noise_std:0.1", "--db", url)
+    where = ("--where", "prompt_transfer.skill_neurons.noise_std:0.1", "--db", url)
     png = tmp_path / "transfer.png"
     assert _run("transfer", sweep_id, "--n-perm", "200", "--png", str(png), *where) == 0
     text = " ".join(capsys.readouterr().out.split())  # titles wrap at the tables' width

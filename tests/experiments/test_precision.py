@@ -255,7 +255,7 @@ SMALL = {
     "imp": {"pipeline": "prune_then_ft", "sparsity": 0.1},
     "multitask": {"tasks": [TAG], "pipeline": "shared", "lambda": 0.5},
     "skill_neurons": {"prompt_length": 2, "perturb_fractions": [0.1]},
-    "prompt_transfer": {"perturb_fractions": [0.1]},  # its stages: skill_neurons at its defaults, one run
+    "prompt_transfer": {"skill_neurons": {"prompt_length": 2, "perturb_fractions": [0.1]}},  # its stages: the run above
     "probes": {"fit_sentences": 8, "score_sentences": 4, "max_length": 24, "top_labels": 1},
     "attention_analysis": {"eval_examples": 8, "sentences": 4, "max_length": 24, "relations": ["nsubj"]},
     "head_importance": {"examples": 8, "step": 0.5},

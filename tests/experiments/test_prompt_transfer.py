@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config, run
-from experiments.config import ConfigError
+from experiments.config import ConfigError, apply_overrides
 from experiments.maths.transfer import chance_overlap, overlap, top_mask
 from experiments.tracking import MemoryTracker
 from orchestrator.grid import expand, parse_grid
@@ -18,9 +18,8 @@ TINY = {
     "model": "tiny-bert",
     "task": {"name": "synthetic-cls", "num_train": 48, "num_eval": 32, "max_length": 16},
     "train": {"max_steps": 3, "batch_size": 16, "eval_every": 3},
-    "init_from": {"method": "skill_neurons", "skill_neurons": {"prompt_length": 2, "prune_fraction": None}},
-    "source": {"method": "skill_neurons", "skill_neurons": {"prompt_length": 2, "prune_fraction": None}},
 }
+PROMPTS = {"prompt_length": 2, "prune_fraction": None, "perturb_fractions": [0.1]}
 
 
 @pytest.fixture(autouse=True)
@@ -28,11 +27,9 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
-def _cfg(base=TINY, source_task=None, **section):
-    raw = copy.deepcopy(base)
-    if source_task is not None:  # the source stage written out, on that task
-        raw["source"]["task"] = {"name": source_task}
-    return parse_config({**raw, "method": "prompt_transfer", "prompt_transfer": {"perturb_fractions": [0.1], **section}})
+def _cfg(source_task=None):
+    section = {"source_task": source_task, "skill_neurons": PROMPTS}
+    return parse_config({**copy.deepcopy(TINY), "method": "prompt_transfer", "prompt_transfer": section})
 
 
 # ------------------------------------------------------------------------------ maths
@@ -84,6 +81,11 @@ def test_a_grid_over_task_and_source_task_trains_each_prompt_once_per_seed():
     default = parse_config({"method": "prompt_transfer", "model": "tiny-bert"})  # no source_task: its own task
     assert default.source == {"method": "skill_neurons"} == default.init_from
     assert default.upstreams["source"].run_key == diagonal.upstreams["init_from"].run_key
+    # the prompts' keys reach both stages (--set and grids address them as any key)
+    words = parse_config(apply_overrides({"method": "prompt_transfer", "model": "tiny-bert"},
+                                         ["source_task=sst2", "prompt_transfer.skill_neurons.verbalizer=label_words"]))
+    assert words.init_from == {"method": "skill_neurons", "skill_neurons": {"verbalizer": "label_words"}}
+    assert {up.section.verbalizer for up in words.upstreams.values()} == {"label_words"}
 
 
 def test_the_example_grid_shares_nine_prompts(shared_data):
@@ -119,9 +121,11 @@ def test_a_file_task_s_keys_stay_with_the_target():
     ({"source": {"method": "skill_neurons", "task": {"name": "synthetic-shortcut"}}, "prompt_transfer": {"source_task": "sst2"}},
      r"^source.task.name: the source stage is on 'synthetic-shortcut', source_task says 'sst2'"),
     ({"source": {"method": "skill_neurons", "skill_neurons": {"prompt_length": 4}}},
-     r"^source: the two prompts must be trained alike, the stages differ in skill_neurons.prompt_length$"),
+     r"^source.skill_neurons: the prompts' runs take prompt_transfer.skill_neurons, this stage differs in prompt_length$"),
+    ({"prompt_transfer": {"skill_neurons": {"verbalizer": "label_words"}}, "init_from": {"method": "skill_neurons"}},
+     r"^init_from.skill_neurons: the prompts' runs take prompt_transfer.skill_neurons, this stage differs in verbalizer$"),
     ({"source": {"method": "skill_neurons", "train": {"epochs": 3}}},
-     r"^source: the two prompts must be trained alike, the stages differ in train.epochs$"),
+     r"^source.train: the two prompts must be trained alike, the stages differ in train.epochs$"),
     ({"init_from": {"method": "skill_neurons", "task": {"name": "synthetic-shortcut"}}},
      r"^init_from.task: the target prompt must be trained on this run's task 'synthetic-cls'"),
     ({"source": {"method": "skill_neurons", "model": "tiny-roberta"}}, r"^source.model: the prompts must be of this run's model"),
