@@ -36,7 +36,8 @@ from analysis.select import (
 )
 from experiments.units import OPEN_THRESHOLD
 
-FIGURE_KINDS = ("rgb", "grey", "agreement", "curves", "pruning")
+FIGURE_KINDS = ("rgb", "grey", "agreement", "curves", "compare_maps", "pruning")
+"""Every kind ``figure`` draws and ``figure_plan`` plans: the CLI's ``figures`` writes them, the service serves them."""
 CELL_AXES = ("task", "model", "method", "pipeline", "sparsity", "lambda")
 """The labels that name a cell, seed aside (any other config key of a grid names it too)."""
 CURVE_X = ("sparsity", "lambda", "open_heads")
@@ -214,7 +215,7 @@ def figure(data: SweepData, kind: str, filters: Filters | None = None, across: s
     (default: sparsity, else lambda, else open heads), mean line and std
     band per pipeline. ``max_run_perms``: see ``agreement``. ``map_name``: the
     unit map of rgb, grey and agreement figures. ``compare_maps``: the annotated matrix of Spearman
-    rho between ``maps`` (``analysis.compare``; not among the service's kinds). ``pruning``:
+    rho between ``maps`` (``analysis.compare``). ``pruning``:
     head_importance's pruning curves of ``metric`` (``analysis.pruning``), one line per cell.
     """
     if kind == "rgb":

@@ -22,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
 
 import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
@@ -217,6 +218,18 @@ class MaskIouOut(BaseModel):
     pooled: str
 
 
+class FigureOut(BaseModel):
+    name: str = Field(description="The file `headsweep figures` writes it to.")
+    kind: str
+    url: str = Field(description="The PNG: this service's figures/{kind}.png with the plan's parameters.")
+
+
+class FiguresOut(BaseModel):
+    sweep: str
+    figures: list[FigureOut] = Field(description="Every figure worth drawing for the sweep (analysis.figure_plan), "
+                                                 "the ones `headsweep figures` writes.")
+
+
 # --------------------------------------------------------------------------- state
 
 
@@ -322,6 +335,25 @@ SweepId = Annotated[str, Depends(sweep_path)]
 
 def _frozen(filters: dict[str, list[str]]) -> tuple:
     return tuple(sorted((k, tuple(v)) for k, v in filters.items()))
+
+
+_FIGURE_QUERY = {"across": "across", "metric": "metric", "x": "x", "map_name": "map", "maps": "maps"}
+"""figure() keyword -> the query parameter of ``figures/{kind}.png`` that sets it (filters aside)."""
+
+
+def figure_url(sweep_id: str, kind: str, params: dict[str, Any]) -> str:
+    """The URL of a planned figure (``figure_plan.figure_plan``): its figure() keywords as the query of
+    ``figures/{kind}.png``; filters on an axis as that parameter, on another config key in ``where``."""
+    query: dict[str, str] = {}
+    filters = params.get("filters") or {}
+    query |= {key: ",".join(map(str, values)) for key, values in filters.items() if key in AXES}
+    where = [f"{key}:{'|'.join(map(str, values))}" for key, values in filters.items() if key not in AXES]
+    if where:
+        query["where"] = ",".join(where)
+    for key, value in params.items():
+        if key != "filters":
+            query[_FIGURE_QUERY[key]] = ",".join(value) if key == "maps" else str(value)
+    return f"/sweeps/{sweep_id}/figures/{kind}.png" + (f"?{urlencode(query)}" if query else "")
 
 
 def _json(model: BaseModel) -> Response:
@@ -485,24 +517,35 @@ def build_app(registry_url: str) -> FastAPI:
         return state.answer(sweep_id, ("mask-iou", _frozen(filters), across, pooled), lambda data: _json(MaskIouOut(
             **masks.mask_iou(data, across, masks.stored_masks(), filters, pooled))))
 
+    @app.get("/sweeps/{sweep_id}/figures", response_model=FiguresOut,
+             summary="Every figure of the sweep, as `headsweep figures` writes them, each with its URL")
+    def list_figures(sweep_id: SweepId, request: Request) -> Response:
+        _check_params(request, axes=False)
+        return state.answer(sweep_id, ("figures",), lambda data: _json(FiguresOut(sweep=sweep_id, figures=[
+            FigureOut(name=name, kind=kind, url=figure_url(sweep_id, kind, params))
+            for name, kind, params in figure_plan.figure_plan(data)])))
+
     @app.get("/sweeps/{sweep_id}/figures/{kind}.png", response_class=Response,
              responses={200: {"content": {"image/png": {}}, "description": "A PNG image."}},
-             summary="A figure of the selection as PNG")
+             summary="A figure of the selection as PNG (every kind `headsweep figures` draws)")
     def figure(
-        sweep_id: SweepId, kind: Literal["rgb", "grey", "agreement", "curves"], request: Request,
+        sweep_id: SweepId, kind: Literal[figure_plan.FIGURE_KINDS], request: Request,
         filters: Filters,
         across: str = "seed",
         metric: Annotated[str | None, Query(min_length=1)] = None,
-        x: Literal["sparsity", "lambda", "open_heads"] | None = None,
+        x: Literal[figure_plan.CURVE_X] | None = None,
         map: Annotated[str, Query(description="Unit map of rgb, grey and agreement figures.")] = "heads.gate",
+        maps: Annotated[str | None, Query(description="compare_maps: comma-separated maps of one kind "
+                                                      "('-' before a name flips it).")] = None,
         n_perm: Annotated[int, Query(ge=0, le=2000)] = 1000,
     ) -> Response:
-        _check_params(request, "across", "metric", "x", "map", "n_perm")
+        _check_params(request, "across", "metric", "x", "map", "maps", "n_perm")
+        names = [m.strip() for m in (maps or "").split(",") if m.strip()]
         return state.answer(
-            sweep_id, ("figure", kind, _frozen(filters), across, metric, x, map, n_perm),
+            sweep_id, ("figure", kind, _frozen(filters), across, metric, x, map, tuple(names), n_perm),
             lambda data: Response(
                 figure_plan.figure(data, kind, filters, across=across, metric=metric, x=x, n_perm=n_perm,
-                               max_run_perms=MAX_RUN_PERMS, map_name=map),
+                                   max_run_perms=MAX_RUN_PERMS, map_name=map, maps=names),
                 media_type="image/png"))
 
     return app

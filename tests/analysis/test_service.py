@@ -158,7 +158,7 @@ def test_openapi_document(served):
     assert set(paths) == {"/sweeps", "/sweeps/{sweep_id}", "/sweeps/{sweep_id}/runs",
                           "/sweeps/{sweep_id}/aggregate", "/sweeps/{sweep_id}/agreement",
                           "/sweeps/{sweep_id}/spearman", "/sweeps/{sweep_id}/mask-iou", "/sweeps/{sweep_id}/compare-maps",
-                          "/sweeps/{sweep_id}/figures/{kind}.png"}
+                          "/sweeps/{sweep_id}/figures", "/sweeps/{sweep_id}/figures/{kind}.png"}
 
 
 @pytest.mark.ray
@@ -256,4 +256,70 @@ def test_fuzz_finds_no_server_error(sweep, mode):
         except Unsatisfiable:  # nothing of this operation can be made invalid (e.g. a free string)
             assert mode == GenerationMode.NEGATIVE, operation.label
             unsatisfiable.append(operation.label)
-    assert unsatisfiable == ([] if mode == GenerationMode.POSITIVE else ["GET /sweeps/{sweep_id}"])
+    assert unsatisfiable == ([] if mode == GenerationMode.POSITIVE else ["GET /sweeps/{sweep_id}", "GET /sweeps/{sweep_id}/figures"])
+
+
+# --------------------------------------------------------------------------- every figure of the CLI (ASGI, no Ray)
+
+
+@pytest.fixture(scope="module")
+def every_kind_sweep(tmp_path_factory):
+    """(url, sweep id) of a registry sweep with a figure of every kind: head_gates SP (2 lambdas x 3 seeds)
+    and head_importance (3 seeds, a pruning curve) runs that start from the same 3 fine-tunes."""
+    from experiments.config import parse_config
+
+    rng = np.random.default_rng(5)
+    url = f"sqlite:///{tmp_path_factory.mktemp('every_kind') / 'registry.db'}"
+    base = {"model": "minilm-l6", "task": {"name": CLS}, "train": {"max_steps": 10}}
+    gates = [parse_config({**base, "method": "head_gates", "seed": s, "head_gates": {"pipeline": "sp", "lambda": lam}})
+             for s in range(3) for lam in (0.01, 0.1)]
+    importance = [parse_config({**base, "method": "head_importance", "seed": s}) for s in range(3)]
+    profile = rng.normal(size=(6, 12))
+    with Registry(url) as registry:
+        sweep_id, _ = registry.create_sweep("kinds", "name: kinds\n", [*gates, *importance], {"cpus": 1.0}, None, 1)
+        for key in {cfg.upstreams["init_from"].run_key for cfg in [*gates, *importance]}:
+            assert registry.claim(key, "w") is not None and registry.finish(key, {"accuracy": 0.8})
+        for cfg in gates:
+            alpha = profile + rng.normal(scale=0.5, size=profile.shape) - 10 * cfg.section.lambda_
+            assert registry.claim(cfg.run_key, "w") is not None
+            assert registry.finish(cfg.run_key, {"accuracy": 0.8 - cfg.section.lambda_, "open_heads": float((alpha > 0).sum())},
+                                   (alpha > 0).astype(np.float32), alpha)
+        for cfg in importance:
+            curve = {f"accuracy_pruned_{p}": 0.8 - 0.003 * p - 0.01 * cfg.seed for p in (0, 50, 100)}
+            assert registry.claim(cfg.run_key, "w") is not None
+            assert registry.finish(cfg.run_key, {"accuracy": 0.8, **curve}, maps={
+                "heads.importance": profile + rng.normal(scale=0.5, size=profile.shape)})
+    return url, sweep_id
+
+
+def test_the_service_offers_every_figure_the_cli_writes(every_kind_sweep, tmp_path):
+    """GET /figures lists figure_plan's figures under the CLI's file names; each URL answers the very
+    PNG that `headsweep figures` writes, and every kind of figure_plan.FIGURE_KINDS is among them."""
+    import argparse
+
+    from fastapi.testclient import TestClient
+
+    from analysis import cli, figure_plan
+
+    url, sweep_id = every_kind_sweep
+    parser = argparse.ArgumentParser(prog="headsweep")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["figures", sweep_id, "--out", str(tmp_path), "--db", url])
+    assert args.func(args) == 0
+    written = {path.name: path.read_bytes() for path in tmp_path.glob("*.png")}
+    with TestClient(build_app(url)) as client:
+        listed = client.get("/sweeps/last/figures")
+        assert listed.status_code == 200, listed.text
+        assert listed.json()["sweep"] == sweep_id
+        figures = listed.json()["figures"]
+        assert sorted(f["name"] for f in figures) == sorted(written)
+        assert {f["kind"] for f in figures} == set(figure_plan.FIGURE_KINDS)
+        for planned in figures:
+            assert planned["url"].startswith(f"/sweeps/{sweep_id}/figures/{planned['kind']}.png")
+            response = client.get(planned["url"])
+            assert response.status_code == 200, (planned, response.text)
+            assert response.headers["content-type"] == "image/png"
+            assert response.content == written[planned["name"]], planned
+        assert client.get(f"/sweeps/{sweep_id}/figures?task={CLS}").status_code == 400  # the whole sweep's plan
+        compared = client.get(f"/sweeps/{sweep_id}/figures/compare_maps.png", params={"maps": "heads.importance"})
+        assert compared.status_code == 400 and "give two or more maps" in compared.json()["detail"]
