@@ -1,4 +1,8 @@
-"""`headsweep submit` with bad grids: one line naming the problem, exit 2, nothing written anywhere."""
+"""`headsweep submit` with bad grids: one line naming the problem, exit 2, nothing written anywhere.
+
+The cases run ``orchestrator.cli.main`` in this process (a fresh interpreter costs ~6 CPU-seconds of
+imports, 20-40 s each on a loaded 2-core machine); one case goes through a real process, its exit
+status and its stderr."""
 
 import os
 import subprocess
@@ -8,11 +12,22 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.cli import main as headsweep
+
 GOOD = {
     "name": "bad",
     "base": {"model": "tiny-bert", "task": {"name": "synthetic-cls"}},
     "axes": {"seed": [0, 1]},
 }
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """An empty HEADSWEEP_HOME of the test's own (for this process and the processes it starts)."""
+    monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path / "home"))
+    for name in ("HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "home"
 
 
 def _bad(**changes):
@@ -41,40 +56,41 @@ def _bad(**changes):
          "cell 1 (lambda=-1): head_gates.lambda: Input should be greater than or equal to 0 (got -1)"),
     ],
 )
-def test_bad_grids_fail_at_submit_and_write_nothing(tmp_path, text, message):
+def test_bad_grids_fail_at_submit_and_write_nothing(tmp_path, home, capsys, text, message):
     grid = tmp_path / "grid.yaml"
     grid.write_text(text)
-    env = os.environ | {"HEADSWEEP_HOME": str(tmp_path / "home")}
-    for name in ("HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI"):
-        env.pop(name, None)
     for extra in ([], ["--dry-run"]):
-        result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(grid), *extra],
-                                capture_output=True, text=True, env=env, timeout=120)
-        assert result.returncode == 2, result.stderr[-2000:]
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and message in lines[0], result.stderr
-    home = tmp_path / "home"
-    assert not (home / "registry.db").exists() and not (home / "mlflow.db").exists()
+        assert headsweep(["submit", str(grid), *extra]) == 2
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], err
+    assert not home.exists() or not any(home.iterdir())  # no registry, no MLflow store, no Ray head
 
 
-def test_dry_run_prints_the_expansion(tmp_path):
+def test_a_bad_grid_in_a_real_process_exits_2_with_one_line(tmp_path, home):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(_bad(axes={"sed": [0, 1]}))
+    result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(grid)],
+                            capture_output=True, text=True, env=os.environ.copy(), timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        f"headsweep: error: {grid}: axes: unknown key 'sed'; did you mean 'seed'?"]
+    assert not home.exists() or not any(home.iterdir())
+
+
+def test_dry_run_prints_the_expansion(tmp_path, home, capsys):
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump({**GOOD, "axes": {"seed": [0, 1, 2], "lambda": [0.01, 0.1]}}))
-    env = os.environ | {"HEADSWEEP_HOME": str(tmp_path / "home")}
-    result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(grid), "--dry-run"],
-                            capture_output=True, text=True, env=env, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "6 runs, 6 new, 0 already finished" in result.stdout
+    assert headsweep(["submit", str(grid), "--dry-run"]) == 0
+    assert "6 runs, 6 new, 0 already finished" in capsys.readouterr().out
 
 
-def test_dry_run_of_the_stem_cell_example(tmp_path, shared_data):
+def test_dry_run_of_the_stem_cell_example(home, shared_data, capsys):
     """24 head_gates cells plus a random-init control with three seeds, and the 6 fine-tunes
     (task x seed) the SP cells start from, each once: as its comment says."""
-    env = os.environ | {"HEADSWEEP_HOME": str(tmp_path / "home")}
     example = Path(__file__).resolve().parents[2] / "examples" / "grid_stem_cell.yaml"
-    result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(example), "--dry-run"],
-                            capture_output=True, text=True, env=env, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "33 runs, 33 new, 0 already finished" in result.stdout
-    assert "27 cells + 6 upstream runs (6 finetune) that 12 runs start from" in result.stdout
+    assert headsweep(["submit", str(example), "--dry-run"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "33 runs, 33 new, 0 already finished" in out
+    assert "27 cells + 6 upstream runs (6 finetune) that 12 runs start from" in out
     assert "27 cells" in example.read_text() and "33 runs in all" in example.read_text()
