@@ -12,7 +12,9 @@ each metric over the pair's seeds into a ``(T, T)`` table, rows = source, column
 - ``overlap_active``: the overlap (cosine) of the neurons the two prompts activate;
 - ``drop_top`` / ``drop_random``: the target prompt's accuracy minus its accuracy with Gaussian
   noise on the source's top ``f`` of the neurons / on as many random neurons in the same layers
-  (the task x task perturbation table; ``f`` = ``fraction``, default the largest reported).
+  (the task x task perturbation table; ``f`` = ``fraction``, default the largest reported, at the
+  noise std ``noise_std``, default the one most runs have: a grid may add cells at other noise
+  levels, evaluation only, and each level is a table of its own).
 
 Wang et al. (2022) report that the overlap of top skill neurons predicts transferability better
 than the overlap of activated neurons (Spearman 0.71 vs 0.53 across task pairs).
@@ -66,6 +68,7 @@ TABLES_DRAWN = ("transfer_relative", "overlap_top20", "overlap_active", "drop_to
 OVERLAPS = ("overlap_top20", "overlap_active")
 TRANSFER = "transfer_relative"
 _NOISE = "accuracy_noise_source_{}_{:g}"
+_NOISE_STD = f"{METHOD}.noise_std"
 _SOURCE_TASK = "source.task."
 """Config keys of the source stage's task: they follow ``source_task``, never another axis."""
 
@@ -94,6 +97,8 @@ class Transfer:
     """``(T, T)`` int: finished runs (seeds) averaged in each cell."""
     fraction: float
     """The perturbed fraction of the ``drop_*`` tables."""
+    noise_std: float
+    """The runs' ``prompt_transfer.noise_std``: the noise of the ``drop_*`` tables."""
     correlations: list[Correlation]
     model: str
     runs: int
@@ -120,10 +125,10 @@ def _standard_ranks(x: np.ndarray) -> np.ndarray | None:
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
     """Spearman rho of two ``(n,)`` arrays (Pearson r of their average ranks); NaN when either is
     constant or ``n < 3``."""
-    rx, ry = _standard_ranks(x), _standard_ranks(y)
-    if len(x) < 3 or rx is None or ry is None:
+    if len(x) < 3:
         return math.nan
-    return float(np.mean(rx * ry))
+    rx, ry = _standard_ranks(x), _standard_ranks(y)
+    return math.nan if rx is None or ry is None else float(np.mean(rx * ry))
 
 
 def spearman_test(x: np.ndarray, y: np.ndarray, n_perm: int, rng: np.random.Generator) -> stats.NullResult:
@@ -143,7 +148,7 @@ def perturbed_fractions(names) -> list[float]:
 
 
 def transfer_tables(data: SweepData, filters: Filters | None = None, fraction: float | None = None,
-                    n_perm: int = 1000, seed: int = 0) -> Transfer:
+                    noise_std: float | None = None, n_perm: int = 1000, seed: int = 0) -> Transfer:
     """The task x task tables and the overlap-transfer correlations of the prompt_transfer runs."""
     sel = select(data, filters)
     sel = sel.subset(sel.method == METHOD)
@@ -152,6 +157,7 @@ def transfer_tables(data: SweepData, filters: Filters | None = None, fraction: f
     if len(sel) == 0:
         raise QueryError(f"no finished {METHOD} run in {describe(filters)} (examples/grid_skill_transfer.yaml "
                          "runs them)")
+    sel, noise_std = _at_noise(sel, noise_std)
     _check_one_setting(sel)
     fractions = perturbed_fractions(sel.metrics)
     fraction = max(fractions) if fraction is None else fraction
@@ -188,7 +194,8 @@ def transfer_tables(data: SweepData, filters: Filters | None = None, fraction: f
     if off.sum() < 3:
         notes.append(f"{int(off.sum())} ordered pairs of different tasks: a rank correlation needs 3 or more")
     models = sorted({str(m) for m in sel.model})
-    return Transfer(data.sweep_id, tasks, tables, seeds, fraction, correlations, ", ".join(models), len(sel), notes)
+    return Transfer(data.sweep_id, tasks, tables, seeds, fraction, noise_std, correlations, ", ".join(models),
+                    len(sel), notes)
 
 
 def cell_means(values: np.ndarray, row: np.ndarray, col: np.ndarray, size: int) -> np.ndarray:
@@ -209,9 +216,20 @@ def source_tasks(sel: SweepData) -> np.ndarray:
     return np.array([str(t) if value_label(s) == "none" else str(s) for s, t in zip(stage, sel.task, strict=True)])
 
 
+def _at_noise(sel: SweepData, noise_std: float | None) -> tuple[SweepData, float]:
+    """The runs at ``noise_std`` (default: the value most runs have), and that value."""
+    column = np.asarray(config_columns(sel)[_NOISE_STD], dtype=np.float64)
+    values, counts = np.unique(column, return_counts=True)
+    chosen = float(values[np.argmax(counts)]) if noise_std is None else noise_std
+    at = np.isclose(column, chosen)
+    if not at.any():
+        raise QueryError(f"no run with {_NOISE_STD} {chosen:g} ({_NOISE_STD}: {', '.join(f'{v:g}' for v in values)})")
+    return sel.subset(at), chosen
+
+
 def _check_one_setting(sel: SweepData) -> None:
     """QueryError naming the config keys (other than seed, task and the source) the runs differ in."""
-    ignored = ("seed", "task.name", f"{METHOD}.source_task")
+    ignored = ("seed", "task.name", f"{METHOD}.source_task", _NOISE_STD)
     differ = {key: col for key, col in varying_config(sel).items()
               if key not in ignored and not key.startswith(_SOURCE_TASK)}
     if differ:
@@ -239,7 +257,7 @@ def transfer_json(result: Transfer) -> dict:
     """Everything as plain JSON values."""
     return {
         "sweep": result.sweep_id, "model": result.model, "tasks": result.tasks, "runs": result.runs,
-        "fraction": result.fraction, "meaning": TABLES,
+        "fraction": result.fraction, "noise_std": result.noise_std, "meaning": TABLES,
         "tables": {name: [[py(v) for v in r] for r in table] for name, table in result.tables.items()},
         "seeds": result.seeds.tolist(),
         "correlations": [_correlation_json(c) for c in result.correlations],
@@ -256,10 +274,12 @@ def _correlation_json(c: Correlation) -> dict:
     return out
 
 
-def panel_title(name: str, fraction: float) -> str:
-    """A table's title: what it shows (with the perturbed fraction for the drops)."""
+def panel_title(name: str, result: Transfer) -> str:
+    """A table's title: what it shows (with the perturbed fraction and the noise for the drops)."""
     what = TABLES[name]
-    return f"{name}: {what}" + (f" ({100 * fraction:g} % of the neurons)" if name.startswith("drop_") else "")
+    if name.startswith("drop_"):
+        what += f" ({100 * result.fraction:g} % of the neurons, noise std {result.noise_std:g})"
+    return f"{name}: {what}"
 
 
 def transfer_png(result: Transfer, filters: Filters | None = None) -> bytes:
@@ -278,7 +298,7 @@ def transfer_png(result: Transfer, filters: Filters | None = None) -> bytes:
     for ax, name in zip(axes.flat, TABLES_DRAWN, strict=False):
         table = result.tables[name]
         scale = drops if name.startswith("drop_") else table[off]
-        _matrix(ax, table, result.tasks, _wrap(panel_title(name, result.fraction), 36), scale)
+        _matrix(ax, table, result.tasks, _wrap(panel_title(name, result), 36), scale)
     _scatter(axes.flat[5], result)
     where = f" ({describe(filters)})" if filters else ""
     fig.suptitle(f"{result.sweep_id}{where}: prompt transfer between tasks, {result.model}\n"

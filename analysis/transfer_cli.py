@@ -36,13 +36,14 @@ examples:
   headsweep submit examples/grid_skill_transfer.yaml --wait
   headsweep transfer last --png transfer.png
   headsweep transfer last --fraction 0.05 --format csv
+  headsweep transfer last --noise-std 0.5          # the cells at another noise level
 """
 
 
 @cli._bad_input_is_config_error
 def cmd_transfer(args: argparse.Namespace) -> int:
     data, where = cli._load(args)
-    result = transfer_tables(data, where, fraction=args.fraction, n_perm=args.n_perm)
+    result = transfer_tables(data, where, fraction=args.fraction, noise_std=args.noise_std, n_perm=args.n_perm)
     if args.format == "json":
         print(json.dumps(transfer_json(result), indent=2))
     elif args.format == "csv":
@@ -57,7 +58,7 @@ def cmd_transfer(args: argparse.Namespace) -> int:
 
 def _print(result: Transfer) -> None:
     for name in TABLES:
-        table = Table(title=f"{panel_title(name, result.fraction)} ({result.sweep_id}, {result.model})",
+        table = Table(title=f"{panel_title(name, result)} ({result.sweep_id}, {result.model})",
                       box=box.SIMPLE, pad_edge=False)
         table.add_column("source \\ target")
         for task in result.tasks:
@@ -86,6 +87,8 @@ def register(subparsers: argparse._SubParsersAction, db_help: str, where_help: s
     p.add_argument("sweep", help=cli.SWEEP_HELP)
     p.add_argument("--fraction", type=float,
                    help="the perturbed fraction of the neurons in the drop tables (default: the largest reported)")
+    p.add_argument("--noise-std", type=float,
+                   help="the runs at this prompt_transfer.noise_std (default: the value most runs have)")
     p.add_argument("--n-perm", type=int, default=1000,
                    help="shuffles of the transfer values among the pairs; default 1000, 0 = no test")
     p.add_argument("--format", default="table", choices=cli.AGREEMENT_FORMATS,

@@ -49,9 +49,11 @@ data by ``skill_neurons.find_skill_neurons`` (deterministic: the ranking of its
 - ``accuracy_noise_source_top_<f>`` / ``accuracy_noise_source_random_<f>``: the target prompt on
   its own task with Gaussian noise N(0, ``noise_std``^2) on the SOURCE prompt's top-k skill
   neurons, vs on k random neurons in the same layers, ``k = max(1, round(f * L * I))``, ``f`` in
-  ``perturb_fractions`` (both of ``prompt_transfer.skill_neurons``, as the stages' own check):
-  ``skill_neurons.perturbation_check`` with the source's ranking and the target run's noise and
-  random draws, so a diagonal cell repeats the target run's own check.
+  ``perturb_fractions``: ``skill_neurons.perturbation_check`` with the source's ranking and the
+  target run's noise and random draws, so a diagonal cell with the stages' ``noise_std`` and
+  fractions repeats the target run's own check, and with others perturbs each prompt's own top
+  neurons at other noise levels without training it again (these two keys are this run's, not
+  the stages').
 
 ``headsweep transfer SWEEP`` (analysis/transfer.py) puts the pairs into task x task tables and
 correlates the overlaps with transfer across pairs (paper: Spearman 0.53 for activated neurons,
@@ -63,7 +65,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from experiments.config import ConfigError, Section
 from experiments.context import RunContext
@@ -101,9 +103,22 @@ class Config(Section):
         "own task, or the source stage written in the config (source: {method: skill_neurons, task: {...}}, "
         "e.g. a task from your files).")
     skill_neurons: SkillNeurons = Field(
-        default_factory=SkillNeurons, description="The keys of both prompts' skill_neurons runs (the stages: "
-        "prompt_transfer.skill_neurons.verbalizer, ...); its noise_std and perturb_fractions also perturb the "
-        "source's top neurons here.")
+        default_factory=SkillNeurons, description="The keys of both prompts' skill_neurons runs, its stages "
+        "(prompt_transfer.skill_neurons.verbalizer, ...): how the prompts train, and the stages' own checks.")
+    noise_std: float = Field(0.1, ge=0, description="Std of the Gaussian noise on the source's top neurons (paper: "
+                             "0.1); evaluation only: another value trains no prompt again.")
+    perturb_fractions: tuple[float, ...] = Field(
+        (0.01, 0.02, 0.05, 0.1), min_length=1,
+        description="Fractions of all FFN neurons perturbed: the source's top-k vs k random (same layers), "
+        "k = max(1, round(f*L*I)).")
+
+    @field_validator("perturb_fractions")
+    @classmethod
+    def _fractions(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        bad = [f for f in value if not 0 < f <= 1]
+        if bad:
+            raise ValueError(f"each fraction must be in (0, 1], got {bad}")
+        return tuple(sorted(set(value)))
 
 
 def stages(section: Config) -> dict[str, dict]:
@@ -166,7 +181,7 @@ def _differ(a, b) -> list[str]:
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
-    hp = cfg.section.skill_neurons  # as the stages' (check)
+    hp = cfg.section
     target, model = prompted(cfg, ctx, "init_from")
     found, own = find_skill_neurons(model, target), calibrated_accuracy(model, target)
     if cfg.upstreams["source"].run_key == cfg.upstreams["init_from"].run_key:  # the diagonal: one run, read once

@@ -57,20 +57,25 @@ def _metrics(i: int, j: int, seed: int) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """(registry URL, sweep id): 18 finished prompt_transfer runs and their 6 skill_neurons stages,
-    and one more prompt_transfer run with another noise_std (another setting)."""
+    the diagonal of seed 0 again at noise std 0.5 (evaluation only: the same stages), and one run of
+    prompts trained otherwise (skill_neurons.noise_std 0.5: another setting)."""
     url = f"sqlite:///{tmp_path_factory.mktemp('transfer') / 'registry.db'}"
     cells = {(i, j, s): _config(TASKS[j], TASKS[i], s) for i in range(3) for j in range(3) for s in SEEDS}
     other = _config(TASKS[0], TASKS[1], 0, skill_neurons={"noise_std": 0.5})
+    louder = {i: _config(TASKS[i], TASKS[i], 0, noise_std=0.5) for i in range(3)}
     with Registry(url) as registry:
-        sweep_id, counts = registry.create_sweep("transfer", "name: transfer\n", [*cells.values(), other],
+        sweep_id, counts = registry.create_sweep("transfer", "name: transfer\n", [*cells.values(), other, *louder.values()],
                                                  {"cpus": 1.0, "gpus": 0.0}, None, 1)
-        assert counts["new"] == 18 + 1 + 6 + 2  # each task's prompt once per seed; the other setting's two
+        assert counts["new"] == 18 + 1 + 3 + 6 + 2  # each task's prompt once per seed; the other setting's two
         for cfg in {up.run_key: up for c in cells.values() for up in c.upstreams.values()}.values():
             assert registry.claim(cfg.run_key, "test") is not None
             assert registry.finish(cfg.run_key, {"accuracy": 0.8})
         for (i, j, s), cfg in [*cells.items(), ((1, 0, 0), other)]:
             assert registry.claim(cfg.run_key, "test") is not None
             assert registry.finish(cfg.run_key, _metrics(i, j, s))
+        for i, cfg in louder.items():
+            assert registry.claim(cfg.run_key, "test") is not None
+            assert registry.finish(cfg.run_key, _metrics(i, i, 0) | {"accuracy_noise_source_top_0.1": 0.4})
     return url, sweep_id
 
 
@@ -100,7 +105,7 @@ def test_cell_means_and_source_labels():
 
 def test_tables_are_seed_means_rows_source_columns_target(data):
     result = transfer.transfer_tables(data, {"prompt_transfer.skill_neurons.noise_std": ["0.1"]}, n_perm=500)
-    assert result.tasks == list(TASKS) and result.runs == 18 and result.fraction == 0.1
+    assert result.tasks == list(TASKS) and result.runs == 18 and result.fraction == 0.1 and result.noise_std == 0.1
     assert (result.seeds == 2).all()
     for i in range(3):
         for j in range(3):
@@ -116,6 +121,12 @@ def test_tables_are_seed_means_rows_source_columns_target(data):
     assert result.pooled == "6 ordered pairs of different tasks, each the mean of 2 seeds (18 runs)"
     half = transfer.transfer_tables(data, {"prompt_transfer.skill_neurons.noise_std": ["0.1"]}, fraction=0.05, n_perm=0)
     assert half.tables["drop_top"][2, 0] == pytest.approx(0.15) and half.correlations[0].tested is None
+    # the cells at another noise level (the diagonal only): tables of their own, no correlation
+    loud = transfer.transfer_tables(data, {"prompt_transfer.skill_neurons.noise_std": ["0.1"]}, noise_std=0.5)
+    assert loud.runs == 3 and (loud.seeds == np.eye(3)).all()
+    np.testing.assert_allclose(np.diag(loud.tables["drop_top"]), [0.4, 0.4, 0.4])
+    assert np.isnan(loud.tables["drop_top"][0, 1]) and np.isnan(loud.correlations[0].rho)
+    assert loud.notes == ["0 ordered pairs of different tasks: a rank correlation needs 3 or more"]
 
 
 def test_runs_of_another_setting_are_not_pooled(data):
@@ -125,6 +136,8 @@ def test_runs_of_another_setting_are_not_pooled(data):
         transfer.transfer_tables(data)
     with pytest.raises(QueryError, match="no perturbation of 0.3 of the neurons .fractions: 0.05, 0.1."):
         transfer.transfer_tables(data, {"prompt_transfer.skill_neurons.noise_std": ["0.1"]}, fraction=0.3)
+    with pytest.raises(QueryError, match=r"no run with prompt_transfer.noise_std 0.3 .prompt_transfer.noise_std: 0.1, 0.5."):
+        transfer.transfer_tables(data, noise_std=0.3)
     with pytest.raises(QueryError, match="no finished prompt_transfer run"):
         transfer.transfer_tables(data, {"method": ["skill_neurons"]})
 
@@ -144,7 +157,8 @@ def test_the_command_prints_tables_csv_json_and_the_figure(sweep, tmp_path, caps
     assert _run("transfer", sweep_id, "--n-perm", "200", "--png", str(png), *where) == 0
     text = " ".join(capsys.readouterr().out.split())  # titles wrap at the tables' width
     assert "transfer_relative: zero-shot transfer" in text and "source \\ target" in text
-    assert "drop_top: target accuracy lost to noise on the source's top skill neurons (10 % of the neurons)" in text
+    assert ("drop_top: target accuracy lost to noise on the source's top skill neurons (10 % of the neurons, "
+            "noise std 0.1)") in text
     assert "Spearman(overlap_top20, transfer_relative) = 1.000; transfer shuffled among the pairs" in text
     assert "Spearman(overlap_active, transfer_relative) = -1.000" in text
     assert "pooled: 6 ordered pairs of different tasks, each the mean of 2 seeds (18 runs)" in text

@@ -27,8 +27,8 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
-def _cfg(source_task=None):
-    section = {"source_task": source_task, "skill_neurons": PROMPTS}
+def _cfg(source_task=None, **keys):
+    section = {"source_task": source_task, "skill_neurons": PROMPTS, "perturb_fractions": [0.1], **keys}
     return parse_config({**copy.deepcopy(TINY), "method": "prompt_transfer", "prompt_transfer": section})
 
 
@@ -96,7 +96,7 @@ def test_the_example_grid_shares_nine_prompts(shared_data):
     spec = load_grid(Path(__file__).resolve().parents[2] / "examples" / "grid_skill_transfer.yaml")
     cells = expand(spec)
     keyed, edges = with_upstreams(cells)
-    assert len(cells) == 27 and len(keyed) == 27 + 9
+    assert len(cells) == 27 + 9 and len(keyed) == 27 + 9 + 9  # the includes: the diagonal at noise 0.5
     assert sorted({(keyed[up].task.name, keyed[up].seed) for _, _, up in edges}) == [
         (task, seed) for task in ("sst2", "synthetic-cls", "synthetic-shortcut") for seed in (0, 1, 2)]
 
@@ -142,11 +142,12 @@ def test_what_cannot_be_compared_fails_at_validation(change, message):
 
 
 def test_a_pair_and_the_diagonal_end_to_end():
-    """Two skill_neurons runs (synthetic-cls, synthetic-shortcut), then two transfers from one store:
-    shortcut -> cls, and cls -> cls, whose stages are one run."""
-    diagonal, pair = _cfg(), _cfg(source_task="synthetic-shortcut")
-    chain, edges = with_upstreams([diagonal, pair])
-    assert len(chain) == 4 and diagonal.upstreams["source"].run_key == diagonal.upstreams["init_from"].run_key
+    """Two skill_neurons runs (synthetic-cls, synthetic-shortcut), then three transfers from one store:
+    shortcut -> cls, and cls -> cls (its stages one run) at noise 0.1 and 0.5 (no prompt trained again)."""
+    diagonal, pair, louder = _cfg(), _cfg(source_task="synthetic-shortcut"), _cfg(noise_std=0.5)
+    chain, edges = with_upstreams([diagonal, pair, louder])
+    assert len(chain) == 2 + 3 and diagonal.upstreams["source"].run_key == diagonal.upstreams["init_from"].run_key
+    assert louder.upstreams["init_from"].run_key == diagonal.upstreams["init_from"].run_key
     store, results, trackers = {}, {}, {}
     for key, step in chain.items():
         trackers[key] = MemoryTracker()
@@ -164,6 +165,10 @@ def test_a_pair_and_the_diagonal_end_to_end():
     assert same["accuracy"] == target["accuracy"]
     assert same["accuracy_noise_source_top_0.1"] == target["accuracy_noise_top_0.1"]
     assert same["accuracy_noise_source_random_0.1"] == target["accuracy_noise_random_0.1"]
+
+    loud = results[louder.run_key].metrics
+    assert loud["accuracy"] == same["accuracy"] and loud["overlap_top20"] == 1.0
+    assert 0 <= loud["accuracy_noise_source_top_0.1"] <= 1
 
     moved = results[pair.run_key].metrics
     assert moved["accuracy"] == target["accuracy"]
