@@ -6,9 +6,6 @@ set), as cells of one grid on a real local Ray, SQLite registry and MLflow store
 a grid whose CSV has no label column stopped at ``headsweep submit``.
 """
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +92,10 @@ def test_a_csv_task_and_a_pair_task_with_an_ood_set_run_through_a_sweep(home):
     assert by_file["pairs_train.jsonl"]["n"] == 2 and by_file["feedback_train.csv"]["n"] == 0
 
 
-def test_submit_stops_a_grid_whose_csv_has_no_label_column_and_writes_nothing(tmp_path):
+def test_submit_stops_a_grid_whose_csv_has_no_label_column_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """``headsweep submit`` in this process (its exit status through a real one: test_cli_submit.py)."""
+    from orchestrator.cli import main
+
     (tmp_path / "train.csv").write_text("text,category\ngreat,pos\nawful,neg\n", encoding="utf-8")
     (tmp_path / "dev.csv").write_text("text,category\nfine,pos\n", encoding="utf-8")
     bad = {"name": "classification", "data_dir": str(tmp_path), "train": "train.csv", "dev": "dev.csv"}
@@ -104,13 +104,12 @@ def test_submit_stops_a_grid_whose_csv_has_no_label_column_and_writes_nothing(tm
             "axes": {"seed": [0, 1]}, "include": [{"task": good, "seed": 0}]}  # fmt: skip
     (tmp_path / "grid.yaml").write_text(yaml.safe_dump(grid))
     home = tmp_path / "home"
-    env = os.environ | {"HEADSWEEP_HOME": str(home)}
+    monkeypatch.setenv("HEADSWEEP_HOME", str(home))
     for name in ("HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI"):
-        env.pop(name, None)
-    result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(tmp_path / "grid.yaml")],
-                            capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)  # fmt: skip
-    assert result.returncode == 2, result.stderr[-2000:]
-    (line,) = result.stderr.strip().splitlines()
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(ROOT)
+    assert main(["submit", str(tmp_path / "grid.yaml")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("headsweep: error: cell 0 (seed=0)") and (
         f"task.label: no column 'label' in {tmp_path}/train.csv (its columns: text, category)") in line, line
     assert not home.exists() or not any(home.iterdir())  # no registry, no MLflow store, no Ray head
