@@ -305,16 +305,6 @@ def test_a_sigkilled_worker_is_rerun_and_every_run_finishes_exactly_once(home, r
     print(f"\nworker SIGKILL -> its run rerun: {rerun_after_s:.1f} s; the sweep finished {finished_after_s:.0f} s after the kill")
 
 
-def test_resources_no_node_can_satisfy_fail_at_submit_and_write_nothing(home, tmp_path):
-    grid_file = tmp_path / "grid.yaml"
-    grid_file.write_text(yaml.safe_dump({**SLOW_GRID, "resources": {"cpus": 1, "gpus": 8}}))
-    result = _cli("submit", str(grid_file))
-    assert result.returncode == 2
-    assert "GPU" in result.stderr and len(result.stderr.strip().splitlines()) == 1
-    assert Registry(f"sqlite:///{home}/registry.db").list_sweeps() == []
-    assert not (home / "mlflow.db").exists()
-
-
 # last in the module: the second node stays until the module's cluster is torn down
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 def test_trials_land_on_both_nodes(home, ray_cluster, tmp_path):

@@ -1,5 +1,6 @@
-"""The local Ray head that ``submit`` starts: loopback only, one per HEADSWEEP_HOME, stopped by PID; and a
-sweep runs the code of the checkout that submitted it, whoever started the head."""
+"""The local Ray head that ``submit`` starts: loopback only, one per HEADSWEEP_HOME, stopped by PID, its
+nodes what ``submit`` checks a grid's resources against; and a sweep runs the code of the checkout that
+submitted it, whoever started the head."""
 
 import json
 import os
@@ -99,6 +100,25 @@ def test_a_port_held_by_someone_else_is_an_error_not_a_head_to_join(tmp_path, mo
         with pytest.raises(cluster.ClusterError, match="taken by another process"):
             cluster.local_head(home=tmp_path)
     assert not (tmp_path / "ray.json").exists()
+
+
+def test_resources_no_node_can_satisfy_fail_at_submit_and_write_nothing(head_a, tmp_path, monkeypatch, capsys):
+    """Checked against the head's real nodes (2 CPUs, no GPU), before anything is written. `submit`
+    in this process: its exit status through a real one is test_cli_submit.py's."""
+    from orchestrator.cli import main
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HEADSWEEP_HOME", str(home))
+    monkeypatch.setenv("RAY_ADDRESS", head_a["address"])
+    monkeypatch.setenv("HEADSWEEP_RAY_DASHBOARD", head_a["dashboard"])
+    for name in ("HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    grid_file = tmp_path / "grid.yaml"
+    grid_file.write_text(yaml.safe_dump({**GRID, "resources": {"cpus": 1, "gpus": 8}}))
+    assert main(["submit", str(grid_file)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "GPU" in line and "no node has that" in line, line
+    assert not home.exists() or not any(home.iterdir())  # no registry, no MLflow store, no head of its own
 
 
 GRID = {
