@@ -189,7 +189,9 @@ def run(cfg, ctx: RunContext) -> RunResult:
     else:
         source, source_model = prompted(cfg, ctx, "source")
         found_source = find_skill_neurons(source_model, source)  # on the source's own data
-        carried = PromptedEncoder(target.encoder, source_model.prompt)  # the source prompt on the target's backbone
+        # the source prompt on the target's backbone; eval: loop.evaluate gives a model back in its own mode,
+        # and a new module's is train (the backbone's dropout would stay on)
+        carried = PromptedEncoder(target.encoder, source_model.prompt).eval()
         transfer = calibrated_accuracy(carried, target)
 
     num_layers, inner = found["score"].shape
@@ -240,6 +242,7 @@ def _accuracy(model: PromptedEncoder, readout: torch.nn.Module, state: RunState)
 def calibrated_accuracy(model: PromptedEncoder, state: RunState) -> float:
     """Dev accuracy of ``state``'s read-out (a copy) over ``model``'s prompt, the read-out's
     standardisation re-estimated on the training sentences under that prompt (no labels read)."""
+    model.eval()
     readout = copy.deepcopy(state.decoder)
     readout.norm.reset_running_stats()
     readout.norm.momentum = None  # running statistics = the plain average over the batches
@@ -255,6 +258,7 @@ def calibrated_accuracy(model: PromptedEncoder, state: RunState) -> float:
 def active_neurons(model: PromptedEncoder, ids: torch.Tensor, state: RunState) -> torch.Tensor:
     """``(P, L, I)`` bool: the FFN neurons the prompt activates (activation > 0) at its positions,
     the prompt fed alone: ``ids`` (1, 2) are an empty sentence, [CLS] [SEP] (Su et al. 2022)."""
+    model.eval()
     n = model.prompt.weight.shape[0]
     with capture_ffn(model.backbone, torch.arange(1, 1 + n, device=state.device)) as capture, state.autocast():
         model(ids, torch.ones_like(ids))

@@ -174,6 +174,7 @@ def test_a_pair_and_the_diagonal_end_to_end():
     assert moved["accuracy"] == target["accuracy"]
     assert moved["transfer_relative"] == pytest.approx(moved["transfer_accuracy"] / moved["own_accuracy"])
     assert moved["own_accuracy"] == same["own_accuracy"]
+    assert moved["active_fraction"] == same["active_fraction"]  # the target prompt's set, in eval mode both times
     for name in ("transfer_accuracy", "overlap_top20", "overlap_active", "accuracy_noise_source_top_0.1",
                  "accuracy_noise_source_random_0.1"):
         assert 0 <= moved[name] <= 1, name
