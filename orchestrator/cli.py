@@ -116,7 +116,7 @@ def _run_tracked(cfg, args: argparse.Namespace, store, save: bool):
         bar = progress.add_task(cfg.run_name(" "), total=None, loss=float("nan"), open_heads="-")
 
         def on_progress(step, total, metrics):
-            progress.update(bar, completed=step, total=total, loss=metrics["loss"],
+            progress.update(bar, completed=step, total=total, loss=metrics.get("loss", float("nan")),
                             open_heads=metrics.get("open_heads", "-"))
 
         try:

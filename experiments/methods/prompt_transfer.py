@@ -65,7 +65,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from experiments.config import ConfigError, Section
 from experiments.context import RunContext
@@ -73,6 +73,7 @@ from experiments.loop import evaluate, forward_logits, take
 from experiments.maths.transfer import chance_overlap, overlap, top_mask
 from experiments.methods.skill_neurons import Config as SkillNeurons
 from experiments.methods.skill_neurons import (
+    Fractions,
     PromptedEncoder,
     build,
     find_skill_neurons,
@@ -107,18 +108,11 @@ class Config(Section):
         "(prompt_transfer.skill_neurons.verbalizer, ...): how the prompts train, and the stages' own checks.")
     noise_std: float = Field(0.1, ge=0, description="Std of the Gaussian noise on the source's top neurons (paper: "
                              "0.1); evaluation only: another value trains no prompt again.")
-    perturb_fractions: tuple[float, ...] = Field(
+    perturb_fractions: Fractions = Field(
         (0.01, 0.02, 0.05, 0.1), min_length=1,
         description="Fractions of all FFN neurons perturbed: the source's top-k vs k random (same layers), "
         "k = max(1, round(f*L*I)).")
 
-    @field_validator("perturb_fractions")
-    @classmethod
-    def _fractions(cls, value: tuple[float, ...]) -> tuple[float, ...]:
-        bad = [f for f in value if not 0 < f <= 1]
-        if bad:
-            raise ValueError(f"each fraction must be in (0, 1], got {bad}")
-        return tuple(sorted(set(value)))
 
 
 def stages(section: Config) -> dict[str, dict]:

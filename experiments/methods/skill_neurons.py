@@ -61,11 +61,11 @@ import io
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 from torch import nn
 
 from experiments.config import ConfigError, Section
@@ -86,6 +86,17 @@ from experiments.neurons import capture_ffn, perturb_neurons
 from experiments.result import RunResult, UnitMap
 from experiments.seeding import derive_seed, generator
 from experiments.state import RunState, set_up
+
+
+def _fractions(value: tuple[float, ...]) -> tuple[float, ...]:
+    bad = [f for f in value if not 0 < f <= 1]
+    if bad:
+        raise ValueError(f"each fraction must be in (0, 1], got {bad}")
+    return tuple(sorted(set(value)))
+
+
+Fractions = Annotated[tuple[float, ...], AfterValidator(_fractions)]
+"""Fractions of all FFN neurons, each in (0, 1], sorted, each once (perturb_fractions here and in prompt_transfer)."""
 
 VERSION = "1"
 PIPELINES = ("none",)
@@ -114,17 +125,9 @@ class Config(Section):
         0.02, gt=0, le=1, description="Neuron pruning (paper: 0.02): keep this fraction of the FFN neurons of the upper "
         "half of the layers, the top by predictivity, fold the others' mean activation into the output bias, slice the "
         "matrices (experiments/ffn_prune.py) and report pruned_<metric>; None = no pruning.")
-    perturb_fractions: tuple[float, ...] = Field(
+    perturb_fractions: Fractions = Field(
         (0.01, 0.02, 0.05, 0.1), min_length=1,
         description="Fractions of all FFN neurons perturbed: top-k vs k random (same layers), k = max(1, round(f*L*I)).")
-
-    @field_validator("perturb_fractions")
-    @classmethod
-    def _fractions(cls, value: tuple[float, ...]) -> tuple[float, ...]:
-        bad = [f for f in value if not 0 < f <= 1]
-        if bad:
-            raise ValueError(f"each fraction must be in (0, 1], got {bad}")
-        return tuple(sorted(set(value)))
 
     @field_validator("label_words")
     @classmethod

@@ -132,3 +132,16 @@ def test_run_then_ui_shows_it(tmp_path):
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)
+
+
+def test_run_of_a_method_whose_progress_reports_no_loss(tmp_path, monkeypatch):
+    """head_importance's pruning steps report open heads and no loss: the progress bar shows '-'
+    for it (it raised KeyError 'loss'). In this process, with its fine-tune stage run first."""
+    from orchestrator.cli import main
+
+    monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path / "home"))
+    for name in ("HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    config = {k: v for k, v in TINY.items() if k != "head_gates"} | {
+        "method": "head_importance", "head_importance": {"examples": 16}}
+    assert main(["run", _write(tmp_path / "c.yaml", config), "--no-track"]) == 0
