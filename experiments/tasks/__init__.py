@@ -25,8 +25,10 @@ undecodable text); ``fingerprint`` is the content hash of every file a task
 reads (None for generated data), so a changed file never reuses a result.
 Built-ins: ``sst2`` and ``ud-pos`` are fixed configurations of the general
 tasks over the shared data; ``ud-dep`` tags each UD word with its head's offset
-(dependency arcs as tagging, experiments/tasks/ud_dep.py); ``synthetic-cls`` and
-``synthetic-tag`` generate their data from ``data_seed``; ``synthetic-shortcut``
+(dependency arcs as tagging, experiments/tasks/ud_dep.py); ``synthetic-cls``,
+``synthetic-tag`` and ``synthetic-cue`` generate their data from ``data_seed`` (synthetic-cue:
+each word tagged with the topic of a cue word 1-4 positions to its left, so it needs attention;
+the demo's task); ``synthetic-shortcut``
 is synthetic-cls with a planted shortcut (a marker word that agrees with the label
 90 % of the time in train and dev) and an ``ood`` evaluation set where it does not.
 
@@ -49,6 +51,7 @@ from experiments.tasks import (
     classification,
     sst2,
     synthetic_cls,
+    synthetic_cue,
     synthetic_shortcut,
     synthetic_tag,
     tagging,
@@ -62,6 +65,7 @@ __all__ = ["TASKS", "Split", "TaskData", "bias_feature_names", "get_task"]
 TASKS: dict[str, ModuleType] = {
     "synthetic-cls": synthetic_cls,
     "synthetic-tag": synthetic_tag,
+    "synthetic-cue": synthetic_cue,
     "synthetic-shortcut": synthetic_shortcut,
     "sst2": sst2,
     "ud-pos": ud_pos,

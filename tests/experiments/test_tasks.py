@@ -6,7 +6,16 @@ import types
 import pytest
 import torch
 
-from experiments.tasks import TASKS, Split, get_task, sst2, synthetic_cls, synthetic_tag, ud_pos
+from experiments.tasks import (
+    TASKS,
+    Split,
+    get_task,
+    sst2,
+    synthetic_cls,
+    synthetic_cue,
+    synthetic_tag,
+    ud_pos,
+)
 from experiments.tasks._common import (
     IGNORE_INDEX,
     default_data_dir,
@@ -32,9 +41,9 @@ def make_cfg(name, **overrides):
 # --------------------------------------------------------------------------- registry
 
 
-def test_registry_has_exactly_the_eight_tasks_with_the_full_interface():
-    assert list(TASKS) == ["synthetic-cls", "synthetic-tag", "synthetic-shortcut", "sst2", "ud-pos", "ud-dep",
-                           "classification", "tagging"]
+def test_registry_has_exactly_the_nine_tasks_with_the_full_interface():
+    assert list(TASKS) == ["synthetic-cls", "synthetic-tag", "synthetic-cue", "synthetic-shortcut", "sst2", "ud-pos",
+                           "ud-dep", "classification", "tagging"]
     for name, module in TASKS.items():
         missing = [attr for attr in INTERFACE if not hasattr(module, attr)]
         assert not missing, f"{name} lacks {missing}"
@@ -55,7 +64,7 @@ def test_get_task_suggests_the_closest_name():
 # --------------------------------------------------------------------------- synthetic tasks
 
 
-@pytest.mark.parametrize("name", ["synthetic-cls", "synthetic-tag"])
+@pytest.mark.parametrize("name", ["synthetic-cls", "synthetic-tag", "synthetic-cue"])
 def test_synthetic_tasks_are_deterministic_per_data_seed(name, minilm_tokenizer):
     task = get_task(name)
     a = task.load(make_cfg(name, data_seed=3), minilm_tokenizer)
@@ -101,6 +110,74 @@ def test_synthetic_tag_has_words_whose_tag_depends_on_context():
             seen.setdefault(word, set()).add(tag)
     ambiguous = {w for w, t in seen.items() if len(t) > 1}
     assert {"watch", "play", "light", "fast"} <= ambiguous
+
+
+def _fillers(words, tags):
+    """(word, position, sentence index, tag) of every filler: the words whose tag another word decides."""
+    return [(w, i, n, t) for n, (sentence, sentence_tags) in enumerate(zip(words, tags, strict=True))
+            for i, (w, t) in enumerate(zip(sentence, sentence_tags, strict=True)) if w in synthetic_cue.FILLERS]
+
+
+def test_synthetic_cue_tags_each_word_with_the_topic_of_the_cue_to_its_left():
+    words, tags = synthetic_cue.generate(500, seed=2)
+    topic_of = {w: synthetic_cue.LABEL_NAMES.index(t) for t, cues in synthetic_cue.CUES.items() for w in cues}
+    assert not set(topic_of) & set(synthetic_cue.FILLERS)
+    distances = set()
+    for sentence, sentence_tags in zip(words, tags, strict=True):
+        assert sentence[0] in topic_of and 2 <= sum(w in topic_of for w in sentence) <= 3
+        topics = [topic_of[w] for w in sentence if w in topic_of]
+        assert all(a != b for a, b in zip(topics[:-1], topics[1:], strict=True))  # neighbouring clauses: different topics
+        cue_at = 0
+        for i, (word, tag) in enumerate(zip(sentence, sentence_tags, strict=True)):
+            cue_at = i if word in topic_of else cue_at
+            assert tag == topic_of[sentence[cue_at]]
+            distances.add(i - cue_at)
+    assert distances == set(range(5))  # the cue itself, and 1 to 4 words back
+
+
+@pytest.fixture
+def one_thread():
+    """Small matrices: on a loaded machine a second thread only waits (30 s instead of 5)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_synthetic_cue_is_not_solved_without_context(one_thread):
+    """What a token sees with every head closed (itself and its position) leaves a filler at chance,
+    and a position-free bag of words of the sentence beside it (logistic regression) does little
+    better: the tag is decided by which cue stands before the word, not by which cues are there."""
+    train, dev = synthetic_cue.generate(2000, seed=0), synthetic_cue.generate(500, seed=1)
+    train_fillers, dev_fillers = _fillers(*train), _fillers(*dev)
+    # word and position: the majority tag of each (word, position) in train
+    counts: dict[tuple[str, int], list[int]] = {}
+    for w, i, _, t in train_fillers:
+        counts.setdefault((w, i), [0] * 4)[t] += 1
+    right = [t == max(range(4), key=counts.get((w, i), [1, 0, 0, 0]).__getitem__) for w, i, _, t in dev_fillers]
+    assert 0.2 < sum(right) / len(right) < 0.32  # chance: 1/4
+    # bag of words: the word (one-hot), its sentence's word counts and a bias; no positions
+    vocab = {w: k for k, w in enumerate([*synthetic_cue.FILLERS, *sum(synthetic_cue.CUES.values(), ())])}
+
+    def features(words, fillers):
+        bags = torch.zeros(len(words), len(vocab))
+        for n, sentence in enumerate(words):
+            for w in sentence:
+                bags[n, vocab[w]] += 1
+        own = torch.nn.functional.one_hot(torch.tensor([vocab[w] for w, *_ in fillers]), len(vocab)).float()
+        x = torch.cat([own, bags[[n for _, _, n, _ in fillers]], torch.ones(len(fillers), 1)], dim=1)
+        return x, torch.tensor([t for *_, t in fillers])
+
+    x, y = features(train[0], train_fillers)
+    x_dev, y_dev = features(dev[0], dev_fillers)
+    weight, targets = torch.zeros(x.shape[1], 4), torch.nn.functional.one_hot(y, 4).float()
+    x_t = x.T.contiguous() / len(x)
+    for _ in range(300):  # logistic regression: full-batch gradient descent on the cross-entropy
+        weight -= x_t @ (torch.softmax(x @ weight, dim=1) - targets)
+    fits = (x @ weight).argmax(-1).eq(y).float().mean().item()
+    bag_accuracy = (x_dev @ weight).argmax(-1).eq(y_dev).float().mean().item()
+    assert bag_accuracy < 0.6 and fits < 0.6, (bag_accuracy, fits)
+    assert bag_accuracy > 0.35  # it does learn: the topics of the sentence's cues, 2 or 3 of the 4
 
 
 def test_synthetic_check_rejects_empty_sizes():
