@@ -214,14 +214,16 @@ class RunConfig(_Frozen):
         columns and run names all read it (None where the method has no such key).
         """
         section = self.section
+        pipeline = section_value(section, "pipeline")
         return {
             "task": self.task.name,
             "model": self.model,
             "method": self.method,
-            "pipeline": section_value(section, "pipeline"),
+            "pipeline": pipeline,
             "seed": self.seed,
             "sparsity": section_value(section, "sparsity"),
-            "lambda": section_value(section, "lambda"),
+            # no gates trained (multitask's pipeline none): its lambda weighs nothing, so no label
+            "lambda": None if pipeline == "none" else section_value(section, "lambda"),
         }
 
     def run_name(self, sep: str = "-") -> str:

@@ -248,3 +248,10 @@ def test_a_bad_task_entry_fails_at_validation_naming_the_key(section, expected):
     with pytest.raises(ConfigError) as info:
         parse_config(raw)
     assert str(info.value) == expected
+
+
+def test_lambda_is_a_label_only_where_gates_are_trained():
+    """pipeline none trains no gate: no lambda in the run's labels (tables, run names, registry)."""
+    assert _cfg(pipeline="none").labels()["lambda"] is None
+    assert _cfg(pipeline="shared").labels()["lambda"] == 0.5
+    assert _cfg(pipeline="per_task").labels()["lambda"] == 0.5
