@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import os
+import random
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -271,6 +272,22 @@ def tagging_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, fl
     if num_scored == 0:
         return {"accuracy": float("nan")}
     return {"accuracy": int(correct.sum()) / num_scored}
+
+
+def generate_tagged(make_example: Callable, n: int, seed: int) -> tuple[list[list[str]], list[list[int]]]:
+    """``n`` sentences of ``make_example(rng) -> (words, tag ids)``, drawn from ``random.Random(seed)``."""
+    rng = random.Random(seed)
+    examples = [make_example(rng) for _ in range(n)]
+    return [w for w, _ in examples], [t for _, t in examples]
+
+
+def load_generated(cfg, tokenizer, generate: Callable, encode, label_names: tuple[str, ...]) -> TaskData:
+    """A generated task's splits: ``generate(n, seed)`` num_train / num_eval examples, each split
+    from its own seed of ``data_seed``, then subset and tokenised as ``build_task_data`` does."""
+    sizes = {"train": cfg.num_train, "dev": cfg.num_eval}
+    return build_task_data(
+        cfg, tokenizer, lambda split: generate(sizes[split], split_seed(cfg.data_seed, split)), encode, label_names,
+    )
 
 
 def build_task_data(

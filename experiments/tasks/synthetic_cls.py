@@ -16,11 +16,10 @@ import random
 from experiments.tasks._common import (
     ClassificationDecoder,
     TaskData,
-    build_task_data,
     check_synthetic_sizes,
     classification_accuracy,
     encode_sentences,
-    split_seed,
+    load_generated,
 )
 
 VERSION = "1"
@@ -109,11 +108,7 @@ def balanced_labels(rng: random.Random, n: int) -> list[int]:
 def load(cfg, tokenizer) -> TaskData:
     """Generate num_train / num_eval sentences from data_seed, subset, tokenise."""
     check(cfg)
-    sizes = {"train": cfg.num_train, "dev": cfg.num_eval}
-    return build_task_data(
-        cfg, tokenizer, lambda split: generate(sizes[split], split_seed(cfg.data_seed, split)),
-        encode_sentences, LABEL_NAMES,
-    )
+    return load_generated(cfg, tokenizer, generate, encode_sentences, LABEL_NAMES)
 
 
 build_decoder = ClassificationDecoder  # (hidden_size, num_labels) -> nn.Module

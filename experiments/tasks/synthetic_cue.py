@@ -25,10 +25,10 @@ import random
 from experiments.tasks._common import (
     TaggingDecoder,
     TaskData,
-    build_task_data,
     check_synthetic_sizes,
     encode_words,
-    split_seed,
+    generate_tagged,
+    load_generated,
     tagging_accuracy,
 )
 
@@ -77,19 +77,13 @@ def make_example(rng: random.Random) -> tuple[list[str], list[int]]:
 
 def generate(n: int, seed: int) -> tuple[list[list[str]], list[list[int]]]:
     """n generated sentences: (words, tag ids) lists."""
-    rng = random.Random(seed)
-    examples = [make_example(rng) for _ in range(n)]
-    return [w for w, _ in examples], [t for _, t in examples]
+    return generate_tagged(make_example, n, seed)
 
 
 def load(cfg, tokenizer) -> TaskData:
     """Generate num_train / num_eval sentences from data_seed, subset, tokenise."""
     check(cfg)
-    sizes = {"train": cfg.num_train, "dev": cfg.num_eval}
-    return build_task_data(
-        cfg, tokenizer, lambda split: generate(sizes[split], split_seed(cfg.data_seed, split)),
-        encode_words, LABEL_NAMES,
-    )
+    return load_generated(cfg, tokenizer, generate, encode_words, LABEL_NAMES)
 
 
 build_decoder = TaggingDecoder  # (hidden_size, num_labels) -> nn.Module
