@@ -24,7 +24,7 @@ demo: venv
 	$(VENV)/bin/headsweep agreement last --across seed
 	@echo "Look at it: .venv/bin/headsweep ui (MLflow, http://127.0.0.1:5000); .venv/bin/headsweep serve (analysis API)"
 
-# The default run aims at under 10 minutes on 2 quiet cores (927 tests: 13 min 58 s measured at load 7-15,
+# The default run stays under 10 minutes on 2 cores (931 tests: 5 min 46 s quiet; 13 min 58 s at load 7-15,
 # beside other work; 11 min 27 s at load 3-8 before the test-time cuts of 2026-11-25). The slow tests (a SIGKILLed
 # driver resumed by the supervisor, a stopped one left failed and resumed by hand, a killed worker
 # retried, orphans rerun, GPU packing, two nodes, two homes' heads,
