@@ -26,6 +26,8 @@ from ray import tune  # noqa: E402
 
 from orchestrator import settings, trial  # noqa: E402
 from orchestrator.registry import Registry  # noqa: E402
+from orchestrator.registry.history import WORKER_LOST  # noqa: E402
+from orchestrator.status import RunStatus, SweepStatus  # noqa: E402
 from orchestrator.supervisor import reconcile  # noqa: E402  (the supervisor reconciles too, without Tune)
 
 STALE_AFTER_S = 4 * trial.HEARTBEAT_S
@@ -44,6 +46,52 @@ class _CancelStopper(tune.Stopper):
 
     def stop_all(self) -> bool:
         return self.poll()
+
+
+class _WorkerLost(tune.Callback):
+    """A trial whose worker process died (SIGKILL, the OOM killer, a lost node) leaves its run RUNNING
+    with no error written. Tune tells the driver: the sweep's history records it (``status`` names
+    it) and, when Tune has no retry left (``max_failures``), the run fails here with what happened,
+    so it shows in the failures and ``--rerun-failed`` requeues it instead of it waiting for the
+    orphan reset and then never running."""
+
+    def __init__(self, registry: Registry, sweep: dict[str, Any], tracking_uri: str | None) -> None:
+        self.registry, self.sweep, self.tracking_uri = registry, sweep, tracking_uri
+
+    def _held(self, trial) -> dict[str, Any] | None:
+        """The trial's run when its (dead) attempt still holds it: a raised error has failed it already."""
+        run = self.registry.get_run(trial.config["run_key"])
+        held = run["status"] == RunStatus.RUNNING and (run["worker"] or "").split("@", 1)[0] == trial.trial_id
+        return run if held else None
+
+    def _record(self, trial, then: str) -> None:
+        try:
+            run = self._held(trial)
+            if run is None:
+                return
+            if then == "failed":
+                error = (f"worker {run['worker']} died during attempt {run['attempts']} without a result or "
+                         f"traceback (killed: out of memory?); no retry left (max_failures "
+                         f"{self.sweep['max_failures']})")
+                if not self.registry.fail(run["run_key"], error, worker=run["worker"]):
+                    return  # taken over meanwhile (an orphan reset, another sweep)
+                if self.tracking_uri and run["mlflow_run_id"]:
+                    from orchestrator import tracking
+
+                    mlflow = tracking.client(self.tracking_uri)
+                    mlflow.set_tag(run["mlflow_run_id"], "error", error)
+                    mlflow.set_terminated(run["mlflow_run_id"], status="FAILED")
+            self.registry.add_event(self.sweep["id"], WORKER_LOST, {
+                "run_key": run["run_key"], "worker": run["worker"], "attempt": run["attempts"], "then": then})
+        except Exception:  # noqa: BLE001 - never take Tune down; the orphan reset catches the run
+            logging.getLogger("headsweep.driver").exception("run %s: could not record its lost worker",
+                                                            trial.config.get("run_key"))
+
+    def on_trial_recover(self, iteration: int, trials: list, trial, **info: Any) -> None:
+        self._record(trial, "retried")
+
+    def on_trial_error(self, iteration: int, trials: list, trial, **info: Any) -> None:
+        self._record(trial, "failed")
 
 
 def _trial_name(trial) -> str:
@@ -85,10 +133,21 @@ def _run_wave(sweep: dict[str, Any], keys: list[str], env: dict[str, Any], run_f
             failure_config=tune.FailureConfig(max_failures=sweep["max_failures"]),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             stop=_CancelStopper(registry, sweep["id"]),
+            callbacks=[_WorkerLost(registry, sweep, env["tracking_uri"])],
             verbose=0,
         ),
     )
     tuner.fit()
+
+
+def final_status(counts: dict[str, int], cancel_requested: bool) -> str:
+    """The sweep's status once its driver is done: cancelled when asked to, or when every run that
+    did not finish was cancelled one by one; finished when every run finished; failed otherwise
+    (failed, blocked, or left pending)."""
+    finished, cancelled = counts.get(RunStatus.FINISHED, 0), counts.get(RunStatus.CANCELLED, 0)
+    if cancel_requested or (cancelled and finished + cancelled == sum(counts.values())):
+        return SweepStatus.CANCELLED
+    return SweepStatus.FINISHED if finished == sum(counts.values()) else SweepStatus.FAILED
 
 
 def execute_sweep(
@@ -136,12 +195,7 @@ def execute_sweep(
         _run_wave(sweep, keys, env, run_fn, registry)
 
     counts = registry.sweep_counts(sweep_id)
-    if registry.cancel_requested(sweep_id):
-        status = "cancelled"
-    elif counts.get("finished", 0) == sum(counts.values()):
-        status = "finished"
-    else:
-        status = "failed"
+    status = final_status(counts, registry.cancel_requested(sweep_id))
     registry.set_sweep(sweep_id, status=status)
     if mlflow is not None:
         mlflow.set_terminated(sweep["mlflow_parent_run_id"], status={"finished": "FINISHED", "cancelled": "KILLED"}.get(status, "FAILED"))

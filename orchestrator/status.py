@@ -20,7 +20,7 @@ class RunStatus(StrEnum):
     FAILED = "failed"
     """Its last attempt raised; the traceback is kept."""
     CANCELLED = "cancelled"
-    """Its sweep was cancelled before it finished."""
+    """Its sweep (or the run alone, ``Registry.cancel_run``) was cancelled before it finished."""
     BLOCKED = "blocked"
     """An upstream run it starts from (a stage) failed, was cancelled or is blocked itself; the
     error names it. Not failed: it never ran. Resume or resubmit tries it again."""
@@ -38,6 +38,7 @@ class SweepStatus(StrEnum):
     FAILED = "failed"
     """The driver stopped with runs failed or left over."""
     CANCELLED = "cancelled"
+    """Cancelled, or every run that did not finish was cancelled one by one."""
 
 
 SWEEP_DONE = (SweepStatus.FINISHED, SweepStatus.FAILED, SweepStatus.CANCELLED)

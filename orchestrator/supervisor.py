@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 from orchestrator import cluster, settings, sweeps
 from orchestrator.registry import Registry
 from orchestrator.registry.db import now
-from orchestrator.registry.history import DRIVER_LOST, GAVE_UP, RESUMED
+from orchestrator.registry.history import DRIVER_LOST, GAVE_UP, ORPHANED, RESUMED, WORKER_LOST
 from orchestrator.status import SweepStatus
 
 ALIVE = ("PENDING", "RUNNING")
@@ -96,8 +96,13 @@ def history(sweep: dict[str, Any]) -> list[str]:
         kind, detail = event["kind"], event["detail"]
         if kind == DRIVER_LOST:
             word = {"UNKNOWN": "gone (with its Ray head?)"}.get(detail["state"], detail["state"].lower())
-            lines.append(f"driver {word} at {_clock(event['at'])}")
+            orphaned = detail.get("orphaned")
+            lines.append(f"driver {word} at {_clock(event['at'])}"
+                         + (f"; {_runs(orphaned)} orphaned" if orphaned else ""))
             open_lost = True
+            continue
+        if kind in (WORKER_LOST, ORPHANED):  # about runs, not the driver: a line of its own
+            lines.append(run_event(kind, detail, _clock(event["at"])))
             continue
         if kind == RESUMED:
             text = f"resumed automatically ({detail['attempt']}/{detail['of']})" if detail.get("auto") else "resumed by hand"
@@ -120,6 +125,23 @@ def history(sweep: dict[str, Any]) -> list[str]:
         lines[-1] += ("; the supervisor resumes it within seconds" if action and action.kind == "resume"
                       else f"; `headsweep resume {sweep['id']}` runs what is left")
     return lines
+
+
+def run_event(kind: str, detail: dict[str, Any], clock: str) -> str:
+    """One line for a run's lost worker ('worker of run 3f2a9c01d4e5 died at 14:02 (attempt 1): Tune
+    retried it') or for runs reconciled while the driver lived."""
+    if kind == ORPHANED:
+        keys = detail["run_keys"]
+        return (f"{_runs(len(keys))} orphaned at {clock} (worker stopped heartbeating): back to pending "
+                f"({', '.join(key[:12] for key in keys[:5])}{', ...' if len(keys) > 5 else ''})")
+    then = {"retried": "Tune retried it",
+            "failed": "no retry left (max_failures), the run failed; --rerun-failed requeues it"}
+    return (f"worker of run {detail['run_key'][:12]} died at {clock} (attempt {detail['attempt']}): "
+            f"{then.get(detail['then'], detail['then'])}")
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
 
 
 def _clock(at: datetime) -> str:
@@ -173,6 +195,7 @@ def tick(registry: Registry, head: dict[str, str], job=job_state, start=sweeps.s
         if action and action.kind == "reconcile":
             orphans = reconcile(registry, sweep_id, ORPHAN_AFTER_S, settings.tracking_uri() if tracked else None)
             if orphans:
+                registry.add_event(sweep_id, ORPHANED, {"run_keys": orphans})
                 done.append(f"{sweep_id}: {len(orphans)} orphaned runs back to pending: {', '.join(orphans)}")
             continue
         if action and action.kind == "lose":

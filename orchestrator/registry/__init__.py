@@ -8,7 +8,7 @@ Split along its seams, each part one file:
 - ``lifecycle``: one run's claim, heartbeat, finish (with its maps), fail, orphans;
 - ``results``: the read model analysis uses (run columns in one query, one query per map);
 - ``stages``: the DAG of runs that start from other runs, and the driver's waves over it;
-- ``history``: each sweep's events (driver lost, resumed, automatic resumes used up).
+- ``history``: each sweep's events (driver lost, resumed, automatic resumes used up, workers lost).
 
 :class:`Registry` is all of them over one database; open one per process by URL.
 """

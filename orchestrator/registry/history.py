@@ -1,7 +1,11 @@
 """A sweep's history: the events the supervisor acts on and ``status`` shows.
 
-Kinds (``detail`` in brackets): ``driver_lost`` {driver, state}: the sweep's Ray job ended
-without the driver writing the sweep's final status (killed, crashed, its head gone);
+Kinds (``detail`` in brackets): ``driver_lost`` {driver, state, orphaned}: the sweep's Ray job
+ended without the driver writing the sweep's final status (killed, crashed, its head gone), with
+``orphaned`` runs still RUNNING then; ``worker_lost`` {run_key, worker, attempt, then}: a trial's
+worker process died mid-run (killed, out of memory) and Tune ``retried`` the run or ``failed`` it
+(no retry left); ``orphaned`` {run_keys}: runs whose worker stopped heartbeating while the driver
+lived, back to pending;
 ``resumed`` {driver, auto, attempt, of}: a new driver, by hand (``headsweep resume``) or by
 the supervisor; ``gave_up`` {used, of}: the automatic resumes are used up.
 """
@@ -14,10 +18,12 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 
 from orchestrator.registry.db import Database, now, retrying
-from orchestrator.registry.schema import Sweep, SweepEvent
-from orchestrator.status import SweepStatus
+from orchestrator.registry.schema import Run, Sweep, SweepEvent
+from orchestrator.registry.store import in_sweep
+from orchestrator.status import RunStatus, SweepStatus
 
 DRIVER_LOST, RESUMED, GAVE_UP = "driver_lost", "resumed", "gave_up"
+WORKER_LOST, ORPHANED = "worker_lost", "orphaned"
 _LIVE = (SweepStatus.SUBMITTED, SweepStatus.RUNNING)
 _FIELDS = (Sweep.id, Sweep.status, Sweep.driver, Sweep.auto_resumes, Sweep.cancel_requested,
            Sweep.mlflow_parent_run_id)
@@ -43,15 +49,19 @@ class SweepHistory(Database):
     @retrying
     def lose_driver(self, sweep_id: str, driver: str, state: str, at: datetime | None = None) -> bool:
         """The sweep's driver ``driver`` is dead: a live sweep -> failed, and a ``driver_lost`` event,
-        in one transaction. False (nothing written) when the sweep has another driver by now or is
+        in one transaction, with how many of its runs it left RUNNING (orphans: their heartbeats have
+        stopped or soon will). False (nothing written) when the sweep has another driver by now or is
         no longer live (its driver wrote the final status, or someone noticed first)."""
         with self._write() as connection:
             changed = connection.execute(
                 update(Sweep).where(Sweep.id == sweep_id, Sweep.driver == driver, Sweep.status.in_(_LIVE))
                 .values(status=SweepStatus.FAILED, updated_at=now())).rowcount
             if changed:
+                orphaned = connection.execute(select(func.count()).select_from(Run).where(
+                    in_sweep(sweep_id), Run.status == RunStatus.RUNNING)).scalar()
                 connection.execute(insert(SweepEvent).values(
-                    sweep_id=sweep_id, kind=DRIVER_LOST, at=at or now(), detail={"driver": driver, "state": state}))
+                    sweep_id=sweep_id, kind=DRIVER_LOST, at=at or now(),
+                    detail={"driver": driver, "state": state, "orphaned": orphaned}))
         return changed == 1
 
     @retrying

@@ -17,6 +17,7 @@ from experiments.result import RunResult, UnitMap
 from orchestrator import cluster, settings, supervisor, tracking
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry import Registry
+from orchestrator.registry import db as registry_db
 
 pytestmark = pytest.mark.ray
 ENV = os.environ | cluster.HEAD_ENV
@@ -224,7 +225,9 @@ def test_a_sigkilled_driver_is_resumed_by_the_supervisor(home, ray_cluster, tmp_
     assert time.time() - killed < 60
     assert "resumed automatically (1/3)" in told and "driver failed at " in told, told
     lost, resumed = registry.events(sweep_id)
-    assert lost["detail"] == {"driver": first_driver, "state": "FAILED"}
+    orphaned = lost["detail"].pop("orphaned")  # its runs that were RUNNING when it died
+    assert lost["detail"] == {"driver": first_driver, "state": "FAILED"} and orphaned >= 1
+    assert f"; {orphaned} run{'s' if orphaned > 1 else ''} orphaned; resumed automatically" in told, told
     assert resumed["detail"]["auto"] and resumed["detail"]["driver"] == registry.get_sweep(sweep_id)["driver"] != first_driver
     # the supervisor is a process of the head (the head's stop ends it) and listens nowhere beyond loopback
     job_pids = {pid for pid, (_, cmdline) in cluster._processes().items() if f"orchestrator.supervisor {watching}" in cmdline}
@@ -292,7 +295,10 @@ def test_a_sigkilled_worker_is_rerun_and_every_run_finishes_exactly_once(home, r
     assert registry.sweep_counts(sweep_id) == {"finished": 4}
     attempts = {key: registry.get_run(key)["attempts"] for key in registry.results(sweep_id)["run_key"]}
     assert attempts == {key: 2 if key == victim["run_key"] else 1 for key in attempts}  # only the victim ran twice
-    assert registry.events(sweep_id) == []  # the driver lived: nothing lost, nothing resumed
+    # the driver lived: nothing lost, nothing resumed; the history names the worker's death
+    assert [(e["kind"], e["detail"]["run_key"], e["detail"]["then"]) for e in registry.events(sweep_id)] == [
+        ("worker_lost", victim["run_key"], "retried")]
+    named_after_s = (registry.events(sweep_id)[0]["at"] - registry_db.now()).total_seconds() + time.time() - killed
     mlflow = tracking.client()
     children = [r for r in mlflow.search_runs([sweep["mlflow_experiment_id"]]) if "run_key" in r.data.tags]
     assert sorted(r.data.tags["run_key"] for r in children) == sorted(attempts)  # one MLflow run per run key
@@ -302,7 +308,10 @@ def test_a_sigkilled_worker_is_rerun_and_every_run_finishes_exactly_once(home, r
     assert {r.info.status for r in mlflow.search_runs([sweep["mlflow_experiment_id"]])} == {"FINISHED"}
     status = _cli("status", sweep_id)
     assert "finished: 4 of 4 runs finished" in status.stdout, status.stdout
-    print(f"\nworker SIGKILL -> its run rerun: {rerun_after_s:.1f} s; the sweep finished {finished_after_s:.0f} s after the kill")
+    assert f"worker of run {victim['run_key'][:12]} died at" in status.stdout, status.stdout
+    assert named_after_s < 60
+    print(f"\nworker SIGKILL -> in the sweep's history {named_after_s:.1f} s, its run rerun {rerun_after_s:.1f} s; "
+          f"the sweep finished {finished_after_s:.0f} s after the kill")
 
 
 # last in the module: the second node stays until the module's cluster is torn down

@@ -12,7 +12,7 @@ from orchestrator import supervisor
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry import Registry, upgrade
 from orchestrator.registry import db as registry_db
-from orchestrator.registry.history import DRIVER_LOST, GAVE_UP, RESUMED
+from orchestrator.registry.history import DRIVER_LOST, GAVE_UP, ORPHANED, RESUMED, WORKER_LOST
 from orchestrator.supervisor import Action, decide, history
 
 
@@ -69,6 +69,40 @@ def test_history_lines_say_when_the_driver_died_and_what_followed():
     assert "`headsweep resume sw-1`" in line
     by_hand = {"kind": RESUMED, "at": at, "detail": {"driver": "d2", "auto": False}}
     assert history(_sweep("running", events=[by_hand])) == [f"resumed by hand at {clock}"]
+
+
+def test_history_names_orphans_and_lost_workers():
+    at = registry_db.now().replace(hour=9, minute=5)
+    clock = supervisor._clock(at)
+    lost = {"kind": DRIVER_LOST, "at": at, "detail": {"driver": "d0", "state": "FAILED", "orphaned": 2}}
+    auto = {"kind": RESUMED, "at": at, "detail": {"driver": "d1", "auto": True, "attempt": 1, "of": 3}}
+    assert history(_sweep("running", events=[lost, auto])) == [
+        f"driver failed at {clock}; 2 runs orphaned; resumed automatically (1/3)"]
+    retried = {"kind": WORKER_LOST, "at": at,
+               "detail": {"run_key": "3f2a9c01d4e5ffff", "worker": "t1@h:9", "attempt": 1, "then": "retried"}}
+    failed = {"kind": WORKER_LOST, "at": at,
+              "detail": {"run_key": "aa2a9c01d4e5ffff", "worker": "t2@h:9", "attempt": 2, "then": "failed"}}
+    orphaned = {"kind": ORPHANED, "at": at, "detail": {"run_keys": ["bb2a9c01d4e5ffff"]}}
+    lines = history(_sweep("running", events=[retried, failed, orphaned]))
+    assert lines[0] == f"worker of run 3f2a9c01d4e5 died at {clock} (attempt 1): Tune retried it"
+    assert lines[1].startswith(f"worker of run aa2a9c01d4e5 died at {clock} (attempt 2): no retry left")
+    assert "--rerun-failed" in lines[1]
+    assert lines[2] == f"1 run orphaned at {clock} (worker stopped heartbeating): back to pending (bb2a9c01d4e5)"
+
+
+@pytest.mark.parametrize("counts, cancel_requested, expected", [
+    ({"finished": 3}, False, "finished"),
+    ({"finished": 2, "failed": 1}, False, "failed"),
+    ({"finished": 2, "pending": 1}, False, "failed"),  # left over: never "finished"
+    ({"finished": 2, "cancelled": 1}, False, "cancelled"),  # a run cancelled alone: not "failed" with 0 failed
+    ({"cancelled": 3}, False, "cancelled"),
+    ({"finished": 1, "cancelled": 1, "failed": 1}, False, "failed"),
+    ({"finished": 3}, True, "cancelled"),
+])
+def test_a_sweep_ends_with_the_status_its_runs_say(counts, cancel_requested, expected):
+    from orchestrator.driver import final_status
+
+    assert final_status(counts, cancel_requested) == expected
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -134,9 +168,11 @@ def test_lose_driver_writes_once_and_only_for_the_current_driver(registry_url):
     with Registry(registry_url) as registry:
         sweep_id = _register(registry)
         assert not registry.lose_driver(sweep_id, "an-old-driver", "FAILED")
+        registry.claim(registry.unfinished(sweep_id)[0], "t0@host:1")  # the dead driver's trial's run
         assert registry.lose_driver(sweep_id, "d0", "FAILED")
         assert not registry.lose_driver(sweep_id, "d0", "FAILED")  # noticed already (status and supervisor)
-        assert [e["kind"] for e in registry.events(sweep_id)] == [DRIVER_LOST]
+        (event,) = registry.events(sweep_id)
+        assert event["kind"] == DRIVER_LOST and event["detail"] == {"driver": "d0", "state": "FAILED", "orphaned": 1}
         finished = _register(registry, status="finished")
         assert not registry.lose_driver(finished, "d0", "FAILED")  # its driver wrote the final status
         assert [s["id"] for s in registry.supervised_sweeps()] == [sweep_id]  # lost; the finished one is not
@@ -157,6 +193,7 @@ def test_tick_reconciles_orphans_while_the_driver_runs(registry_url):
         fake.states["d0"] = "RUNNING"
         did = supervisor.tick(registry, {"dashboard": "", "address": ""}, fake.job, fake.start)
         assert did == [f"{sweep_id}: 1 orphaned runs back to pending: {first}"]
+        assert [(e["kind"], e["detail"]) for e in registry.events(sweep_id)] == [(ORPHANED, {"run_keys": [first]})]
         assert registry.get_run(first)["status"] == "pending" and registry.get_run(second)["status"] == "running"
         assert fake.started == []
 

@@ -200,8 +200,32 @@ def test_a_killed_worker_is_retried_from_its_checkpoint(local_ray, home):
     assert counts == {"finished": 1}
     (run_key,) = registry.results(sweep_id)["run_key"]
     assert registry.get_run(run_key)["attempts"] == 2
+    (event,) = registry.events(sweep_id)  # status names it: "worker of run ... died at ..."
+    assert event["kind"] == "worker_lost" and event["detail"]["run_key"] == run_key
+    assert event["detail"]["attempt"] == 1 and event["detail"]["then"] == "retried"
     straight = real_run(expand(parse_grid(grid))[0])
     np.testing.assert_array_equal(registry.results(sweep_id)["gates"][0], straight.maps["heads.gate"].values)
+
+
+def test_a_killed_worker_with_no_retry_left_fails_with_what_happened(local_ray, home):
+    """max_failures 0: Tune does not retry the trial whose worker died. Its run must not stay RUNNING
+    until the orphan reset and then pending forever (the sweep 'failed' with nothing failed): it
+    fails with what happened, its MLflow run FAILED, and the sweep's history names the worker."""
+    grid = {**GRID, "axes": {"seed": [0]}, "max_failures": 0}
+    registry, sweep_id = _submit(grid)
+    started = time.time()
+    counts = _execute(sweep_id, run_fn=functools.partial(_killed_once, marker_dir=str(home)))
+    assert counts == {"failed": 1}
+    assert time.time() - started < 120  # not the orphan reset's wait and a hang
+    (failure,) = registry.failures(sweep_id)
+    assert failure["attempts"] == 1 and "died during attempt 1" in failure["error"]
+    assert "no retry left (max_failures 0)" in failure["error"]
+    assert registry.get_sweep(sweep_id)["status"] == "failed"
+    (event,) = registry.events(sweep_id)
+    assert event["kind"] == "worker_lost" and event["detail"]["then"] == "failed"
+    run = registry.get_run(failure["run_key"])
+    mlflow_run = tracking.client().get_run(run["mlflow_run_id"])
+    assert mlflow_run.info.status == "FAILED" and "died during attempt 1" in mlflow_run.data.tags["error"]
 
 
 def _slow(cfg, ctx) -> RunResult:
