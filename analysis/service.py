@@ -35,7 +35,7 @@ from analysis import compare, figure_plan, masks, queries, select
 from analysis.loading import AXES, SweepData, load_sweep
 from analysis.select import QueryError
 from experiments.naming import suggest
-from orchestrator import sweeps
+from orchestrator import supervisor, sweeps
 from orchestrator.registry import NotFound, Registry
 from orchestrator.status import RUN_DONE
 
@@ -66,6 +66,9 @@ class SweepOut(BaseModel):
 
 
 class SweepDetailOut(SweepOut):
+    history: list[str] = Field(description="What happened to its driver and workers, oldest first, as "
+                               "`headsweep status` prints it: lost drivers with their orphaned runs, "
+                               "resumes, workers that died.")
     grid: str = Field(description="The grid YAML as submitted.")
     axes: dict[str, list[str | float | int | None]] = Field(description="Distinct values of each axis.")
     metrics: list[str]
@@ -365,6 +368,14 @@ def _matrix(matrix: np.ndarray) -> list[list[float | None]]:
     return [[select.py(v) for v in row] for row in np.asarray(matrix, dtype=np.float64)]
 
 
+def _checked(registry: Registry, sweep: dict[str, Any]) -> dict[str, Any]:
+    """The sweep as ``status`` and ``ls`` show it: a live sweep whose driver's Ray job has died is
+    failed (and its history says so), never "running"."""
+    if sweeps.driver_gone(registry, sweep):
+        return sweep | {"status": registry.get_sweep(sweep["id"])["status"]}
+    return sweep
+
+
 def _sweep_out(sweep: dict[str, Any], model: type[SweepOut] = SweepOut, **extra: Any) -> SweepOut:
     counts = sweep["counts"]
     total = sum(counts.values())
@@ -401,15 +412,16 @@ def build_app(registry_url: str) -> FastAPI:
     @app.get("/sweeps", response_model=list[SweepOut], summary="Every sweep with its progress")
     def list_sweeps(request: Request) -> list[SweepOut]:
         _check_params(request, axes=False)
-        return [_sweep_out(s) for s in state.registry.list_sweeps()]
+        return [_sweep_out(_checked(state.registry, s)) for s in state.registry.list_sweeps()]
 
     @app.get("/sweeps/{sweep_id}", response_model=SweepDetailOut, summary="One sweep, its axes and metrics")
     def get_sweep(sweep_id: SweepId, request: Request) -> SweepDetailOut:
         _check_params(request, axes=False)
         data = state.data(sweep_id)
-        sweep = state.registry.get_sweep(sweep_id)
+        sweep = _checked(state.registry, state.registry.get_sweep(sweep_id))
         axes = {axis: select.axis_values(data, axis) for axis in AXES if axis not in ("run_key", "group_key")}
-        return _sweep_out(sweep, SweepDetailOut, axes=axes, metrics=sorted(data.metrics))
+        history = supervisor.history(sweep | {"events": state.registry.events(sweep_id)})
+        return _sweep_out(sweep, SweepDetailOut, axes=axes, metrics=sorted(data.metrics), history=history)
 
     @app.get("/sweeps/{sweep_id}/runs", response_model=RunsPage, summary="Runs, filtered by any axis")
     def list_runs(

@@ -69,6 +69,30 @@ def test_sweep_detail_lists_axes_and_metrics(served):
 
 
 @pytest.mark.ray
+def test_a_sweep_whose_driver_died_is_failed_with_its_history(served):
+    """As `status` says it: a running sweep whose driver job no cluster knows is failed, never
+    "running", with its orphaned runs, and the workers that died are named."""
+    from orchestrator.grid import expand, parse_grid
+    from orchestrator.registry.history import WORKER_LOST
+
+    client, sweep = served  # served from the tests' temp home: no Ray head, no dashboard known
+    registry = Registry(sweep.url)
+    spec = parse_grid({"name": "lost", "base": {"task": CLS}, "axes": {"seed": [0, 1]}})
+    lost, _ = registry.create_sweep("lost", "name: lost\n", expand(spec), {"cpus": 1.0}, None, 1)
+    first, _ = registry.unfinished(lost)
+    registry.claim(first, "t0@host:1")
+    registry.add_event(lost, WORKER_LOST, {"run_key": first, "worker": "t9@host:2", "attempt": 1, "then": "retried"})
+    registry.set_sweep(lost, driver="d-that-no-cluster-knows", status="running")
+    body = client.get(f"/sweeps/{lost}").json()
+    assert body["status"] == "failed"
+    worker, driver = body["history"]
+    assert worker.startswith(f"worker of run {first[:12]} died at ") and worker.endswith("Tune retried it")
+    assert driver.startswith("driver gone (with its Ray head?) at ") and "; 1 run orphaned;" in driver
+    assert driver.endswith(f"`headsweep resume {lost}` runs what is left")
+    assert [s["status"] for s in client.get("/sweeps").json() if s["id"] == lost] == ["failed"]
+
+
+@pytest.mark.ray
 def test_runs_filter_and_paginate(served):
     client, sweep = served
     body = client.get(f"/sweeps/{sweep.sweep_id}/runs",
