@@ -79,7 +79,19 @@ def _cell_name(sel: SweepData, i: int, sep: str = " / ") -> str:
     """The labels of run ``i``'s cell that it has (task, model, method, pipeline, sparsity, lambda)."""
     values = [column(sel, axis)[i] for axis in CELL_AXES]
     return sep.join(f"{axis} {value}" if axis in ("sparsity", "lambda") else str(value)
-                    for axis, value in zip(CELL_AXES, values, strict=True) if value is not None and value == value)
+                    for axis, value in zip(CELL_AXES, values, strict=True) if value not in (None, "") and value == value)
+
+
+def cell_names(sel: SweepData, cells: list[np.ndarray]) -> list[str]:
+    """A unique name per cell (``cells``: run indices of ``sel``) from its labels and any other key
+    that tells the cells apart, never a hash, safe in a file name: ``synthetic-cue_minilm-l6_head_gates_dp_lambda-0.05``."""
+    if not cells:
+        return []
+    firsts = sel.subset(np.array([idx[0] for idx in cells]))
+    others = [k for k in _keys_apart(firsts) if k not in CELL_AXES and k != "group_key"]
+    names = ["_".join([_cell_name(firsts, j, "_"), *(f"{k}-{column(firsts, k)[j]}" for k in others)])
+             for j in range(len(cells))]
+    return [_safe_name(name if names.count(name) == 1 else f"{name}_{j + 1}") for j, name in enumerate(names)]
 
 
 def _several_cells(sel: SweepData, cells: list[np.ndarray], filters: Filters | None) -> str:
@@ -247,14 +259,8 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
     sel = data.subset(data.has_gates)
     plan: list[tuple[str, str, dict[str, Any]]] = []
     cells = [idx for idx in groups_in_cell_order(sel) if len(idx) >= 3][:max_rgb]
-    if cells:  # each named by its labels and any other key that tells it apart, never by a hash
-        firsts = sel.subset(np.array([idx[0] for idx in cells]))
-        others = [k for k in _keys_apart(firsts) if k not in CELL_AXES and k != "group_key"]
-        names = ["_".join([_cell_name(firsts, j, "_"), *(f"{k}-{column(firsts, k)[j]}" for k in others)])
-                 for j in range(len(cells))]
-        for j, idx in enumerate(cells):
-            name = names[j] if names.count(names[j]) == 1 else f"{names[j]}_{j + 1}"
-            plan.append((f"rgb_{name}", "rgb", {"filters": {"group_key": [str(sel.group_key[idx[0]])]}}))
+    for name, idx in zip(cell_names(sel, cells), cells, strict=True):
+        plan.append((f"rgb_{name}", "rgb", {"filters": {"group_key": [str(sel.group_key[idx[0]])]}}))
     if len(sel):
         plan.append(("grey_all", "grey", {}))
         tasks = axis_values(sel, "task")

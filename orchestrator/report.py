@@ -1,12 +1,13 @@
-"""Log every figure of a finished sweep to its MLflow parent run, so the MLflow UI shows them.
+"""Log every figure and the summary metrics of a finished sweep to its MLflow parent run, so the
+MLflow UI shows the sweep's answer (its figures, and charts of the parent's metrics).
 
     python -m orchestrator.report SWEEP_ID
 
 The sweep driver runs this after the sweep finishes. analysis draws the
-figures from the registry (``analysis.figure_plan.render_all``: it reads,
-never writes); this module, the orchestrator's side of MLflow, logs them under
-``figures/`` of the run ``get_sweep(id)["mlflow_parent_run_id"]``, with an
-explicit ``MlflowClient`` (DESIGN.md decision 3). The layer rule: orchestrator
+figures and computes the summary from the registry (``analysis.figure_plan.render_all``,
+``analysis.summary.summary_metrics``: they read, never write); this module, the orchestrator's
+side of MLflow, logs them to the run ``get_sweep(id)["mlflow_parent_run_id"]`` (figures under
+``figures/``) with an explicit ``MlflowClient`` (DESIGN.md decision 3). The layer rule: orchestrator
 reaches analysis only through its public entry points (this and the CLI).
 """
 
@@ -15,7 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 ARTIFACT_DIR = "figures"
 
@@ -32,6 +35,7 @@ def log_sweep_figures(sweep_id: str, registry_url: str | None = None,
 
     from analysis import figure_plan
     from analysis.loading import load_sweep
+    from analysis.summary import summary_metrics
     from orchestrator import settings
     from orchestrator.registry import Registry
 
@@ -41,6 +45,7 @@ def log_sweep_figures(sweep_id: str, registry_url: str | None = None,
             return []
         data = load_sweep(registry, sweep_id)
     client = mlflow.MlflowClient(tracking_uri or settings.tracking_uri())
+    log_summary(client, run_id, summary_metrics(data))
     logged = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, png in figure_plan.render_all(data):
@@ -49,6 +54,16 @@ def log_sweep_figures(sweep_id: str, registry_url: str | None = None,
             client.log_artifact(run_id, str(path), ARTIFACT_DIR)
             logged.append(f"{ARTIFACT_DIR}/{name}")
     return logged
+
+
+def log_summary(client: Any, run_id: str, metrics: dict[str, float]) -> None:
+    """``metrics`` on the run, in MLflow's batches of at most 1,000."""
+    from mlflow.entities import Metric
+
+    at = int(time.time() * 1000)
+    rows = [Metric(key, value, at, 0) for key, value in sorted(metrics.items())]
+    for start in range(0, len(rows), 1000):
+        client.log_batch(run_id, metrics=rows[start:start + 1000])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -265,7 +265,7 @@ def test_serve_blocks_until_ctrl_c(sweep, clients):
             process.wait()
 
 
-def test_report_logs_every_figure_to_the_parent_run(fresh_sweep, tmp_path, capsys):
+def test_report_logs_every_figure_and_the_summary_to_the_parent_run(fresh_sweep, tmp_path, capsys):
     import mlflow
 
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -281,4 +281,8 @@ def test_report_logs_every_figure_to_the_parent_run(fresh_sweep, tmp_path, capsy
     assert len(logged) == 18 and sorted(printed) == logged
     local = Path(client.download_artifacts(parent, "figures/grey_all.png", str(tmp_path)))
     assert local.read_bytes()[:8] == PNG_MAGIC
+    metrics = client.get_run(parent).data.metrics  # MLflow's chart view of the sweep is not empty
+    assert metrics["runs_finished"] == 30 and metrics["agreement/seed/heads.gate/r"] > 0.5
+    assert metrics["agreement/seed/heads.gate/r_chance"] < 0.2
+    assert metrics["accuracy/synthetic-tag_minilm-l6_finetune"] == pytest.approx(0.9)
     assert report.main(["sw-nope", "--db", fresh_sweep.url, "--tracking-uri", tracking_uri]) == 2
