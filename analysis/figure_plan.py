@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis import compare, figures, pruning
+from analysis import compare, figures, neurons, pruning
 from analysis.loading import SweepData
 from analysis.queries import Agreement, agreement
 from analysis.select import (
@@ -36,7 +36,8 @@ from analysis.select import (
 )
 from experiments.units import OPEN_THRESHOLD
 
-FIGURE_KINDS = ("rgb", "grey", "agreement", "curves", "compare_maps", "pruning")
+FIGURE_KINDS = ("rgb", "grey", "agreement", "curves", "compare_maps", "pruning", "layers", "perturbation",
+                "ffn_pruning")
 """Every kind ``figure`` draws and ``figure_plan`` plans: the CLI's ``figures`` writes them, the service serves them."""
 CELL_AXES = ("task", "model", "method", "pipeline", "sparsity", "lambda")
 """The labels that name a cell, seed aside (any other config key of a grid names it too)."""
@@ -229,6 +230,9 @@ def figure(data: SweepData, kind: str, filters: Filters | None = None, across: s
     unit map of rgb, grey and agreement figures. ``compare_maps``: the annotated matrix of Spearman
     rho between ``maps`` (``analysis.compare``). ``pruning``:
     head_importance's pruning curves of ``metric`` (``analysis.pruning``), one line per cell.
+    FFN neurons (``analysis.neurons``), one line per cell: ``layers``: the best unit per layer of
+    ``map_name`` (a neuron map); ``perturbation``: accuracy with noise on the top vs random neurons;
+    ``ffn_pruning``: accuracy before and after keeping only the top neurons.
     """
     if kind == "rgb":
         return _rgb(data, filters, map_name)
@@ -244,6 +248,12 @@ def figure(data: SweepData, kind: str, filters: Filters | None = None, across: s
                                                         max_run_perms=max_run_perms), filters)
     if kind == "pruning":
         return pruning.pruning_png(data, filters, metric)
+    if kind == "layers":
+        return neurons.layers_png(data, filters, map_name)
+    if kind == "perturbation":
+        return neurons.perturbation_png(data, filters)
+    if kind == "ffn_pruning":
+        return neurons.ffn_pruning_png(data, filters)
     raise QueryError(f"unknown figure '{kind}'{did_you_mean(kind, FIGURE_KINDS)} (one of {', '.join(FIGURE_KINDS)})")
 
 
@@ -275,6 +285,19 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
         masked = data.subset(data.map("heads.mask_density")[1])
         if any(len(idx) >= 2 for idx in group_indices(masked, ["group_key"])):
             plan.append(("agreement_seed_mask_density", "agreement", {"across": "seed", "map_name": "heads.mask_density"}))
+    for map_name in (m for m in data.maps if m.startswith("neurons.")):  # FFN neurons: do seeds keep the same?
+        finished = data.subset(data.map(map_name)[1])
+        if any(len(idx) >= 2 for idx in group_indices(finished, ["group_key"])):
+            plan.append((f"agreement_seed_{map_name}", "agreement", {"across": "seed", "map_name": map_name}))
+        for task in axis_values(finished, "task"):
+            plan.append((f"layers_{task}_{map_name}", "layers", {"filters": {"task": [task]}, "map_name": map_name}))
+    for task in axis_values(data, "task"):  # skill neurons' perturbation and pruning, where runs report them
+        part = select(data, {"task": [task]})
+        found = neurons.noise_metrics(name for name, v in part.metrics.items() if (~np.isnan(v)).any())
+        if found:
+            plan.append((f"perturbation_{task}", "perturbation", {"filters": {"task": [task]}}))
+        if "pruned_accuracy" in part.metrics and (~np.isnan(part.metrics["pruned_accuracy"])).any():
+            plan.append((f"ffn_pruning_{task}", "ffn_pruning", {"filters": {"task": [task]}}))
     for names in compare.plan_maps(data):  # two or more maps of one kind: do the methods rank units alike?
         plan.append((f"compare_maps_{names[0].partition('.')[0]}", "compare_maps", {"maps": names}))
     done = data.subset(~np.isnan(_open_heads(data)) | (data.status == "finished"))

@@ -13,6 +13,7 @@ read); axes are labelled "head" and "layer", both counted from 1.
 from __future__ import annotations
 
 import io
+import textwrap
 
 import matplotlib
 import numpy as np
@@ -180,19 +181,27 @@ def _metric_curves_figure(
     xlabel: str,
     ylabel: str,
     title: str,
+    dashed: frozenset[str] = frozenset(),
 ) -> Figure:
-    fig = Figure(figsize=(6.4, 4.2), dpi=DPI, layout="constrained")
+    many = len(x_by_pipeline) > 4  # the legend goes below the axes, never over the lines
+    fig = Figure(figsize=(6.4, 4.2 + (0.2 * len(x_by_pipeline) if many else 0)), dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
+    colour = None
     for name, (x, mean, std) in x_by_pipeline.items():
         x, mean, std = (np.asarray(a, dtype=np.float64) for a in (x, mean, std))
-        (line,) = ax.plot(x, mean, marker="o", markersize=3, label=name)
-        ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+        style = {"linestyle": "--", "color": colour} if name in dashed and colour else {}
+        (line,) = ax.plot(x, mean, marker="o", markersize=3, label=name, **style)
+        colour = line.get_color()
+        ax.fill_between(x, mean - std, mean + std, color=colour, alpha=0.2, linewidth=0)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title("\n".join(textwrap.fill(line, 72) for line in title.splitlines()), fontsize="medium")
     ax.grid(alpha=0.3)
     if x_by_pipeline:
-        ax.legend(title="mean ± std", fontsize="small")
+        if many:
+            fig.legend(title="mean ± std", fontsize="small", loc="outside lower center")
+        else:
+            ax.legend(title="mean ± std", fontsize="small")
     return fig
 
 
@@ -201,9 +210,11 @@ def metric_curves(
     xlabel: str,
     ylabel: str,
     title: str,
+    dashed: frozenset[str] = frozenset(),
 ) -> bytes:
-    """One line per pipeline: ``{name: (x, mean, std)}``, each ``(K,)``; band = mean +- std."""
-    return _png(_metric_curves_figure(x_by_pipeline, xlabel, ylabel, title))
+    """One line per pipeline: ``{name: (x, mean, std)}``, each ``(K,)``; band = mean +- std. A line
+    named in ``dashed`` is drawn dashed in the colour of the line before it (its pair)."""
+    return _png(_metric_curves_figure(x_by_pipeline, xlabel, ylabel, title, dashed))
 
 
 def _annotated_matrix_figure(

@@ -62,7 +62,7 @@ def pruning_points(data: SweepData, metric: str = "accuracy", filters: Filters |
     cells = [idx for idx in groups_in_cell_order(sel) if (~np.isnan(ys[idx])).any()]  # cells with a finished curve
     if not cells:
         raise QueryError(f"no finished run has the pruning curve of '{metric}' in {describe(filters)}")
-    labels = _labels(sel.subset(np.array([idx[0] for idx in cells])))
+    labels = cell_labels(sel.subset(np.array([idx[0] for idx in cells])))
     lines: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for idx, label in zip(cells, labels, strict=True):
         runs = ys[idx][~np.isnan(ys[idx]).all(axis=1)]  # (n, P): the finished runs (seeds)
@@ -71,7 +71,7 @@ def pruning_points(data: SweepData, metric: str = "accuracy", filters: Filters |
     return lines
 
 
-def _labels(firsts: SweepData) -> list[str]:
+def cell_labels(firsts: SweepData) -> list[str]:
     """A line label per cell (one run each): the labels and config keys that tell the cells apart
     (``recompute=False``), else the method; the group key's start when nothing does."""
     keys = [axis for axis in ("task", "model", "method", "pipeline") if len(set(firsts.axis(axis).tolist())) > 1]

@@ -17,6 +17,7 @@ from schemathesis import GenerationMode
 from analysis import queries
 from analysis.loading import load_sweep
 from analysis.service import build_app
+from experiments.result import UnitMap
 from orchestrator.registry import Registry
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -289,7 +290,8 @@ def test_fuzz_finds_no_server_error(sweep, mode):
 @pytest.fixture(scope="module")
 def every_kind_sweep(tmp_path_factory):
     """(url, sweep id) of a registry sweep with a figure of every kind: head_gates SP (2 lambdas x 3 seeds)
-    and head_importance (3 seeds, a pruning curve) runs that start from the same 3 fine-tunes."""
+    and head_importance (3 seeds, a pruning curve) runs that start from the same 3 fine-tunes, and
+    skill_neurons runs (3 seeds)."""
     from experiments.config import parse_config
 
     rng = np.random.default_rng(5)
@@ -298,9 +300,11 @@ def every_kind_sweep(tmp_path_factory):
     gates = [parse_config({**base, "method": "head_gates", "seed": s, "head_gates": {"pipeline": "sp", "lambda": lam}})
              for s in range(3) for lam in (0.01, 0.1)]
     importance = [parse_config({**base, "method": "head_importance", "seed": s}) for s in range(3)]
+    skill = [parse_config({**base, "method": "skill_neurons", "seed": s}) for s in range(3)]
     profile = rng.normal(size=(6, 12))
     with Registry(url) as registry:
-        sweep_id, _ = registry.create_sweep("kinds", "name: kinds\n", [*gates, *importance], {"cpus": 1.0}, None, 1)
+        sweep_id, _ = registry.create_sweep("kinds", "name: kinds\n", [*gates, *importance, *skill], {"cpus": 1.0},
+                                            None, 1)
         for key in {cfg.upstreams["init_from"].run_key for cfg in [*gates, *importance]}:
             assert registry.claim(key, "w") is not None and registry.finish(key, {"accuracy": 0.8})
         for cfg in gates:
@@ -313,6 +317,12 @@ def every_kind_sweep(tmp_path_factory):
             assert registry.claim(cfg.run_key, "w") is not None
             assert registry.finish(cfg.run_key, {"accuracy": 0.8, **curve}, maps={
                 "heads.importance": profile + rng.normal(scale=0.5, size=profile.shape)})
+        for cfg in skill:  # skill neurons: a neuron map, the perturbation and FFN pruning's accuracy
+            metrics = {"accuracy": 0.8, "accuracy_noise_top_0.1": 0.7, "accuracy_noise_random_0.1": 0.79,
+                       "pruned_accuracy": 0.6, "pruned_kept_fraction": 0.02}
+            assert registry.claim(cfg.run_key, "w") is not None
+            assert registry.finish(cfg.run_key, metrics, maps={
+                "neurons.predictivity": UnitMap(0.5 + 0.1 * rng.random((6, 16)), "neurons", "predictivity")})
     return url, sweep_id
 
 
