@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -111,18 +112,26 @@ def test_run_then_ui_shows_it(tmp_path):
     assert run.info.run_name == "synthetic-tag-head_gates-dp-seed2"
     assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"maps.npz", "heads.gate.png", "heads.log_alpha.png"}
 
-    port = 5123
+    with socket.socket() as probe:  # a free port: a fixed one may be held by another test's server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     env = os.environ | {"HEADSWEEP_HOME": str(home)}
-    server = subprocess.Popen(HEADSWEEP + ["ui", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = tmp_path / "ui.log"
+    with log.open("w") as sink:
+        server = subprocess.Popen(HEADSWEEP + ["ui", "--port", str(port)], env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}/get-artifact?path=heads.gate.png&run_uuid={run.info.run_id}"
-        deadline, body = time.time() + 90, None
+        # MLflow's server starts in ~10 s here; on 2 loaded cores it has taken over a minute
+        deadline, body, tried = time.time() + 180, None, []
         while time.time() < deadline and body is None:
             try:
-                body = urllib.request.urlopen(url, timeout=5).read()
-            except OSError:
+                body = urllib.request.urlopen(url, timeout=10).read()
+            except OSError as err:
+                tried.append(repr(err)[:120])
                 time.sleep(1)
-        assert body is not None and body[:4] == b"\x89PNG"
+        why = f"{len(tried)} tries, last {tried[-3:]}; server exit {server.poll()}; its log: {log.read_text()[-2000:]}"
+        assert body is not None and body[:4] == b"\x89PNG", why
         # the page `run` points at, rendered by a real browser: the training-runs view with this run
         link = next(line for line in result.stdout.splitlines() if "workflowType" in line).split("then ")[-1]
         assert link == ui_url(run.info.experiment_id, run.info.run_id)
