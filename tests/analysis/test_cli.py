@@ -203,17 +203,19 @@ def _load(port: int, sweep_id: str, stop: threading.Event, answered: list[int], 
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 @pytest.mark.ray
 @pytest.mark.parametrize("clients", [0, 4], ids=["idle", "under-load"])
-def test_serve_blocks_until_ctrl_c(sweep, clients):
+def test_serve_blocks_until_ctrl_c(sweep, clients, tmp_path):
     """`headsweep serve` ends within 10 s of Ctrl-C, idle and with requests in flight (4 clients)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = ("import argparse, sys; from analysis import cli; p = argparse.ArgumentParser(); "
             "cli.register(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
-    process = subprocess.Popen(
-        [sys.executable, "-c", code, "serve", "--port", str(port), "--db", sweep.url],
-        cwd=ROOT, env=os.environ | {"RAY_ADDRESS": ""}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+    log = tmp_path / "serve.log"  # a file, not a pipe: a pipe nobody reads fills (64 KB of Ray's logs) and
+    with log.open("w") as sink:   # blocks the server's writes, so it could never exit (failed twice so)
+        process = subprocess.Popen(
+            [sys.executable, "-c", code, "serve", "--port", str(port), "--db", sweep.url],
+            cwd=ROOT, env=os.environ | {"RAY_ADDRESS": ""}, stdout=sink, stderr=subprocess.STDOUT,
+        )
     stop, answered, threads = threading.Event(), [], []
     try:
         # Coming up: a private Ray, then Serve's controller, proxy and replica, each a new Python worker
@@ -227,7 +229,7 @@ def test_serve_blocks_until_ctrl_c(sweep, clients):
                     break
             except httpx.TransportError:
                 pass
-            assert process.poll() is None and time.monotonic() < deadline, process.stdout.read().decode()
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(1)
         assert response.status_code == 200 and sweep.sweep_id in response.text
         from orchestrator.cluster import is_loopback, listening_sockets, process_tree
@@ -249,9 +251,12 @@ def test_serve_blocks_until_ctrl_c(sweep, clients):
         # under 4 clients at load average 7; 6-9 s before cmd_serve ended the process itself, when
         # the interpreter's exit hung until serve_app's 8 s watchdog). 30 s leaves room for a starved
         # scheduler on a loaded 2-core machine without hiding a regression to the old 60+ s drain.
-        code = process.wait(timeout=30)
+        try:
+            code = process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"serve still running 30 s after Ctrl-C; its log: {log.read_text()[-3000:]}")
         exited_after_s = time.monotonic() - interrupted
-        assert code == 0, process.stdout.read().decode()[-3000:]
+        assert code == 0, log.read_text()[-3000:]
         assert all(t.is_alive() for t in threads)  # the load was still on when it stopped
         with pytest.raises(httpx.TransportError):  # nothing answers on the port any more
             httpx.get(f"http://127.0.0.1:{port}/sweeps", timeout=5)
