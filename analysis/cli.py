@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -310,6 +311,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from orchestrator import settings
 
     url = args.db or settings.registry_url()
+    # Ctrl-C (SIGINT) stops it even when it was started with SIGINT ignored, as a shell does for a
+    # command run in the background (`headsweep serve &`): Python then installs no KeyboardInterrupt
+    # handler, and `kill -INT` would do nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     out.print(f"analysis service for {url} at http://{args.host}:{args.port}/ "
               f"(OpenAPI: /docs, /openapi.json); Ctrl-C stops it")
     serve_app(url, args.host, args.port, blocking=True)

@@ -208,10 +208,13 @@ def test_serve_blocks_until_ctrl_c(sweep, clients, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = ("import argparse, sys; from analysis import cli; p = argparse.ArgumentParser(); "
+    # started with SIGINT ignored, as a shell starts a command in the background (`make test &`):
+    # serve must still stop on it
+    code = ("import argparse, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "from analysis import cli; p = argparse.ArgumentParser(); "
             "cli.register(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
-    log = tmp_path / "serve.log"  # a file, not a pipe: a pipe nobody reads fills (64 KB of Ray's logs) and
-    with log.open("w") as sink:   # blocks the server's writes, so it could never exit (failed twice so)
+    log = tmp_path / "serve.log"  # a file, not a pipe nobody reads (it would block the server once full)
+    with log.open("w") as sink:
         process = subprocess.Popen(
             [sys.executable, "-c", code, "serve", "--port", str(port), "--db", sweep.url],
             cwd=ROOT, env=os.environ | {"RAY_ADDRESS": ""}, stdout=sink, stderr=subprocess.STDOUT,
