@@ -214,7 +214,8 @@ def _print_agreement(result, sweep: str) -> None:
                             ("p", "right")):
         tests.add_column(column, justify=justify, no_wrap=True)
     short = f"{result.across} r"
-    for name, t in ((short, result.mean_offdiag), ("stem cell", result.stem_cell)):
+    for name, t in ((short, result.mean_offdiag), ("stem cell", result.stem_cell),
+                    ("stem cell (paper)", result.stem_cell_paper)):
         nulls = queries.null_summaries(t)
         if not nulls:
             tests.add_row(name, _fmt3(t.observed), "-", "-", "-", "-", "-")
@@ -226,6 +227,7 @@ def _print_agreement(result, sweep: str) -> None:
     out.print(tests)
     out.print(f"{short}: Pearson r between {across}, {result.mean_offdiag.pooled}")
     out.print(f"stem cell: He & Choi's multiple correlation of 3 seeds, {result.stem_cell.pooled}")
+    out.print(f"stem cell (paper): He & Choi's single fit z3 ~ z1 + z2, {result.stem_cell_paper.pooled}")
 
 
 @_bad_input_is_config_error

@@ -142,7 +142,7 @@ def agreement_png(result: Agreement, filters: Filters | None = None) -> bytes:
     text = f"{result.map_name} r across {result.across}\n{describe(filters)}"
     lines = [("mean r", result.mean_offdiag)]
     if result.across == "seed":
-        lines.append(("stem cell r", result.stem_cell))
+        lines += [("stem cell r", result.stem_cell), ("paper's single fit", result.stem_cell_paper)]
     for name, tested in lines:  # short lines: the heat map of 2 labels is ~4 inches wide
         if math.isfinite(tested.observed):
             text += f"\n{name} = {tested.observed:.2f}"

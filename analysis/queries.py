@@ -122,6 +122,9 @@ class Agreement:
     """He & Choi's statistic: mean over cells (3+ seeds) of the mean over every triple of the
     cell's seeds of the multiple correlation (``stats.stem_cell``); NaN when not asked for or when
     no cell has 3 seeds."""
+    stem_cell_paper: Tested
+    """The paper's single fit beside it: each triple's last seed as response, ``z3 ~ z1 + z2``
+    (``stats.stem_cell(response="last")``), averaged the same way; what He & Choi report."""
     n_cells: int
     """Cells (group keys) with at least 3 seeds behind ``stem_cell``."""
     matched_on: list[str] = field(default_factory=list)
@@ -270,7 +273,8 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
                          f"{max(max_run_perms // len(sel), 0)} or less) or filter the runs")
     cells = group_indices(sel, ["group_key"])
     seeded = [idx for idx in cells if len(idx) >= 2]
-    triples = [idx for idx in cells if len(idx) >= 3]
+    # seed order within a cell: the paper's single fit takes the triple's last seed as response
+    triples = [idx[np.argsort(sel.seed[idx], kind="stable")] for idx in cells if len(idx) >= 3]
     matched, pooled_axes = [], []
 
     if across == "seed":
@@ -331,15 +335,18 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
     matrix = matrix_of(stat_x)
     mean_offdiag = _test(lambda z: _offdiag_mean(matrix_of(z)), stat_x, n_perm, seed, pooled)
     if stem_cell and triples:
-        sizes = sorted({len(idx) for idx in triples})
+        sizes = "/".join(map(str, sorted({len(idx) for idx in triples})))
         stem = _test(lambda z: stats.stem_cell(z, triples), x, n_perm, seed + 1,
-                     f"mean over {len(triples)} cells of {'/'.join(map(str, sizes))} seeds "
-                     f"of the mean over their triples")
+                     f"mean over {len(triples)} cells of {sizes} seeds of the mean over their triples "
+                     f"of the three choices of response")
+        stem_paper = _test(lambda z: stats.stem_cell(z, triples, response="last"), x, n_perm, seed + 1,
+                           f"mean over {len(triples)} cells of {sizes} seeds of the mean over their triples "
+                           f"of one fit, the triple's last seed as response (the paper's)")
     else:
         why = "not asked for" if not stem_cell else "no cell has 3 finished seeds"
-        stem = Tested(math.nan, {}, why)
+        stem = stem_paper = Tested(math.nan, {}, why)
     return Agreement(across, map_used, [value_label(v) for v in labels], matrix, n_runs, mean_offdiag, stem,
-                     len(triples), matched, pooled_axes, notes)
+                     stem_paper, len(triples), matched, pooled_axes, notes)
 
 
 def spearman_overlap(data: SweepData, a: Filters, b: Filters, map_name: str = DEFAULT_MAP,
@@ -402,5 +409,6 @@ def agreement_json(result: Agreement) -> dict[str, Any]:
     return {"across": result.across, "map": result.map_name, "labels": result.labels,
             "matrix": [[py(v) for v in row] for row in result.matrix], "n_runs": result.n_runs,
             "mean_offdiag": tested(result.mean_offdiag), "stem_cell": tested(result.stem_cell),
+            "stem_cell_paper": tested(result.stem_cell_paper),
             "n_cells": result.n_cells, "matched_on": result.matched_on, "pooled_axes": result.pooled_axes,
             "notes": result.notes}

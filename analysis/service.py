@@ -145,6 +145,9 @@ class AgreementOut(BaseModel):
     mean_offdiag: TestedOut
     stem_cell: TestedOut = Field(description="Mean over cells of the mean over triples of seeds of He & Choi's "
                                              "multiple correlation.")
+    stem_cell_paper: TestedOut = Field(description="The paper's single fit per triple (the triple's last seed "
+                                                   "as response, z3 ~ z1 + z2), averaged the same way: "
+                                                   "the number He & Choi report.")
     n_cells: int = Field(description="Cells with 3+ finished seeds behind stem_cell.")
     matched_on: list[str] = Field(description="Axes every compared pair of runs agrees on.")
     pooled_axes: list[str] = Field(description="Axes averaged over on request.")

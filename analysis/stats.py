@@ -301,7 +301,13 @@ def multiple_correlation(runs: np.ndarray) -> np.ndarray:
     return out
 
 
-def triple_correlations(runs: np.ndarray) -> np.ndarray:
+RESPONSES = ("mean", "last")
+"""How a triple's statistic picks its response run: ``mean`` (headsweep's default: the mean over
+the three choices of response, symmetric in the runs) or ``last`` (the paper's single fit,
+``z_run3 ~ z_run1 + z_run2``: corelation_gate_overlap_rgb.py in emorynlp/stem-cell-hypothesis)."""
+
+
+def triple_correlations(runs: np.ndarray, response: str = "mean") -> np.ndarray:
     """He & Choi's "correlation across runs" for every triple of runs of one cell.
 
     For a triple (i, j, k) and each choice of response run, the multiple
@@ -315,7 +321,8 @@ def triple_correlations(runs: np.ndarray) -> np.ndarray:
     constant predictors the design loses rank and ``P - 3`` becomes ``P - 2`` or
     ``P - 1``, as statsmodels' ``rsquared_adj``). A triple's value is the mean
     over its three choices of response (a constant response run is undefined
-    and left out of that mean).
+    and left out of that mean); with ``response="last"`` it is the paper's one
+    fit, the triple's last run (in the order of ``runs``) as response.
 
     Always three runs, as the paper: the statistic of n runs fitted jointly grows
     with n (0.40, 0.48, 0.53, 0.55 for 3, 5, 10, 20 runs at the same pairwise r),
@@ -323,6 +330,7 @@ def triple_correlations(runs: np.ndarray) -> np.ndarray:
 
     Args:
         runs: ``(n, P)`` or ``(n, L, K)``, ``n >= 3`` runs of one cell.
+        response: one of ``RESPONSES``.
 
     Returns:
         ``(C(n, 3),)`` float64, triples in ``itertools.combinations`` order.
@@ -330,10 +338,10 @@ def triple_correlations(runs: np.ndarray) -> np.ndarray:
     z = _as_rows(runs)
     if len(z) < 3:
         raise ValueError(f"the stem cell statistic needs at least 3 runs, got {len(z)}")
-    return _triple_values(pearson_matrix(z, dtype=np.float64)[None], z.shape[1])[0]
+    return _triple_values(pearson_matrix(z, dtype=np.float64)[None], z.shape[1], response)[0]
 
 
-def stem_cell(x: np.ndarray, cells: list[np.ndarray] | None = None) -> float:
+def stem_cell(x: np.ndarray, cells: list[np.ndarray] | None = None, response: str = "mean") -> float:
     """Mean over cells of the mean over every triple of the cell's runs (``triple_correlations``).
 
     Every cell counts once, whatever its number of seeds; cells with fewer than
@@ -342,7 +350,9 @@ def stem_cell(x: np.ndarray, cells: list[np.ndarray] | None = None) -> float:
 
     Args:
         x: ``(N, P)`` or ``(N, L, K)`` runs.
-        cells: index arrays into ``x``, one per cell; default: all runs are one cell.
+        cells: index arrays into ``x``, one per cell; default: all runs are one cell. With
+            ``response="last"`` each cell's indices run in seed order (the last is the response).
+        response: one of ``RESPONSES``.
 
     Returns:
         NaN when no cell has 3 runs or no triple is defined.
@@ -358,7 +368,7 @@ def stem_cell(x: np.ndarray, cells: list[np.ndarray] | None = None) -> float:
         r = pearson_stack(z[np.stack(members)])  # (C, n, n)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            values.append(np.nanmean(_triple_values(r, z.shape[1]), axis=1))  # (C,)
+            values.append(np.nanmean(_triple_values(r, z.shape[1], response), axis=1))  # (C,)
     cell_values = np.concatenate(values) if values else np.array([])
     return _nanmean_or_nan(cell_values)
 
@@ -372,12 +382,15 @@ def pearson_stack(x: np.ndarray) -> np.ndarray:
     return np.clip(np.einsum("cip,cjp->cij", u, u), -1.0, 1.0)
 
 
-def _triple_values(r: np.ndarray, p: int) -> np.ndarray:
+def _triple_values(r: np.ndarray, p: int, response: str = "mean") -> np.ndarray:
     """``(C, n, n)`` Pearson matrices -> ``(C, T)`` triple statistic (see ``triple_correlations``)."""
+    if response not in RESPONSES:
+        raise ValueError(f"response must be one of {RESPONSES}, got {response!r}")
     n = r.shape[1]
     triples = np.array(list(combinations(range(n), 3)), dtype=np.int64).reshape(-1, 3)  # (T, 3)
     per_response = []
-    for y, a, b in ((0, 1, 2), (1, 0, 2), (2, 0, 1)):
+    choices = ((2, 0, 1),) if response == "last" else ((0, 1, 2), (1, 0, 2), (2, 0, 1))
+    for y, a, b in choices:
         ty, ta, tb = triples[:, y], triples[:, a], triples[:, b]
         per_response.append(_r_multiple(r[:, ty, ta], r[:, ty, tb], r[:, ta, tb], p))
     with warnings.catch_warnings():

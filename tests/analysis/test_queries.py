@@ -195,6 +195,11 @@ def test_seeds_of_a_cell_agree_beyond_chance_under_both_nulls(data, sweep):
         assert null.p_text == "p < 0.005" and null.excess == pytest.approx(null.observed - null.null_mean)
     again = queries.agreement(data, "seed", n_perm=200)
     assert again.stem_cell.nulls["within_layers"].band_lo == stem.nulls["within_layers"].band_lo  # fixed seed
+    paper = np.mean([stats.stem_cell(_cell_runs(sweep, t, p, lam), response="last")  # seed 2 on seeds 0 and 1
+                     for t in (CLS, TAG) for p in ("dp", "sp") for lam in (0.01, 0.1)])
+    assert result.stem_cell_paper.observed == pytest.approx(paper) and paper != pytest.approx(expected)
+    assert set(result.stem_cell_paper.nulls) == {"within_layers", "all_units"}
+    assert "the paper's" in result.stem_cell_paper.pooled
 
 
 def test_independent_tasks_are_near_zero_and_inside_the_band(data, sweep):

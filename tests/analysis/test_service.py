@@ -128,6 +128,9 @@ def test_agreement_and_spearman(served):
     for null in seed["stem_cell"]["nulls"]:  # both nulls, each saying which it is
         assert null["observed"] > null["band_hi"] and null["p_text"] == "p < 0.02"
     assert [n["null"] for n in seed["stem_cell"]["nulls"]] == ["within_layers", "all_units"]
+    paper = seed["stem_cell_paper"]  # the paper's single fit, beside ours
+    assert paper["observed"] != pytest.approx(seed["stem_cell"]["observed"]) and "the paper's" in paper["pooled"]
+    assert paper["nulls"][0]["observed"] > paper["nulls"][0]["band_hi"]
     task = client.get(f"/sweeps/{sweep.sweep_id}/agreement?across=task&n_perm=50").json()
     within = task["mean_offdiag"]["nulls"][0]
     assert within["band_lo"] < within["observed"] < within["band_hi"]

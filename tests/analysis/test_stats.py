@@ -366,6 +366,23 @@ def test_triple_statistic_matches_statsmodels_on_every_triple_of_five_runs():
     assert stats.stem_cell(z) == pytest.approx(np.mean(expected), abs=1e-10)
 
 
+def test_paper_single_fit_is_statsmodels_ols_of_the_last_run_on_the_first_two():
+    """He & Choi's reference (corelation_gate_overlap_rgb.py) fits ONE OLS per triple,
+    ``z_run3 ~ z_run1 + z_run2``, and reports sqrt(adjusted R^2): recomputed here with
+    statsmodels for every triple of five runs, the triple's last run as response."""
+    from itertools import combinations
+
+    z = _shared_gates(_rng(45), n_runs=5, flip=0.2).reshape(5, -1)
+    z[1] = 0.5 * z[1] + 0.5 * _rng(46).random(72)  # runs unlike each other: the choice of response matters
+    expected = [_ols_triple(z[k], z[i], z[j]) for i, j, k in combinations(range(5), 3)]
+    np.testing.assert_allclose(stats.triple_correlations(z, response="last"), expected, atol=1e-10)
+    assert stats.stem_cell(z, response="last") == pytest.approx(np.mean(expected), abs=1e-10)
+    symmetric = stats.triple_correlations(z)
+    assert not np.allclose(symmetric, expected, atol=1e-3)  # a different number from the default's
+    with pytest.raises(ValueError, match="response must be one of"):
+        stats.stem_cell(z, response="first")
+
+
 @pytest.mark.filterwarnings("ignore:The design matrix is rank-deficient")
 def test_triple_statistic_with_collinear_and_constant_runs_matches_statsmodels():
     z = _shared_gates(_rng(45), n_runs=3, flip=0.2).reshape(3, -1)

@@ -29,6 +29,8 @@ def test_seed_agreement_comes_with_its_chance(data):
     assert summary["agreement/seed/heads.gate/r"] > summary["agreement/seed/heads.gate/r_chance"] + 0.5
     assert summary["agreement/seed/heads.gate/r_p"] == pytest.approx(1 / 51)  # never below 1/(n+1)
     assert summary["agreement/seed/heads.gate/stem_cell"] > summary["agreement/seed/heads.gate/stem_cell_chance"]
+    assert summary["agreement/seed/heads.gate/stem_cell_paper"] == pytest.approx(result.stem_cell_paper.observed)
+    assert summary["agreement/seed/heads.gate/stem_cell_paper"] > summary["agreement/seed/heads.gate/stem_cell_paper_chance"]
     assert "agreement/seed/heads.log_alpha/r" in summary
     no_test = summary_metrics(data, n_perm=0)
     assert "agreement/seed/heads.gate/r_chance" not in no_test and not math.isnan(no_test["agreement/seed/heads.gate/r"])
