@@ -153,6 +153,13 @@ def cmd_methods(args: argparse.Namespace) -> int:
         if not rows:
             table.add_row("(none)", "", "", "no keys of its own: it reads the shared sections")
         out.print(table)
+        reference = getattr(module, "REFERENCE", {})
+        if reference:
+            sets = " ".join(f"--set {name}.{key}={_yaml_value(value)}" for key, value in reference.items())
+            out.print(f"  defaults follow the paper's reference code except {', '.join(reference)} "
+                      f"(sounder choices, see each key); the reference protocol: {sets}")
+        else:
+            out.print("  every default follows the paper's reference code (PARITY.md)")
     if args.shared:
         table = Table(title="[bold]shared keys[/bold] (every run)", title_justify="left")
         for column in ("key", "default", "meaning"):
@@ -164,6 +171,11 @@ def cmd_methods(args: argparse.Namespace) -> int:
         out.print("A run config: seed, model, task, train, method, and the method's section "
                   "(method: head_gates + head_gates: {lambda: 0.05}). Shared keys: headsweep methods --shared")
     return 0
+
+
+def _yaml_value(value: object) -> str:
+    """A value as ``--set`` reads it back (YAML): true/false, null, numbers, strings."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def cmd_ui(args: argparse.Namespace) -> int:

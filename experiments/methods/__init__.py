@@ -12,6 +12,10 @@ one file plus one line here, or one file named in ``HEADSWEEP_METHODS`` (below).
 - ``SHORT_NAMES``: keys of its ``Config`` that grids and ``--set`` may write without the
   section (``lambda`` for ``head_gates.lambda``);
 - ``run(cfg, ctx) -> RunResult``, reading its keys from ``cfg.section``;
+- ``REFERENCE`` (optional): ``{key of its Config: value}``, the keys whose default is NOT the
+  paper's reference code's protocol (headsweep keeps a sounder choice there), each with the value
+  that restores the reference; absent = every default follows the reference code. ``headsweep
+  methods`` prints them as the ``--set`` that reproduces the paper (PARITY.md);
 - ``NAME`` (optional, for methods outside this package): its name in ``METHODS``;
 - ``stages(section)`` (optional): the upstream runs it starts from by default (head_gates' SP);
 - ``check(cfg)`` (optional): more validation of a whole run config, at submit (raises
@@ -108,6 +112,16 @@ def check_method(name: str, module: ModuleType) -> None:
     for short in getattr(module, "SHORT_NAMES", ()):
         if short not in keys or short in _RESERVED:
             fail(f"short name '{short}' must be a key of its Config and not one of {', '.join(_RESERVED)}")
+    reference = getattr(module, "REFERENCE", {})
+    for key, value in reference.items():
+        if key not in keys:
+            fail(f"REFERENCE names '{key}', not a key of its Config")
+        try:
+            config.model_validate({key: value})
+        except Exception as err:  # noqa: BLE001 (pydantic's error says which value)
+            fail(f"REFERENCE value {value!r} of '{key}' is not a valid value: {err}")
+        if config.model_validate({key: value}) == config():
+            fail(f"REFERENCE value of '{key}' is its default: list only keys whose default differs")
     if len(module.PIPELINES) > 1 and ("pipeline" not in keys or keys["pipeline"].default != module.PIPELINES[0]):
         fail(f"with several pipelines, Config needs a key 'pipeline' defaulting to '{module.PIPELINES[0]}'")
 

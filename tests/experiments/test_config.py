@@ -187,6 +187,23 @@ def test_every_method_keeps_the_contract():
         check_method("train", head_gates)
 
 
+@pytest.mark.parametrize("reference, message", [
+    ({"lamda": 0.1}, "REFERENCE names 'lamda', not a key of its Config"),
+    ({"lambda": "high"}, "REFERENCE value 'high' of 'lambda' is not a valid value"),
+    ({"lambda": 0.01}, "REFERENCE value of 'lambda' is its default"),
+])
+def test_reference_protocol_keys_are_checked(reference, message):
+    """REFERENCE lists the keys whose default is not the paper's protocol, with the value restoring it."""
+    module = types.ModuleType("gates_like")
+    for attr in ("VERSION", "PIPELINES", "Config", "SHORT_NAMES", "run"):
+        setattr(module, attr, getattr(head_gates, attr))
+    module.REFERENCE = {"lambda": 0.05}
+    check_method("gates_like", module)  # a real key, a valid value, not the default
+    module.REFERENCE = reference
+    with pytest.raises(TypeError, match=message):
+        check_method("gates_like", module)
+
+
 # --------------------------------------------------------------------------- run keys
 
 PINNED = {

@@ -87,6 +87,26 @@ def test_methods_lists_every_method_its_keys_defaults_and_short_names(capsys):
     assert "unknown method 'head-gates'; did you mean 'head_gates'?" in capsys.readouterr().err
 
 
+def test_methods_says_which_defaults_are_the_papers_protocol_and_the_set_that_restores_it(capsys):
+    from experiments.config import apply_overrides, parse_config, section_value
+    from experiments.methods import METHODS
+    from orchestrator.cli import main
+
+    kept = {name: module.REFERENCE for name, module in METHODS.items() if getattr(module, "REFERENCE", None)}
+    for name, module in METHODS.items():
+        assert main(["methods", name]) == 0
+        shown = " ".join(capsys.readouterr().out.split())
+        if name not in kept:
+            assert "every default follows the paper's reference code" in shown
+            continue
+        sets = shown.split("the reference protocol: ", 1)[1].split()
+        assert sets[0::2] == ["--set"] * len(kept[name])
+        # the printed --set, read back as a user's would be, gives the REFERENCE values
+        raw = {"model": "tiny-bert", "method": name, "task": {"name": "synthetic-cls"}}
+        cfg = parse_config(apply_overrides(raw, sets[1::2]), check_files=False)
+        assert {key: section_value(cfg.section, key) for key in kept[name]} == kept[name]
+
+
 def _browser_dom(url: str) -> str:
     """The DOM of ``url`` after its scripts ran, from Debian's headless chromium (.ci/run installs it)."""
     browser = shutil.which("chromium")
