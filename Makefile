@@ -36,8 +36,11 @@ test: venv
 test-slow: venv
 	$(PY) -m pytest -m slow
 
+# The real-model lane (tests/real/, in CI after the slow set): one short real-MiniLM run per method
+# family on the shipped data, each asserting what would catch a broken method, and `make demo`'s
+# quoted numbers.
 real: venv
-	$(PY) -m pytest -m real -s
+	$(PY) -m pytest -m real -s -p no:cacheprovider tests/real
 
 bench: venv
 	@for f in tests/benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
