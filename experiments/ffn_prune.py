@@ -1,21 +1,27 @@
 """Physically prune FFN neurons, folding the removed ones' baseline into the output bias.
 
-Skill-neuron pruning (Wang et al. 2022, ``../shared/PAPERS.md``): keep the top
-2 % of FFN neurons (by predictivity) in the upper layers and replace every other
-neuron by a constant, its baseline activation ``a_bsl``. A neuron ``i`` enters
-the FFN output only through column ``i`` of the output projection, so a
-constant ``a_bsl[i]`` there is the same as adding ``W_out[:, i] * a_bsl[i]`` to
-the output bias, and the neuron's row of the input projection and column of the
-output projection can then be sliced away:
+Skill-neuron pruning (Wang et al. 2022, ``../shared/PAPERS.md``; reference
+THU-KEG/Skill-Neuron ``src/prune.py``): keep the top 2 % of FFN neurons (by
+predictivity) in the upper three quarters of the layers (reference: layers 3-11
+of 12, ``prune.py:49``; :func:`pruned_layers`) and replace every other neuron by a
+constant, its baseline activation ``a_bsl`` (reference: the training set's mean at
+the prompt positions, ``train_avg`` averaged over positions, ``prune.py:44-48``). A
+neuron ``i`` enters the FFN output only through column ``i`` of the output
+projection, so a constant ``a_bsl[i]`` there is the same as adding
+``W_out[:, i] * a_bsl[i]`` to the output bias, and the neuron's row of the input
+projection and column of the output projection can then be sliced away:
 
-    b_out' = b_out + W_out[:, removed] @ a_bsl[removed]
+    b_out' = b_out + W_out[:, removed] @ a_bsl[removed]      (fold "removed", ours)
+    b_out' = b_out + W_out @ a_bsl                           (fold "all", the reference's)
 
-Only the REMOVED neurons are folded; the reference code folds every neuron's
-mean, which double-counts the kept ones (they still contribute their real
-activation through ``W_out[:, kept]``).
+The reference code (``prune.py:66-67``) folds EVERY neuron's mean, which
+double-counts the kept ones (they still contribute their real activation through
+``W_out[:, kept]``): ``fold="all"`` reproduces it, ``"removed"`` (the default) is
+the exact replacement of the removed neurons by their means.
 
 ``mask_ffn`` is the masked equivalent (a forward hook replacing the removed
-activations by their baseline), the reference the sliced model must equal.
+activations by their baseline, and with ``fold="all"`` adding it to the kept
+ones), the reference the sliced model must equal.
 Keep sets and baselines always index the ORIGINAL ``(L, I)`` neurons, also
 after pruning: ``kept_neurons(model)`` says which are still there (as
 ``heads.kept_heads`` does for heads).
@@ -24,10 +30,11 @@ after pruning: ``kept_neurons(model)`` says which are still there (as
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -38,6 +45,10 @@ from experiments.heads import _slice_linear  # the same Linear slicing as head p
 from experiments.models import architecture_of
 
 _KEPT_ATTR = "_headsweep_kept_neurons"
+
+Fold = Literal["removed", "all"]
+"""What ``prune_ffn`` folds into the output bias: the removed neurons' baselines (ours), or every
+neuron's (the reference's ``prune.py:66-67``, kept ones included)."""
 
 
 def ffn_layout(model: nn.Module) -> tuple[int, int]:
@@ -81,34 +92,41 @@ def _baseline_of(baseline: Mapping[int, torch.Tensor], layer: int, inner: int) -
 
 @torch.no_grad()
 def prune_ffn(
-    encoder: nn.Module, keep: Mapping[int, torch.Tensor], baseline: Mapping[int, torch.Tensor]
+    encoder: nn.Module, keep: Mapping[int, torch.Tensor], baseline: Mapping[int, torch.Tensor],
+    fold: Fold = "removed",
 ) -> None:
     """Keep only neurons ``keep[l]`` (original indices) of layer ``l``'s FFN; in place.
 
     For each listed layer: the removed neurons' baselines ``baseline[l]`` (``(I,)``,
     original indices, e.g. ``mean_ffn_activations``) are folded into the output
-    bias, ``b_out += W_out[:, removed] @ baseline[l][removed]`` (removed ones only),
-    then their rows of ``ffn_in`` (weight and bias) and columns of ``ffn_out`` are
-    sliced away. Layers not listed are untouched. The outputs equal those of the
-    unpruned model under ``mask_ffn(encoder, keep, baseline)``. Pruning again may
-    only remove more. Parameters are replaced (build optimizers afterwards);
+    bias, ``b_out += W_out[:, removed] @ baseline[l][removed]`` (removed ones only;
+    ``fold="all"``: ``W_out @ baseline[l]`` over the layer's neurons, as the reference
+    does), then their rows of ``ffn_in`` (weight and bias) and columns of ``ffn_out``
+    are sliced away. Layers not listed are untouched. The outputs equal those of the
+    unpruned model under ``mask_ffn(encoder, keep, baseline, fold)``. Pruning again may
+    only remove more (with ``fold="all"``, on an unpruned model only: a second fold
+    would add the kept ones' means again). Parameters are replaced (build optimizers afterwards);
     ``config.intermediate_size`` keeps describing the original neurons.
     """
+    if fold not in ("removed", "all"):
+        raise ValueError(f"fold must be 'removed' or 'all', got {fold!r}")
     arch = architecture_of(encoder)
     _, inner = ffn_layout(encoder)
     current = kept_neurons(encoder)
     masks = _keep_masks(encoder, keep)
+    if fold == "all" and not current[list(masks)].all():
+        raise ValueError("prune_ffn: fold 'all' needs layers not pruned before (it would fold the kept means twice)")
     layers = encoder.get_submodule(arch.layers)
     for layer, new in masks.items():
         if (new & ~current[layer]).any():
             raise ValueError(f"keep[{layer}] asks for neurons already pruned; pruning cannot restore them")
         local_keep = new[current[layer]]  # (I_current,) which of the remaining neurons stay
-        if local_keep.all():
+        if local_keep.all() and fold == "removed":
             continue
         values = _baseline_of(baseline, layer, inner)[current[layer]]  # (I_current,)
         block = layers[layer]
         ffn_in, ffn_out = block.get_submodule(arch.ffn_in), block.get_submodule(arch.ffn_out)
-        removed = (~local_keep).nonzero().squeeze(-1)
+        removed = (~local_keep).nonzero().squeeze(-1) if fold == "removed" else torch.arange(len(local_keep))
         weight = ffn_out.weight.detach()  # (hidden, I_current)
         fold = weight[:, removed].double() @ values[removed.to(values.device)].to(weight.device).double()
         if ffn_out.bias is None:
@@ -134,15 +152,19 @@ class FFNMaskHandle:
 
 
 def mask_ffn(
-    encoder: nn.Module, keep: Mapping[int, torch.Tensor], baseline: Mapping[int, torch.Tensor]
+    encoder: nn.Module, keep: Mapping[int, torch.Tensor], baseline: Mapping[int, torch.Tensor],
+    fold: Fold = "removed",
 ) -> FFNMaskHandle:
     """Replace every neuron of a listed layer not in ``keep[l]`` by its baseline; a forward hook.
 
     The masked equivalent of ``prune_ffn`` (same arguments), the reference its
     sliced model is tested against: a hook on ``ffn_act`` returns
-    ``where(kept, activation, baseline)``. Works on an already pruned model too
-    (indices stay original).
+    ``where(kept, activation, baseline)`` (``fold="all"``: ``where(kept, activation +
+    baseline, baseline)``, what folding every mean into the bias amounts to). Works on
+    an already pruned model too (indices stay original).
     """
+    if fold not in ("removed", "all"):
+        raise ValueError(f"fold must be 'removed' or 'all', got {fold!r}")
     arch = architecture_of(encoder)
     _, inner = ffn_layout(encoder)
     current = kept_neurons(encoder)
@@ -153,26 +175,37 @@ def mask_ffn(
             raise ValueError(f"keep[{layer}] asks for neurons the model no longer has")
         local_keep = new[current[layer]]  # (I_current,)
         values = _baseline_of(baseline, layer, inner)[current[layer]]  # (I_current,)
-        hook = partial(_replace_removed, local_keep, values)
+        hook = partial(_replace_removed, local_keep, values, fold == "all")
         handle.hooks.append(layers[layer].get_submodule(arch.ffn_act).register_forward_hook(hook))
     return handle
 
 
 def _replace_removed(
-    local_keep: torch.Tensor, values: torch.Tensor, _module: nn.Module, _args: tuple, output: torch.Tensor
+    local_keep: torch.Tensor, values: torch.Tensor, add_to_kept: bool, _module: nn.Module, _args: tuple,
+    output: torch.Tensor,
 ) -> torch.Tensor:
     keep = local_keep.to(output.device)
-    return torch.where(keep, output, values.to(output.device, output.dtype))  # (B, T, I_current)
+    values = values.to(output.device, output.dtype)
+    return torch.where(keep, output + values if add_to_kept else output, values)  # (B, T, I_current)
+
+
+def pruned_layers(num_layers: int) -> list[int]:
+    """The layers skill-neuron pruning prunes: those wholly in the upper three quarters of the
+    depth, ``l >= ceil(L / 4)`` (reference ``prune.py:49``: ``range(3, 12)`` of RoBERTa-base's 12).
+    For MiniLM's 6 layers: 2-5 (the lowest quarter ends half-way through layer 1, which stays)."""
+    return list(range(math.ceil(num_layers / 4), num_layers))
 
 
 def upper_layer_keep(
     scores, fraction: float = 0.02, layers: Iterable[int] | None = None, per_layer: bool = True
 ) -> dict[int, torch.Tensor]:
-    """The top ``fraction`` of neurons by ``scores`` ``(L, I)`` in ``layers`` (default: upper half).
+    """The top ``fraction`` of neurons by ``scores`` ``(L, I)`` in ``layers`` (default:
+    :func:`pruned_layers`, the upper three quarters).
 
-    ``per_layer`` (default): ``max(1, round(fraction * I))`` neurons in each chosen
-    layer, so every pruned layer costs the same; otherwise the top
-    ``round(fraction * I * len(layers))`` across the chosen layers together.
+    ``per_layer`` (default): ``max(1, int(fraction * I))`` neurons in each chosen
+    layer (reference ``int(3072 * 0.02)``), so every pruned layer costs the same;
+    otherwise the top ``max(1, int(fraction * I * len(layers)))`` across the chosen
+    layers together.
     Ties go to the lower index; NaN scores rank last. Returns sorted original
     indices per layer (LongTensor), ready for ``prune_ffn``.
     """
@@ -182,18 +215,18 @@ def upper_layer_keep(
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     num_layers, inner = scores.shape
-    chosen = list(range(num_layers // 2, num_layers)) if layers is None else sorted({int(x) for x in layers})
+    chosen = pruned_layers(num_layers) if layers is None else sorted({int(x) for x in layers})
     if any(not 0 <= layer < num_layers for layer in chosen):
         raise ValueError(f"layers {chosen} out of range for {num_layers} layers")
     scores = torch.nan_to_num(scores, nan=-np.inf)
     if per_layer:
-        count = max(1, round(fraction * inner))
+        count = max(1, int(fraction * inner))
         return {
             layer: torch.sort(scores[layer], descending=True, stable=True).indices[:count].sort().values
             for layer in chosen
         }
     flat = scores[chosen].reshape(-1)  # (len(chosen) * I,)
-    count = max(1, round(fraction * flat.numel()))
+    count = max(1, int(fraction * flat.numel()))
     top = torch.sort(flat, descending=True, stable=True).indices[:count]
     rows, cols = top // inner, top % inner
     return {layer: cols[rows == row].sort().values for row, layer in enumerate(chosen)}
@@ -213,8 +246,9 @@ def mean_ffn_activations(
     e.g. through a wrapper that prepends a soft prompt; tokens are weighted by
     the ``attention_mask`` the encoder itself receives (read by a pre-hook, so a
     mask a wrapper extended counts its prompt positions), all of them without
-    one. Our choice for pruning: the paper's predictivity baseline is per prompt
-    position, but a pruned neuron is gone at every token. Needs an unpruned
+    one. Not the reference's (the prompt positions' training means, which the
+    skill_neurons run already has): ``skill_neurons.prune_baseline: tokens``, since a
+    pruned neuron is gone at every token, not only the prompt's. Needs an unpruned
     model in ``layers`` (the means index original neurons); eval mode.
     """
     arch = architecture_of(encoder)
@@ -262,26 +296,24 @@ def mean_ffn_activations(
 def pruned_metrics(
     encoder: nn.Module,
     evaluate: Callable[[nn.Module], Mapping[str, float]],
-    scores,
+    keep: Mapping[int, torch.Tensor],
     baseline: Mapping[int, torch.Tensor],
-    fraction: float = 0.02,
-    layers: Iterable[int] | None = None,
+    fold: Fold = "removed",
 ) -> dict[str, float]:
     """Metrics of a pruned COPY of ``encoder`` (the encoder itself is untouched).
 
-    Keeps ``upper_layer_keep(scores, fraction, layers)``, folds the rest with
-    ``baseline`` and calls ``evaluate(pruned_encoder)`` (e.g. a lambda around
-    ``loop.evaluate`` with the run's decoder). Returns its metrics as
-    ``pruned_<metric>`` (no "/": that names an evaluation set) plus ``pruned_kept_fraction`` (of the neurons in the
-    pruned layers), ``pruned_params`` and ``pruned_params_full`` (encoder).
+    Keeps ``keep`` (layer -> original neuron indices, e.g. ``upper_layer_keep(scores)``), folds the
+    rest with ``baseline`` (``fold`` as ``prune_ffn``) and calls ``evaluate(pruned_encoder)`` (e.g. a
+    lambda around ``loop.evaluate`` with the run's decoder). Returns its metrics as
+    ``pruned_<metric>`` (no "/": that names an evaluation set) plus ``pruned_kept_fraction`` (of the
+    neurons in the pruned layers), ``pruned_params`` and ``pruned_params_full`` (encoder).
     ``encoder`` is the bare backbone; a wrapper (a soft prompt) goes around the
     pruned copy inside ``evaluate``, e.g.
     ``lambda backbone: loop.evaluate(PromptedEncoder(backbone, prompt), decoder, dev, task, 32, "cpu")``.
     Hooks on ``encoder`` are deep-copied with it: remove any that read FFN widths first.
     """
-    keep = upper_layer_keep(scores, fraction, layers)
     pruned = copy.deepcopy(encoder)
-    prune_ffn(pruned, keep, baseline)
+    prune_ffn(pruned, keep, baseline, fold)
     metrics = {f"pruned_{name}": float(value) for name, value in evaluate(pruned).items()}
     _, inner = ffn_layout(encoder)
     kept = sum(len(index) for index in keep.values())

@@ -6,9 +6,13 @@ A "neuron" is one unit of a layer's FFN activation after the non-linearity: the 
 
 - :func:`capture_ffn` records the activations of every layer, optionally only at some
   token positions (the soft prompt's, so a pass over a data set stays small);
-- :func:`perturb_neurons` adds Gaussian noise ``N(0, std^2)`` to chosen neurons at every
-  position (the paper's perturbation check: noise on the skill neurons should hurt the
-  task more than noise on as many random neurons).
+- :func:`perturb_neurons` adds Gaussian noise ``N(0, std^2)`` to chosen neurons (the paper's
+  perturbation check: noise on the skill neurons should hurt the task more than noise on as
+  many random neurons). As the reference code (THU-KEG/Skill-Neuron ``src/modelzoo.py:82-87``,
+  ``BaseModel.addmask``, type gaussian) does: ONE noise vector per sequence,
+  ``randn([B, I]) * std`` masked to the chosen neurons, added at EVERY position (prompt, text
+  and padding alike), a fresh draw each forward. A consistent shift of the neuron for the
+  whole sequence, far stronger than independent noise per token, which attention averages out.
 
 Hooks run in order, and a hook that returns a value replaces the output the next one sees.
 Perturbations are put FIRST in the module's hooks (``prepend``) and captures last, so a
@@ -93,12 +97,15 @@ class NoiseHandle:
 
 def perturb_neurons(encoder: nn.Module, neurons: Mapping[int, torch.Tensor], std: float,
                     generator: torch.Generator) -> NoiseHandle:
-    """Add ``N(0, std^2)`` noise to the chosen neurons' activations at every position, every forward.
+    """Add ``N(0, std^2)`` noise to the chosen neurons' activations, one draw per sequence, every forward.
 
     ``neurons``: layer -> LongTensor of neuron indices in that layer (a layer left out, or an
-    empty tensor, is untouched). ``generator`` draws the noise (on the model's device), so two
-    evaluations from generators in the same state see the same noise. Returns a handle whose
-    ``remove()`` restores the plain model.
+    empty tensor, is untouched). Each forward of a layer draws ``randn((B, I), generator) * std``
+    (``I`` the layer's FFN width, all of it drawn as the reference draws ``randn([B, 3072])``),
+    keeps the chosen neurons' columns and adds them at every position: ``(B, 1, I)`` broadcast over
+    ``T``. ``generator`` draws the noise (on the model's device), so two evaluations from
+    generators in the same state see the same noise. Returns a handle whose ``remove()``
+    restores the plain model.
     """
     modules = ffn_act_modules(encoder)
     handle = NoiseHandle()
@@ -111,10 +118,10 @@ def perturb_neurons(encoder: nn.Module, neurons: Mapping[int, torch.Tensor], std
 
         def hook(module: nn.Module, args, output: torch.Tensor, index: torch.Tensor = index) -> torch.Tensor:
             index = index.to(output.device)
-            noise = torch.randn((*output.shape[:-1], index.numel()), generator=generator,
-                                device=output.device, dtype=output.dtype)
+            noise = torch.randn((output.shape[0], output.shape[-1]), generator=generator,
+                                device=output.device, dtype=output.dtype) * std  # (B, I): one per sequence
             noisy = output.clone()
-            noisy[..., index] += std * noise
+            noisy[..., index] += noise[:, None, index]  # (B, 1, k) broadcast over the T positions
             return noisy
 
         handle.hooks.append(modules[layer].register_forward_hook(hook, prepend=True))  # before any capture

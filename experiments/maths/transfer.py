@@ -19,9 +19,11 @@ expectation, so
 
 (Shuffled across all ``N`` units instead it is ``sqrt(|A| |B|) / N``: exactly 0.2 for two top
 20 % sets, whatever the tasks.) Skill neurons concentrate in some layers for every task, so two
-unrelated tasks share top neurons beyond 0.2 merely by sharing a layer profile; the within-row
-chance is the baseline that asks for the same neurons, not only the same layers (as
-``analysis/neuron_overlap.py``'s ``within_layers`` null).
+sets ranked across all neurons would share top neurons beyond 0.2 merely by sharing a layer
+profile; the within-row chance is the baseline that asks for the same neurons, not only the same
+layers (as ``analysis/neuron_overlap.py``'s ``within_layers`` null). The skill neurons are
+selected per layer (the reference's ``finfo``: the same number in every layer), so for them the
+two chances agree; the activated neurons' sets differ per row.
 """
 
 from __future__ import annotations
@@ -29,18 +31,6 @@ from __future__ import annotations
 import math
 
 import torch
-
-
-def top_mask(ranking: torch.Tensor, fraction: float, num_layers: int, inner: int) -> torch.Tensor:
-    """``(L, I)`` bool: the first ``k = max(1, round(fraction * L * I))`` rows ``(layer, neuron)`` of
-    ``ranking`` (``(L * I, 2)``, best first, as ``predictivity.rank_neurons`` gives it)."""
-    if not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-    k = max(1, round(fraction * num_layers * inner))
-    mask = torch.zeros(num_layers, inner, dtype=torch.bool)
-    top = ranking[:k].long()
-    mask[top[:, 0], top[:, 1]] = True
-    return mask
 
 
 def overlap(a: torch.Tensor, b: torch.Tensor) -> float:

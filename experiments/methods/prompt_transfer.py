@@ -21,9 +21,10 @@ task's prompt read by the other's read-out kept 0.97-1.0 of its accuracy. A froz
 (``label_words``: every built-in sentence task has the words negative / positive) leaves the task
 to the prompt, as the paper's MLM head does: the setting for transfer (examples/grid_skill_transfer.yaml).
 
-Each prompt's skill-neuron ranking is computed again from its handed-on weights on its own task's
-data by ``skill_neurons.find_skill_neurons`` (deterministic: the ranking of its
-``skill_neurons.npz``; a stage hands on weights, not artifacts). Reports:
+Each prompt's skill neurons are found again from its handed-on weights on its own task's
+data by ``skill_neurons.find_skill_neurons`` (deterministic: the predictivity of its
+``skill_neurons.npz``; a stage hands on weights, not artifacts), and selected per layer as the
+reference's ``finfo`` does (``predictivity.skill_neuron_mask``). Reports:
 
 - ``accuracy``: the target's prompt and read-out on the target's dev set, as trained (the
   baseline of the noise metrics below; the target run's own final ``accuracy``).
@@ -38,18 +39,19 @@ data by ``skill_neurons.find_skill_neurons`` (deterministic: the ranking of its
 - ``own_accuracy``: the same protocol with the target's own prompt, and
   ``transfer_relative = transfer_accuracy / own_accuracy`` (the paper's relative transfer
   performance; exactly 1 when source = target).
-- ``overlap_top20``: the shared fraction of the two prompts' top 20 % skill neurons
-  (experiments/maths/transfer.py), ``overlap_top20_chance`` what chance gives within layers
-  (across all neurons chance is 0.2 for every pair).
+- ``overlap_top20``: the shared fraction of the two prompts' top 20 % skill neurons (the top
+  20 % of each layer; experiments/maths/transfer.py), ``overlap_top20_chance`` what chance gives
+  within layers (0.2 up to rounding: both sets hold the same number in every layer).
 - ``overlap_active``: Su et al. (2022)'s overlapping rate of activated neurons, the plain
   indicator the paper improves on: each prompt fed alone (``[CLS] p_1 .. p_n [SEP]``, no
   sentence), a neuron active at a prompt position when its FFN activation is above 0, the two
   prompts' (P, L, I) sets compared by cosine; ``overlap_active_chance`` its chance (within each
   layer at each position), ``active_fraction`` and ``active_fraction_source`` the sets' sizes.
 - ``accuracy_noise_source_top_<f>`` / ``accuracy_noise_source_random_<f>``: the target prompt on
-  its own task with Gaussian noise N(0, ``noise_std``^2) on the SOURCE prompt's top-k skill
-  neurons, vs on k random neurons in the same layers, ``k = max(1, round(f * L * I))``, ``f`` in
-  ``perturb_fractions``: ``skill_neurons.perturbation_check`` with the source's ranking and the
+  its own task with Gaussian noise N(0, ``noise_std``^2) (one draw per sequence) on the SOURCE
+  prompt's skill neurons, the top ``max(1, int(f * I))`` of each layer, vs on as many random
+  neurons per layer, ``f`` in ``perturb_fractions``: ``skill_neurons.perturbation_check`` with the
+  source's predictivity and the
   target run's noise and random draws, so a diagonal cell with the stages' ``noise_std`` and
   fractions repeats the target run's own check, and with others perturbs each prompt's own top
   neurons at other noise levels without training it again (these two keys are this run's, not
@@ -70,7 +72,8 @@ from pydantic import Field
 from experiments.config import ConfigError, Section
 from experiments.context import RunContext
 from experiments.loop import evaluate, forward_logits, take
-from experiments.maths.transfer import chance_overlap, overlap, top_mask
+from experiments.maths.predictivity import skill_neuron_mask
+from experiments.maths.transfer import chance_overlap, overlap
 from experiments.methods.skill_neurons import Config as SkillNeurons
 from experiments.methods.skill_neurons import (
     Fractions,
@@ -85,7 +88,7 @@ from experiments.neurons import capture_ffn
 from experiments.result import RunResult
 from experiments.state import RunState, upstream_weights
 
-VERSION = "1"
+VERSION = "2"
 PIPELINES = ("none",)
 SHORT_NAMES = ("source_task",)
 
@@ -110,8 +113,8 @@ class Config(Section):
                              "0.1); evaluation only: another value trains no prompt again.")
     perturb_fractions: Fractions = Field(
         (0.01, 0.02, 0.05, 0.1), min_length=1,
-        description="Fractions of all FFN neurons perturbed: the source's top-k vs k random (same layers), "
-        "k = max(1, round(f*L*I)).")
+        description="Fractions f perturbed: the source's top max(1, int(f*I)) skill neurons of each layer vs as "
+        "many random neurons of each layer.")
 
 
 
@@ -188,9 +191,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
         carried = PromptedEncoder(target.encoder, source_model.prompt).eval()
         transfer = calibrated_accuracy(carried, target)
 
-    num_layers, inner = found["score"].shape
-    top = top_mask(found["ranking"], TOP_FRACTION, num_layers, inner)
-    top_source = top_mask(found_source["ranking"], TOP_FRACTION, num_layers, inner)
+    top = skill_neuron_mask(found["per_subtask"], TOP_FRACTION)
+    top_source = skill_neuron_mask(found_source["per_subtask"], TOP_FRACTION)
     alone = load_tokenizer(cfg.model)("", return_tensors="pt")["input_ids"].to(target.device)  # [CLS] [SEP]
     active, active_source = active_neurons(model, alone, target), active_neurons(carried, alone, target)
     metrics = {
@@ -205,7 +207,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
         "active_fraction": float(active.float().mean()),
         "active_fraction_source": float(active_source.float().mean()),
     }
-    perturbation = perturbation_check(model, target, found_source["ranking"], hp.perturb_fractions, hp.noise_std)
+    perturbation = perturbation_check(model, target, found_source["per_subtask"], hp.perturb_fractions,
+                                      hp.noise_std)
     for f, top_acc, random_acc in zip(hp.perturb_fractions, perturbation["accuracy_top"],
                                       perturbation["accuracy_random"], strict=True):
         metrics[f"accuracy_noise_source_top_{f:g}"] = top_acc

@@ -30,26 +30,44 @@
    defaults by verbalizer (MiniLM, SST-2, 1000 examples, 64 steps of 32): with the learned
    read-out 1e-3 reached 0.79 dev accuracy and 1e-2 0.61 (unstable); with random words,
    the prompt alone learning, 1e-2 reached 0.72 and 3e-3 0.67.
-3. Predictivity (experiments/maths/predictivity.py): FFN activations after the
-   non-linearity at the prompt positions, the baseline their mean over the training set;
-   ``Pred = max(Acc, 1 - Acc)`` on dev, max over positions; multi-class tasks as
-   one-vs-rest subtasks. Map ``neurons.predictivity`` (L, I).
-4. Perturbation: Gaussian noise N(0, ``noise_std``^2) at every position on the top-k
-   neurons of the ranking, and on k random neurons with as many per layer (drawn uniformly
-   from the layer, so by chance some may be top ones), for each
-   ``k = max(1, round(f * L * I))``, ``f`` in ``perturb_fractions``; the same noise stream
-   for both. Metrics ``accuracy_noise_top_<f>`` and
-   ``accuracy_noise_random_<f>`` (``f`` as written by ``{:g}``: ``accuracy_noise_top_0.01``),
-   next to the unperturbed ``accuracy``; the curve is the run's ``perturbation.png``, and
-   ``predictivity_by_layer.png`` draws each layer's best, 99th-percentile and median neuron.
+3. Predictivity (experiments/maths/predictivity.py, the reference's ``probe_avg``,
+   ``probe_acc`` and ``finfo``): FFN activations after the non-linearity at the prompt
+   positions, the baseline their mean over the training set; ``Pred = max(Acc, 1 - Acc)`` on
+   dev, max over positions. A multi-class task is split into the binary subtasks of the
+   reference's ``helper/binarize.py`` (3 classes: 0 vs 2 and 1 vs rest; 4 classes: 1 vs 3 and
+   2 vs rest), each on class-balanced subsets of train and dev with its own baseline. The
+   reference trains one prompt per subtask (on ``<task>-pn`` / ``<task>-neu``); ours reads the
+   one prompt trained on the whole task at each subtask's subsets. Map ``neurons.predictivity``
+   (L, I): the best subtask's predictivity.
+4. Perturbation (the reference's ``mask.py``): the skill neurons at fraction ``f`` are the top
+   ``max(1, int(f * I))`` of EACH layer (``finfo``; multi-class: half from the first subtask,
+   filled up from the second); Gaussian noise ``N(0, noise_std^2)`` on them, ONE draw per
+   sequence added at every position (experiments/neurons.py, the reference's
+   ``randn([B, 3072]) * 0.1``), against as many random neurons per layer (drawn uniformly from
+   the layer, so by chance some may be skill neurons), ``f`` in ``perturb_fractions``; the same
+   noise stream for both. Metrics ``accuracy_noise_top_<f>`` and ``accuracy_noise_random_<f>``
+   (``f`` as written by ``{:g}``: ``accuracy_noise_top_0.01``), next to the unperturbed
+   ``accuracy``; the curve is the run's ``perturbation.png``, and ``predictivity_by_layer.png``
+   draws each layer's best, 99th-percentile and median neuron.
+5. Pruning (``prune_fraction``, the reference's ``prune.py``; experiments/ffn_prune.py): a sliced
+   copy keeping the skill neurons at ``prune_fraction`` in the upper three quarters of the
+   layers (reference: 3-11 of 12; MiniLM's 6: 2-5, ``ffn_prune.pruned_layers``), each removed
+   neuron replaced by its mean activation folded into the output bias: the mean at the prompt
+   positions over the training set (``prune_baseline: prompt``, the reference's) or over every
+   token; the removed neurons' means only (``prune_fold: removed``, ours) or every neuron's
+   (``all``, the reference's, which counts the kept ones' means on top of their activations).
+
+Where a default is ours, ``REFERENCE`` says which value restores the reference protocol.
+Not adapted: the reference's 16 prompt positions are a <mask> token (read by the MLM head)
+and 15 trained vectors before the sentence; ours are 16 trained vectors after [CLS].
 
 Also reported: ``predictivity_top1`` (the best neuron's), ``predictivity_mean`` (over all
-neurons) and the artifact ``skill_neurons.npz``: ``ranking`` (L*I, 2) rows (layer, neuron)
-best first, ``subtask`` (L*I,) which one-vs-rest subtask ranked each, ``per_subtask``
-(S, L, I) predictivity, ``best_position`` (S, L, I) its prompt position (0-based within the
-prompt), ``baseline`` (P, L, I) the training means, and the perturbation table
-(``fractions``, ``k``, ``accuracy_top``, ``accuracy_random``, ``accuracy``). The trained
-prompt is handed on as ``interventions.prompt.weight``, the read-out as ``decoders.task.*``.
+neurons) and the artifact ``skill_neurons.npz``: ``per_subtask`` (S, L, I) predictivity,
+``best_position`` (S, L, I) its prompt position (0-based within the prompt), ``baseline``
+(S, P, L, I) each subtask's training means, ``selected`` (F, L, I) the skill neurons at each
+perturbation fraction, and the perturbation table (``fractions``, ``k``, ``accuracy_top``,
+``accuracy_random``, ``accuracy``). The trained prompt is handed on as
+``interventions.prompt.weight``, the read-out as ``decoders.task.*``.
 
 Sentence-level classification tasks only: a tagging task has no sentence label for a
 neuron at the prompt to predict (``check`` says so).
@@ -61,7 +79,7 @@ import io
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
@@ -70,16 +88,18 @@ from torch import nn
 
 from experiments.config import ConfigError, Section
 from experiments.context import RunContext
-from experiments.ffn_prune import mean_ffn_activations, pruned_metrics
+from experiments.ffn_prune import mean_ffn_activations, pruned_layers, pruned_metrics
 from experiments.loop import evaluate, forward_logits, num_steps, train_steps, update
 from experiments.maths.losses import task_loss
 from experiments.maths.predictivity import (
-    above_baseline_counts,
     by_layer,
     combined_score,
+    correct_counts,
     neuron_predictivity,
     random_like,
-    rank_neurons,
+    skill_neuron_mask,
+    subtask_labels,
+    subtask_sums,
 )
 from experiments.models import MODELS, RANDOM_PREFIX, load_tokenizer
 from experiments.neurons import capture_ffn, perturb_neurons
@@ -98,7 +118,7 @@ def _fractions(value: tuple[float, ...]) -> tuple[float, ...]:
 Fractions = Annotated[tuple[float, ...], AfterValidator(_fractions)]
 """Fractions of all FFN neurons, each in (0, 1], sorted, each once (perturb_fractions here and in prompt_transfer)."""
 
-VERSION = "1"
+VERSION = "2"
 PIPELINES = ("none",)
 SHORT_NAMES = ("prompt_length", "verbalizer", "readout")
 
@@ -122,12 +142,22 @@ class Config(Section):
         None, ge=0, description="verbalizer random_words: seed of the random words; None = the run's seed.")
     noise_std: float = Field(0.1, ge=0, description="Std of the Gaussian noise of the perturbation check (paper: 0.1).")
     prune_fraction: float | None = Field(
-        0.02, gt=0, le=1, description="Neuron pruning (paper: 0.02): keep this fraction of the FFN neurons of the upper "
-        "half of the layers, the top by predictivity, fold the others' mean activation into the output bias, slice the "
-        "matrices (experiments/ffn_prune.py) and report pruned_<metric>; None = no pruning.")
+        0.02, gt=0, le=1, description="Neuron pruning (paper: 0.02): keep this fraction of the FFN neurons of each "
+        "layer in the upper three quarters (reference: layers 3-11 of 12; MiniLM: 2-5), the skill neurons, fold the "
+        "others' mean activation into the output bias, slice the matrices (experiments/ffn_prune.py) and report "
+        "pruned_<metric>; None = no pruning.")
+    prune_baseline: Literal["prompt", "tokens"] = Field(
+        "prompt", description="The mean a pruned neuron is replaced by: prompt = its mean over the training set at "
+        "the prompt positions, averaged over them (the reference's train_avg.mean(1)); tokens = its mean over every "
+        "token of the training sentences, prompt included (a pruned neuron is gone at every position).")
+    prune_fold: Literal["removed", "all"] = Field(
+        "removed", description="Which means are folded into the output bias: removed = the removed neurons' (their "
+        "exact replacement); all = every neuron's, the kept ones' too, as the reference prune.py does (it adds the "
+        "kept neurons' means on top of their real activations).")
     perturb_fractions: Fractions = Field(
         (0.01, 0.02, 0.05, 0.1), min_length=1,
-        description="Fractions of all FFN neurons perturbed: top-k vs k random (same layers), k = max(1, round(f*L*I)).")
+        description="Fractions f perturbed: the top max(1, int(f*I)) skill neurons of each layer (reference finfo) vs "
+        "as many random neurons of each layer.")
 
     @field_validator("label_words")
     @classmethod
@@ -135,6 +165,10 @@ class Config(Section):
         if value is not None and (len(value) < 2 or any(not w.strip() for w in value)):
             raise ValueError(f"one non-empty word per class (at least 2), got {list(value)}")
         return value
+
+
+REFERENCE: dict[str, Any] = {"prune_fold": "all"}
+"""The keys whose default is ours, and the value that restores the reference protocol."""
 
 
 def prompt_lr(hp: Config) -> float:
@@ -330,14 +364,14 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     state.train(False)
     found = find_skill_neurons(model, state)
-    perturbation = perturbation_check(model, state, found["ranking"], hp.perturb_fractions, hp.noise_std)
+    perturbation = perturbation_check(model, state, found["per_subtask"], hp.perturb_fractions, hp.noise_std)
     score = found["score"]
     extra = {"predictivity_top1": float(score.max()), "predictivity_mean": float(score.mean())}
     for f, top, rand in zip(hp.perturb_fractions, perturbation["accuracy_top"], perturbation["accuracy_random"],
                             strict=True):
         extra[f"accuracy_noise_top_{f:g}"], extra[f"accuracy_noise_random_{f:g}"] = top, rand
     if hp.prune_fraction is not None:  # the paper's pruning of a copy: what is kept, and what it costs
-        extra |= _pruned(model, state, score, hp.prune_fraction)
+        extra |= _pruned(model, state, found, hp)
     ctx.tracker.log_metrics(extra, state.step)
     metrics |= extra
 
@@ -350,7 +384,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
         "predictivity_by_layer.png": _by_layer_png(score.numpy(), title),
     }
     meaning = ("max over prompt positions of max(Acc, 1 - Acc), Acc = dev accuracy of 1[activation > train mean] "
-               "as the label" + (" (max over one-vs-rest subtasks)" if state.data.num_labels > 2 else ""))
+               "as the label" + (" (max over the binary subtasks on class-balanced subsets)"
+                                 if state.data.num_labels > 2 else ""))
     return RunResult(
         run_key=cfg.run_key,
         group_key=cfg.group_key,
@@ -362,20 +397,26 @@ def run(cfg, ctx: RunContext) -> RunResult:
     )
 
 
-def _pruned(model: PromptedEncoder, state: RunState, score: torch.Tensor, fraction: float) -> dict[str, float]:
-    """Dev metrics of a sliced copy of the backbone keeping the top ``fraction`` of the upper layers'
-    FFN neurons (the removed ones' mean activation over the training tokens, prompt included,
-    folded into the output bias: a pruned neuron is gone at every position, not only the prompt's)."""
+def _pruned(model: PromptedEncoder, state: RunState, found: dict, hp: Config) -> dict[str, float]:
+    """Dev metrics of a sliced copy of the backbone keeping the skill neurons at ``prune_fraction`` in
+    the upper three quarters of the layers, the removed ones' mean activation (``prune_baseline``)
+    folded into the output bias (``prune_fold``)."""
     batch_size = state.cfg.train.batch_size
-    with state.autocast():
-        baseline = mean_ffn_activations(model.backbone, _batches(state.data.train, batch_size, state.device),
-                                        forward=lambda batch: model(batch[0], batch[1]))
-    baseline = {layer: mean.float() for layer, mean in baseline.items()}
+    if hp.prune_baseline == "prompt":  # the reference's train_avg (L, P, I).mean(axis=1)
+        mean = found["train_mean"].mean(dim=0)  # (P, L, I) -> (L, I)
+        baseline = {layer: mean[layer].float() for layer in range(len(mean))}
+    else:
+        with state.autocast():
+            baseline = mean_ffn_activations(model.backbone, _batches(state.data.train, batch_size, state.device),
+                                            forward=lambda batch: model(batch[0], batch[1]))
+        baseline = {layer: values.float() for layer, values in baseline.items()}
+    chosen = by_layer(skill_neuron_mask(found["per_subtask"], hp.prune_fraction))
+    keep = {layer: chosen[layer] for layer in pruned_layers(state.num_layers)}
     return pruned_metrics(
         model.backbone,
         lambda backbone: evaluate(PromptedEncoder(backbone, model.prompt), state.decoder, state.data.dev, state.task,
                                   batch_size, state.device, state.cfg.train.precision),
-        score, baseline, fraction)
+        keep, baseline, hp.prune_fold)
 
 
 def _evaluate(state: RunState, model: PromptedEncoder) -> dict[str, float]:
@@ -404,35 +445,48 @@ def _batches(split, batch_size: int, device: str):
 
 @torch.no_grad()
 def find_skill_neurons(model: PromptedEncoder, state: RunState) -> dict[str, torch.Tensor]:
-    """Baseline over the training set, per-class counts above it on dev, predictivity and ranking
-    (eval mode; activations at the prompt positions only, reduced batch by batch)."""
+    """Each binary subtask's baseline over its training examples, its correct counts on its dev
+    examples, predictivity (eval mode; activations at the prompt positions only, reduced batch by
+    batch). Also ``train_mean`` (P, L, I): the mean over the whole training set (pruning's baseline)."""
     n, num_labels = model.prompt.weight.shape[0], state.data.num_labels
     positions = torch.arange(1, 1 + n, device=state.device)
     batch_size = state.cfg.train.batch_size
+    train, dev = state.data.train, state.data.dev
+    sub_train = subtask_labels(train.labels, num_labels).to(state.device)  # (S, N_train)
+    sub_dev = subtask_labels(dev.labels, num_labels).to(state.device)  # (S, N_dev)
     with capture_ffn(model.backbone, positions) as capture:
-        total = None
-        for ids, mask, _ in _batches(state.data.train, batch_size, state.device):
+        sums, total = None, None
+        for start in range(0, len(train), batch_size):
+            ids, mask, _ = _take(train, start, batch_size, state.device)
             with state.autocast():  # train.precision
                 model(ids, mask)
-            acts = capture.take().to(torch.float64).sum(dim=0)  # (P, L, I)
-            total = acts if total is None else total + acts
-        baseline = total / len(state.data.train)
-        counts = None
-        for ids, mask, labels in _batches(state.data.dev, batch_size, state.device):
+            acts = capture.take().to(torch.float64)  # (B, P, L, I)
+            part = subtask_sums(acts, sub_train[:, start : start + len(ids)])  # (S, P, L, I)
+            sums = part if sums is None else sums + part
+            total = acts.sum(dim=0) if total is None else total + acts.sum(dim=0)
+        sizes = (sub_train >= 0).sum(dim=1).to(torch.float64).clamp(min=1)  # (S,)
+        baselines = sums / sizes.view(-1, 1, 1, 1)  # (S, P, L, I)
+        correct = None
+        for start in range(0, len(dev), batch_size):
+            ids, mask, _ = _take(dev, start, batch_size, state.device)
             with state.autocast():
                 model(ids, mask)
-            found = above_baseline_counts(capture.take().float(), baseline, labels, num_labels)
-            counts = found if counts is None else counts + found
-    sizes = torch.bincount(state.data.dev.labels, minlength=num_labels)
-    per_subtask, best_position = neuron_predictivity(counts.cpu(), sizes)
-    ranking, subtask = rank_neurons(per_subtask)
+            found = correct_counts(capture.take(), baselines, sub_dev[:, start : start + len(ids)])
+            correct = found if correct is None else correct + found
+    per_subtask, best_position = neuron_predictivity(correct.cpu(), (sub_dev >= 0).sum(dim=1).cpu())
     return {"per_subtask": per_subtask, "best_position": best_position, "score": combined_score(per_subtask),
-            "ranking": ranking, "subtask": subtask, "baseline": baseline.cpu()}
+            "baseline": baselines.cpu(), "train_mean": (total / len(train)).cpu()}
+
+
+def _take(split, start: int, batch_size: int, device: str):
+    from experiments.loop import take
+
+    return take(split, torch.arange(start, min(start + batch_size, len(split))), device)
 
 
 def noisy_accuracy(model: PromptedEncoder, state: RunState, neurons: dict[int, torch.Tensor], std: float) -> float:
-    """Dev accuracy with ``N(0, std^2)`` on those neurons; the noise stream ('perturb_noise') starts
-    afresh each call, so two neuron sets see the same draws."""
+    """Dev accuracy with ``N(0, std^2)`` on those neurons (one draw per sequence, at every position);
+    the noise stream ('perturb_noise') starts afresh each call, so two neuron sets see the same draws."""
     noise = torch.Generator(device=state.device).manual_seed(derive_seed(state.cfg.seed, "perturb_noise"))
     handle = perturb_neurons(model.backbone, neurons, std, noise)
     try:
@@ -444,17 +498,19 @@ def noisy_accuracy(model: PromptedEncoder, state: RunState, neurons: dict[int, t
     return float(metrics["accuracy"])
 
 
-def perturbation_check(model: PromptedEncoder, state: RunState, ranking: torch.Tensor,
+def perturbation_check(model: PromptedEncoder, state: RunState, per_subtask: torch.Tensor,
                        fractions: tuple[float, ...], std: float) -> dict[str, list]:
-    """Accuracy with noise on the top-k neurons and on k random ones (same layers), per fraction."""
-    num_layers = state.num_layers
-    inner = int(ranking.shape[0] // num_layers)
+    """Accuracy with noise on the skill neurons at each fraction (``skill_neuron_mask`` of
+    ``per_subtask``: the top of each layer) and on as many random ones per layer."""
+    inner = per_subtask.shape[-1]
     choose = generator(state.cfg.seed, "perturb_neurons")
-    out: dict[str, list] = {"fractions": list(fractions), "k": [], "accuracy_top": [], "accuracy_random": []}
+    out: dict[str, list] = {"fractions": list(fractions), "k": [], "accuracy_top": [], "accuracy_random": [],
+                            "selected": []}
     for f in fractions:
-        k = max(1, round(f * ranking.shape[0]))
-        top = by_layer(ranking[:k], num_layers)
-        out["k"].append(k)
+        mask = skill_neuron_mask(per_subtask, f)
+        top = by_layer(mask)
+        out["k"].append(int(mask.sum()))
+        out["selected"].append(mask)
         out["accuracy_top"].append(noisy_accuracy(model, state, top, std))
         out["accuracy_random"].append(noisy_accuracy(model, state, random_like(top, inner, choose), std))
     return out
@@ -464,11 +520,10 @@ def _npz(found: dict, perturbation: dict, accuracy: float, words: list[str]) -> 
     buf = io.BytesIO()
     np.savez_compressed(
         buf,
-        ranking=found["ranking"].numpy().astype(np.int32),
-        subtask=found["subtask"].numpy().astype(np.int16),
         per_subtask=found["per_subtask"].numpy().astype(np.float32),
         best_position=found["best_position"].numpy().astype(np.int16),
         baseline=found["baseline"].numpy().astype(np.float32),
+        selected=torch.stack(perturbation["selected"]).numpy(),
         fractions=np.asarray(perturbation["fractions"], dtype=np.float64),
         k=np.asarray(perturbation["k"], dtype=np.int64),
         accuracy_top=np.asarray(perturbation["accuracy_top"], dtype=np.float64),
@@ -485,13 +540,13 @@ def _perturbation_png(perturbation: dict, accuracy: float, std: float, num_neuro
     x = 100 * np.asarray(perturbation["fractions"])
     fig = Figure(figsize=(5.5, 3.8), dpi=100)
     ax = fig.subplots()
-    ax.plot(x, perturbation["accuracy_top"], "o-", color="tab:red", label="noise on the top-k skill neurons")
-    ax.plot(x, perturbation["accuracy_random"], "s-", color="tab:blue", label="noise on k random neurons (same layers)")
+    ax.plot(x, perturbation["accuracy_top"], "o-", color="tab:red", label="noise on each layer's top skill neurons")
+    ax.plot(x, perturbation["accuracy_random"], "s-", color="tab:blue", label="noise on as many random neurons")
     ax.axhline(accuracy, color="grey", linestyle="--", label="no noise")
     ax.set_xticks(x, [f"{v:g}" for v in x])
-    ax.set_xlabel(f"k, % of the {num_neurons} FFN neurons")
+    ax.set_xlabel(f"% of each layer's FFN neurons ({num_neurons} in all)")
     ax.set_ylabel("dev accuracy")
-    ax.set_title(f"{title}\nperturbation check: Gaussian noise, std {std:g}", fontsize=9)
+    ax.set_title(f"{title}\nperturbation check: Gaussian noise per sequence, std {std:g}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     buf = io.BytesIO()

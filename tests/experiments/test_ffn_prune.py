@@ -13,6 +13,7 @@ from experiments.ffn_prune import (
     mask_ffn,
     mean_ffn_activations,
     prune_ffn,
+    pruned_layers,
     pruned_metrics,
     upper_layer_keep,
 )
@@ -190,7 +191,7 @@ def test_upper_layer_keep_picks_top_scores_per_layer():
     rng = np.random.default_rng(0)
     scores = rng.random((6, 100))
     keep = upper_layer_keep(scores, fraction=0.05)
-    assert sorted(keep) == [3, 4, 5]
+    assert sorted(keep) == [2, 3, 4, 5]  # the upper three quarters of 6 layers: l >= ceil(6 / 4)
     for layer, index in keep.items():
         assert index.tolist() == sorted(np.argsort(-scores[layer])[:5].tolist())
     assert upper_layer_keep(scores, 0.001, layers=[0])[0].numel() == 1  # at least one neuron per layer
@@ -219,10 +220,93 @@ def test_pruned_metrics_evaluates_a_pruned_copy(tiny):
     def evaluate(encoder):
         return {"distance": (_run(encoder, batch) - reference).abs().max().item()}
 
-    metrics = pruned_metrics(model, evaluate, scores, baseline, fraction=0.1)
+    metrics = pruned_metrics(model, evaluate, keep, baseline)
     assert metrics["pruned_distance"] < 1e-5  # evaluate saw the pruned copy
-    assert metrics["pruned_kept_fraction"] == pytest.approx(6 / INNER)  # round(0.1 * 64) in layer 1
+    assert metrics["pruned_kept_fraction"] == pytest.approx(6 / INNER)  # int(0.1 * 64) in layer 1
     hidden = model.config.hidden_size
     assert metrics["pruned_params_full"] - metrics["pruned_params"] == (INNER - 6) * (2 * hidden + 1)
     for name, p in model.named_parameters():  # the original is untouched
         assert torch.equal(p, before[name]), name
+
+
+# ------------------------------------------------------------------------------ parity with the reference code
+
+
+def test_parity_pruned_layers_are_the_upper_three_quarters():
+    """THU-KEG/Skill-Neuron src/prune.py:49 prunes ``range(3, 12)`` of RoBERTa-base's 12 layers, keeping
+    ``int(3072 * 0.02)`` neurons each (prune.py:61). MiniLM's 6 layers: 2-5 (the layers wholly above
+    the lowest quarter of the depth). 7da99f0 pruned the upper half (6-11; MiniLM 3-5) and kept
+    ``round(0.02 * I)`` (31 of MiniLM's 1536, not 30)."""
+    assert pruned_layers(12) == list(range(3, 12))
+    assert pruned_layers(6) == [2, 3, 4, 5] and pruned_layers(2) == [1] and pruned_layers(24) == list(range(6, 24))
+    scores = np.random.default_rng(3).random((12, 3072))
+    keep = upper_layer_keep(scores, 0.02)
+    assert sorted(keep) == list(range(3, 12)) and {len(v) for v in keep.values()} == {61}
+    assert {len(v) for v in upper_layer_keep(np.zeros((6, 1536)), 0.02).values()} == {30}
+
+
+def _reference_prune(state_dict, mask, ths, layers, fraction):
+    """prune.py:44-72 on a BERT state dict (``roberta.`` -> ``encoder.``): ``ths`` (L, P, I) averaged
+    over the positions, then for each pruned layer the skill neurons' rows / columns kept (padded to
+    ``int(I * fraction)`` with others in index order) and EVERY neuron's mean folded:
+    ``outputbias + outputweight @ pbias``."""
+    sd = {k: v.clone() for k, v in state_dict.items()}
+    if len(ths.shape) == 3:
+        ths = ths.mean(axis=1)
+    width = mask.shape[1]
+    for k in layers:
+        pbias, pmask = ths[k], mask[k]
+        prefix = f"encoder.layer.{k}."
+        inputweight = sd[prefix + "intermediate.dense.weight"]
+        inputbias = sd[prefix + "intermediate.dense.bias"]
+        outputweight = sd[prefix + "output.dense.weight"]
+        outputbias = sd[prefix + "output.dense.bias"]
+        idx = [i for i in range(width) if pmask[i]]
+        for i in range(width):
+            if len(idx) < int(width * fraction) and not pmask[i]:
+                idx.append(i)
+        inputweight = inputweight[idx, :]
+        inputbias = inputbias[idx]
+        diffbias = torch.matmul(outputweight, pbias.float())
+        outputbias = outputbias + diffbias
+        outputweight = outputweight[:, idx]
+        sd[prefix + "intermediate.dense.weight"] = inputweight
+        sd[prefix + "intermediate.dense.bias"] = inputbias
+        sd[prefix + "output.dense.weight"] = outputweight
+        sd[prefix + "output.dense.bias"] = outputbias
+    return sd
+
+
+def test_parity_fold_all_is_the_reference_prune_and_equals_its_mask(minilm_tokenizer):
+    """``prune_ffn(fold="all")`` with the prompt-position means gives prune.py's weights (tiny-bert,
+    2 layers, layer 1 pruned, 6 of 64 kept); ``mask_ffn(fold="all")`` is its masked equivalent. The
+    default ``fold="removed"`` differs from it exactly by the kept neurons' folded means. (7da99f0's
+    ``prune_ffn`` takes no ``fold``: it folded the removed neurons' means only.)"""
+    model, _ = load_backbone("tiny-bert", 0)
+    batch = dict(minilm_tokenizer(SENTENCES, padding=True, return_tensors="pt"))
+    g = torch.Generator().manual_seed(5)
+    ths = torch.rand(2, 4, INNER, generator=g, dtype=torch.float64)  # (L, P, I), a train_avg
+    mask = torch.zeros(2, INNER, dtype=torch.bool)
+    mask[1, torch.randperm(INNER, generator=g)[:6]] = True
+    reference = _reference_prune(model.state_dict(), mask, ths, [1], 6 / INNER)
+    pbias = ths.mean(dim=1).float()
+    keep = {1: mask[1].nonzero().flatten()}
+    baseline = {1: pbias[1]}
+    pruned = copy.deepcopy(model)
+    prune_ffn(pruned, keep, baseline, fold="all")
+    ours = pruned.state_dict()
+    assert ours.keys() == reference.keys()
+    for key in ours:
+        torch.testing.assert_close(ours[key], reference[key], rtol=0, atol=1e-6, msg=key)
+    handle = mask_ffn(model, keep, baseline, fold="all")
+    masked = _run(model, batch)
+    handle.remove()
+    torch.testing.assert_close(_run(pruned, batch), masked, atol=1e-5, rtol=0)
+    removed_only = copy.deepcopy(model)
+    prune_ffn(removed_only, keep, baseline)
+    w_out = model.state_dict()["encoder.layer.1.output.dense.weight"]
+    extra = w_out[:, keep[1]] @ pbias[1][keep[1]]
+    torch.testing.assert_close(ours["encoder.layer.1.output.dense.bias"],
+                               removed_only.state_dict()["encoder.layer.1.output.dense.bias"] + extra, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="fold 'all'"):
+        prune_ffn(pruned, {1: keep[1][:2]}, baseline, fold="all")

@@ -9,7 +9,7 @@ import torch
 
 from experiments import RunContext, parse_config, run
 from experiments.config import ConfigError, apply_overrides
-from experiments.maths.transfer import chance_overlap, overlap, top_mask
+from experiments.maths.transfer import chance_overlap, overlap
 from experiments.tracking import MemoryTracker
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry.stages import with_upstreams
@@ -51,13 +51,6 @@ def test_overlap_is_the_shared_fraction_of_equal_sets_and_a_cosine_otherwise():
     assert overlap(p, q) == pytest.approx(2 / 6) and chance_overlap(p, q) == pytest.approx((4 + 1 + 4 + 1) / 4 / 6)
     with pytest.raises(ValueError, match="bool masks of one shape"):
         overlap(a, b.float())
-
-
-def test_top_mask_takes_the_ranking_s_first_k_rows():
-    ranking = torch.tensor([[1, 2], [0, 0], [1, 0], [0, 1], [0, 2], [1, 1]])  # (L * I, 2), best first
-    assert top_mask(ranking, 0.5, 2, 3).nonzero().tolist() == [[0, 0], [1, 0], [1, 2]]  # k = 3
-    assert top_mask(ranking, 0.01, 2, 3).nonzero().tolist() == [[1, 2]]  # at least one
-    assert top_mask(ranking, 1.0, 2, 3).all()
 
 
 # ------------------------------------------------------------------------------ stages and checks

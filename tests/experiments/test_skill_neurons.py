@@ -1,5 +1,6 @@
 """skill_neurons end to end on tiny random models: prompt tuning with a frozen backbone, the
-predictivity map, the perturbation check and its noise hook, one-vs-rest, validation."""
+predictivity map, the perturbation check and its noise hook, binary subtasks, validation, and
+parity with the reference code (THU-KEG/Skill-Neuron) for the noise and the pruning's means."""
 
 import copy
 import io
@@ -78,13 +79,15 @@ def test_a_run_leaves_the_backbone_and_maps_layers_by_neurons(run_chain, model):
     assert (values >= 0.5).all() and (values <= 1.0).all()
     assert result.metrics["predictivity_top1"] == pytest.approx(values.max())
     saved = _npz(result)
-    assert sorted(map(tuple, saved["ranking"][:, :2].tolist())) == [(layer, i) for layer in range(2) for i in range(64)]
-    ranked = values[saved["ranking"][:, 0], saved["ranking"][:, 1]]
-    assert (np.diff(ranked) <= 0).all()  # best first
-    assert saved["baseline"].shape == (4, 2, 64) and len(saved["label_words"]) == 0  # a learned read-out
-    for f, k in zip((0.01, 0.02, 0.05, 0.1), (1, 3, 6, 13), strict=True):
+    assert saved["baseline"].shape == (1, 4, 2, 64) and len(saved["label_words"]) == 0  # a learned read-out
+    assert saved["selected"].shape == (4, 2, 64)
+    for i, (f, per_layer) in enumerate(zip((0.01, 0.02, 0.05, 0.1), (1, 1, 3, 6), strict=True)):
         assert f"accuracy_noise_top_{f:g}" in result.metrics and f"accuracy_noise_random_{f:g}" in result.metrics
-        assert saved["k"].tolist()[(0.01, 0.02, 0.05, 0.1).index(f)] == k
+        assert saved["k"].tolist()[i] == 2 * per_layer  # max(1, int(f * 64)) in each of the 2 layers
+        selected = saved["selected"][i]
+        assert selected.sum(axis=1).tolist() == [per_layer, per_layer]
+        for layer in range(2):  # each layer's best
+            assert values[layer][selected[layer]].min() >= values[layer][~selected[layer]].max()
     assert {"skill_neurons.npz", "perturbation.png"} <= set(tracker.artifacts)
 
 
@@ -108,6 +111,14 @@ def test_noise_changes_only_the_chosen_neurons_and_no_neurons_change_nothing():
     changed = (noisy[:, :, 1] != clean[:, :, 1]).flatten(0, 1).any(dim=0)  # (I,)
     assert changed.nonzero().flatten().tolist() == chosen.tolist()
     assert (noisy[:, :, 1, chosen] != clean[:, :, 1, chosen]).all()  # at every position
+    # one draw per sequence: layer 0's input is the clean one, so its shift is the same at every token
+    handle = perturb_neurons(state.encoder, {0: chosen}, 0.5, torch.Generator().manual_seed(0))
+    with torch.no_grad(), capture_ffn(state.encoder) as capture:
+        model(ids, mask)
+        shift = capture.take()[:, :, 0, chosen] - clean[:, :, 0, chosen]  # (B, T, k)
+    handle.remove()
+    torch.testing.assert_close(shift, shift[:, :1].expand_as(shift), rtol=0, atol=1e-6)
+    assert (shift[0, 0] != shift[1, 0]).all()  # and another per sequence
     # positions: only those are recorded
     with torch.no_grad(), capture_ffn(state.encoder, torch.tensor([1, 2])) as capture:
         model(ids, mask)
@@ -120,7 +131,7 @@ def test_noise_changes_only_the_chosen_neurons_and_no_neurons_change_nothing():
     assert skill_neurons.noisy_accuracy(model, state, {1: torch.arange(64)}, 0.0) == plain
 
 
-def test_three_classes_from_a_file_on_another_family_are_one_vs_rest(run_chain, tmp_path):
+def test_three_classes_from_a_file_on_another_family_are_binarize_s_two_subtasks(run_chain, tmp_path):
     from pathlib import Path
 
     data = Path(__file__).resolve().parents[2] / "examples" / "data"
@@ -130,11 +141,10 @@ def test_three_classes_from_a_file_on_another_family_are_one_vs_rest(run_chain, 
             "train": {"max_steps": 3, "batch_size": 8, "eval_every": 3}}
     result, _ = run_chain(_cfg(base, readout="cls", perturb_fractions=[0.05]))
     saved = _npz(result)
-    assert saved["per_subtask"].shape == (3, 2, 64)
+    assert saved["per_subtask"].shape == (2, 2, 64)  # pn (class 0 vs 2), neu (class 1 vs rest)
     np.testing.assert_allclose(result.maps["neurons.predictivity"].values, saved["per_subtask"].max(axis=0))
-    counts = np.bincount(saved["subtask"][:7], minlength=3)
-    assert counts.max() - counts.min() <= 1  # equal numbers of neurons per subtask
-    assert "one-vs-rest" in result.maps["neurons.predictivity"].meaning
+    assert saved["selected"][0].sum(axis=1).tolist() == [3, 3]  # int(0.05 * 64) per layer: 1 from pn, 2 from neu
+    assert "binary subtasks" in result.maps["neurons.predictivity"].meaning
 
 
 def test_random_init_minilm_with_label_words():
@@ -146,7 +156,7 @@ def test_random_init_minilm_with_label_words():
                                RunContext())
     assert result.maps["neurons.predictivity"].values.shape == (6, 1536)
     saved = _npz(result)
-    assert saved["label_words"].tolist() == ["negative", "positive"] and saved["k"].tolist() == [9]
+    assert saved["label_words"].tolist() == ["negative", "positive"] and saved["k"].tolist() == [6]  # 1 per layer
 
 
 def test_random_words_follow_word_seed():
@@ -193,10 +203,97 @@ def test_pruning_the_upper_layers_reports_a_sliced_copy(run_chain, fraction):
     accuracy); keeping 5 % (3 of 64) slices the upper layer's FFN and says what was kept."""
     result, _ = run_chain(_cfg(prune_fraction=fraction, perturb_fractions=[0.05]))
     metrics = result.metrics
-    assert metrics["pruned_kept_fraction"] == pytest.approx(round(fraction * 64) / 64)
+    assert metrics["pruned_kept_fraction"] == pytest.approx(int(fraction * 64) / 64)
     hidden = 32  # tiny-bert
-    removed = 64 - round(fraction * 64)  # in layer 2, the upper half of 2 layers
+    removed = 64 - int(fraction * 64)  # in layer 2, the upper three quarters of 2 layers (l >= ceil(2 / 4))
     assert metrics["pruned_params_full"] - metrics["pruned_params"] == removed * (2 * hidden + 1)
     if fraction == 1.0:
         assert metrics["pruned_accuracy"] == pytest.approx(metrics["accuracy"])
     assert 0.0 <= metrics["pruned_accuracy"] <= 1.0
+
+
+# ------------------------------------------------------------------------------ parity with the reference code
+
+
+def test_parity_noise_is_the_reference_s_one_draw_per_sequence():
+    """THU-KEG/Skill-Neuron src/modelzoo.py:82-91 (``addmask``, type gaussian), re-implemented as its
+    hook: per layer, ``bias = randn([B, width]) * alpha; bias = bias * cmask; output += bias.unsqueeze(1)``,
+    for every layer of ``range(lowlayer, highlayer)`` (all), ``cmask`` the layer's row of the skill-neuron
+    mask. With the same generator state ours gives the same activations, bit for bit. (7da99f0 drew
+    ``randn((B, T, k))``: another draw at every token.)"""
+    state, model, _ = skill_neurons.build(_cfg(), RunContext())
+    state.train(False)
+    ids, mask = state.data.dev.input_ids[:5], state.data.dev.attention_mask[:5]
+    pmask = torch.zeros(2, 64, dtype=torch.bool)
+    pmask[0, [3, 17, 40]] = True
+    pmask[1, [0, 5, 63, 8]] = True
+    alpha = 0.1
+    modules = [layer.intermediate for layer in state.encoder.encoder.layer]  # BERT: intermediate = act(dense(x))
+
+    def reference_hook(k, g):
+        def fn(_, __, output):
+            cmask = pmask[k]
+            bias = torch.randn([output.shape[0], 64], generator=g) * alpha
+            bias = bias * cmask
+            output += bias.unsqueeze(dim=1)
+            return output
+        return fn
+
+    def activations():
+        with torch.no_grad(), capture_ffn(state.encoder) as capture:
+            model(ids, mask)
+            return capture.take()  # (B, T, L, I)
+
+    g = torch.Generator().manual_seed(7)
+    handles = [modules[k].register_forward_hook(reference_hook(k, g)) for k in range(2)]
+    reference = activations()
+    for handle in handles:
+        handle.remove()
+    ours_handle = perturb_neurons(state.encoder, {k: pmask[k].nonzero().flatten() for k in range(2)}, alpha,
+                                  torch.Generator().manual_seed(7))
+    ours = activations()
+    ours_handle.remove()
+    assert torch.equal(ours, reference)
+    assert not torch.equal(ours, activations())  # the noise was there
+
+
+def test_parity_pruning_folds_the_prompt_position_training_means(monkeypatch):
+    """THU-KEG/Skill-Neuron src/prune.py:44-49: ``ths = train_avg.mean(axis=1)`` (trainer.py:251-269,
+    ``probe_avg``: the training set's mean activation at the prompt positions, (L, P, I)) folded into
+    layers ``range(3, 12)`` of 12, keeping the skill neurons (``info`` at 0.02). On tiny-bert's 2
+    layers: layer 1 (l >= ceil(2 / 4)). 7da99f0 folded the mean over every real token, upper half."""
+    seen = {}
+
+    def spy(encoder, evaluate, keep, baseline, fold="removed"):
+        seen.update(keep=keep, baseline=baseline, fold=fold)
+        return {}
+
+    monkeypatch.setattr(skill_neurons, "pruned_metrics", spy)
+    cfg = _cfg(prune_fraction=0.1, perturb_fractions=[0.1])
+    state, model, _ = skill_neurons.build(cfg, RunContext())
+    state.train(False)
+    found = skill_neurons.find_skill_neurons(model, state)
+    skill_neurons._pruned(model, state, found, cfg.section)
+    # the reference's probe_avg, batch by batch over the training set: sum of hidden[k][:, :prompt_size] / N
+    ths = torch.zeros(2, 4, 64, dtype=torch.float64)
+    train = state.data.train
+    with torch.no_grad(), capture_ffn(state.encoder) as capture:
+        for start in range(0, len(train), 16):
+            model(train.input_ids[start : start + 16], train.attention_mask[start : start + 16])
+            hidden = capture.take()  # (B, T, L, I)
+            for k in range(2):
+                ths[k] += hidden[:, 1:5, k].double().sum(dim=0)  # our prompt: positions 1 .. n
+    ths = ths / len(train)
+    pbias = ths.mean(dim=1)  # (L, I)
+    assert list(seen["keep"]) == [1] and seen["fold"] == "removed"
+    torch.testing.assert_close(seen["baseline"][1], pbias[1].float(), rtol=0, atol=1e-6)
+    score = found["per_subtask"][0, 1]
+    kept = seen["keep"][1]
+    assert len(kept) == 6 and score[kept].min() >= score[~torch.isin(torch.arange(64), kept)].max()
+
+
+def test_reference_restores_the_reference_fold():
+    assert skill_neurons.REFERENCE == {"prune_fold": "all"}
+    cfg = parse_config({"model": "tiny-bert", "method": "skill_neurons", "task": {"name": "synthetic-cls"},
+                        "skill_neurons": skill_neurons.REFERENCE})
+    assert cfg.section.prune_fold == "all" and skill_neurons.Config().prune_fold == "removed"
