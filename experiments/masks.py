@@ -104,7 +104,9 @@ def maskable_weights(
     ``encoder.pooler``, BERT and RoBERTa only) when ``pooler`` is True, and every
     Linear of ``decoder`` as ``decoder.<path>`` (``decoder`` for a bare Linear).
     Note: the project's decoders read the [CLS] hidden state, not the pooler, so
-    a pooler mask changes no logit (its scores get no gradient).
+    a pooler mask changes no logit (its scores get no gradient) unless
+    ``read_pooler`` puts the pooler in the path, as the reference's
+    ``BertForSequenceClassification`` has it.
     DeBERTa-v2's relative-position projections and embeddings are not masked.
     """
     arch = architecture_of(encoder)
@@ -121,10 +123,45 @@ def maskable_weights(
     if pooler and getattr(encoder, "pooler", None) is not None:
         linears["pooler"] = _only_linear(encoder.pooler, "pooler")
     if decoder is not None:
-        for path, module in decoder.named_modules():
-            if isinstance(module, nn.Linear):
-                linears[f"decoder.{path}" if path else "decoder"] = module
+        linears |= decoder_linears(decoder)
     return linears
+
+
+def decoder_linears(decoder: nn.Module) -> dict[str, nn.Linear]:
+    """Every Linear of a task decoder as ``decoder.<path>`` (``decoder`` for a bare Linear): the
+    classifier that the reference masks with ``--mask_classifier true``."""
+    return {f"decoder.{path}" if path else "decoder": module
+            for path, module in decoder.named_modules() if isinstance(module, nn.Linear)}
+
+
+def uses_pooler(encoder: nn.Module, decoder: nn.Module) -> bool:
+    """Whether ``read_pooler`` applies: the encoder has a pooler (BERT, RoBERTa) and the decoder
+    is a sentence classifier reading the [CLS] state (tagging decoders read every token)."""
+    from experiments.tasks._common import ClassificationDecoder
+
+    return getattr(encoder, "pooler", None) is not None and isinstance(decoder, ClassificationDecoder)
+
+
+def read_pooler(encoder: nn.Module) -> torch.utils.hooks.RemovableHandle:
+    """Put the encoder's pooler between it and a [CLS] classifier, as BERT's own
+    ``BertForSequenceClassification`` does (``classifier(dropout(pooler_output))``), which the
+    reference code trains and masks (its ``P`` matrix: masking/maskers.py ``_bert_roberta_names``).
+
+    A forward hook replaces ``last_hidden_state[:, 0]`` by ``pooler_output`` =
+    ``tanh(W_p h_[CLS] + b_p)``, so a ``ClassificationDecoder`` (which reads position 0) reads
+    the pooled vector; a mask attached to the pooler's Linear then changes the logits. No model
+    file is edited; ``handle.remove()`` gives the plain encoder back.
+    """
+    if getattr(encoder, "pooler", None) is None:
+        raise ValueError(f"{type(encoder).__name__} has no pooler")
+
+    def swap_cls(module, args, output):
+        hidden = output.last_hidden_state  # (B, T, Hd)
+        pooled = output.pooler_output.to(hidden.dtype)  # (B, Hd); autocast may leave it in bf16
+        output.last_hidden_state = torch.cat([pooled[:, None], hidden[:, 1:]], dim=1)
+        return output
+
+    return encoder.register_forward_hook(swap_cls)
 
 
 def _only_linear(module: nn.Module, where: str) -> nn.Linear:
@@ -288,14 +325,25 @@ def ste_mask(scores: torch.Tensor, threshold: torch.Tensor | float) -> torch.Ten
     return _StraightThrough.apply(scores, torch.as_tensor(threshold, dtype=scores.dtype))
 
 
-def kth_threshold(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
-    """The ``k``-th smallest score, ``k = round(sparsity * numel)`` (a 0-dim tensor);
-    ``-inf`` for ``k = 0``. ``scores > threshold`` then removes exactly ``k`` weights
-    unless scores tie at the threshold (ties are removed together)."""
+def kth_threshold(scores: torch.Tensor, sparsity: float, current: torch.Tensor | float) -> torch.Tensor:
+    """A matrix's new threshold for ``sparsity`` (a 0-dim tensor): its ``k``-th smallest score,
+    ``k = round(sparsity * numel)``, so ``scores > threshold`` removes exactly ``k`` weights
+    unless scores tie at the threshold (ties are removed together).
+
+    The reference's guard (mask_trainer.py:425-427, ``reset_threshold``): when the k-th score is
+    >= the largest score (every score the same, or the ties reach the top) the threshold would
+    remove every weight, so ``current`` is kept. ``k = 0`` gives ``-inf`` (keep every weight;
+    the reference leaves the threshold as it is then, which only differs at sparsity 0). The
+    reference counts ``k = int(...)``; ``round`` differs only where ``sparsity * numel`` is not
+    a whole number.
+    """
+    current = torch.as_tensor(current, dtype=scores.dtype, device=scores.device)
     k = round(sparsity * scores.numel())
     if k == 0:
         return torch.tensor(float("-inf"), dtype=scores.dtype, device=scores.device)
-    return torch.kthvalue(scores.detach().flatten(), k).values
+    flat = scores.detach().flatten()
+    kth = torch.kthvalue(flat, k).values
+    return kth if kth < flat.max() else current
 
 
 def magnitude_scores(weight: torch.Tensor, sparsity: float, tau: float = TAU) -> torch.Tensor:
@@ -336,10 +384,11 @@ class MaskScores(nn.Module):
 
     @torch.no_grad()
     def reset_thresholds(self, sparsity: float) -> None:
-        """Set each matrix's threshold to its ``kth_threshold(scores, sparsity)``, so each
-        matrix reaches ``sparsity`` (up to ties in the scores)."""
+        """Set each matrix's threshold to its ``kth_threshold(scores, sparsity, threshold)``, so
+        each matrix reaches ``sparsity`` (up to ties in the scores; a matrix whose k-th score is
+        its largest keeps its threshold, as the reference's guard does)."""
         for index, scores in enumerate(self.scores):
-            self.thresholds[index] = kth_threshold(scores, sparsity)
+            self.thresholds[index] = kth_threshold(scores, sparsity, self.thresholds[index])
 
     def extra_repr(self) -> str:
         return f"matrices={len(self.names)}"

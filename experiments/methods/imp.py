@@ -2,18 +2,25 @@
 
 Rounds of 10 % of the original weights: round ``k`` removes ``1 / (10 - k)`` of the weights
 still kept, by magnitude within each matrix (Q, K, V, attention output, FFN in and out of
-every layer; experiments/masks.py), so ``sparsity: 0.3`` takes three rounds. Between
-rounds the masked model trains for one phase (``train.max_steps`` or ``train.epochs``
-steps, AdamW with warm-up and decay restarted each phase); pruned weights stay at zero
-through the mask, a parametrisation (no model file edited).
+every layer, and the pooler where the classifier reads it; experiments/masks.py), so
+``sparsity: 0.3`` takes three rounds. As in the reference (hg_transformers/trainer_imp.py
+``train``), the first round prunes the starting weights' magnitudes at step 0; each later
+round prunes the weights trained for one phase (``train.max_steps`` or ``train.epochs``
+steps, AdamW with warm-up and decay restarted each phase, its state cleared); pruned weights
+stay at zero through the mask, a parametrisation (no model file edited).
 
 Pipelines (DESIGN.md "pipeline"):
 - ``ft_then_prune`` (a): start from a fine-tuned model (an ``init_from`` finetune stage);
-  each round prunes, then trains one phase from where it is.
-- ``prune_then_ft`` (b, lottery tickets with rewinding): each round trains one phase, prunes,
-  and rewinds every weight (encoder and decoder) to the start: the pretrained model, or with
-  ``rewind_steps`` an early fine-tuning checkpoint (an ``init_from`` finetune stage of that
-  many steps); after the last round the subnetwork trains one more phase from the start.
+  each round prunes, then trains one phase from where it is (reference scripts/imp/prune_after_ft).
+- ``prune_then_ft`` (b, lottery tickets with rewinding, reference scripts/imp/lt): each round
+  prunes, rewinds the ENCODER to the start (the reference ``rewind()`` restores ``bert.*``
+  only: the trained classifier stays) and trains one phase; after the last round the
+  subnetwork trains one more phase from the start, encoder and classifier (the reference
+  retrains in a new run: the pretrained model and the seed's initial classifier, the pooler
+  masked). The start is the pretrained model, or with ``rewind_steps`` an early fine-tuning
+  checkpoint (an ``init_from`` finetune stage of that many steps). As in the reference's
+  ``BertForSequenceClassification``, the classifier reads the pooler, which is pruned with the
+  other matrices (``pooler``; BERT/RoBERTa and sentence tasks; ``masks.read_pooler``).
 
 ``loss`` is any objective of experiments/debias.py. Reports the evaluation metrics of the
 final model, ``sparsity`` (realised), the mask's density maps (``heads.mask_density``,
@@ -35,12 +42,14 @@ from experiments.masks import (
     imp_prune,
     maskable_weights,
     masked_result,
+    read_pooler,
     realised_sparsity,
+    uses_pooler,
 )
 from experiments.result import RunResult
 from experiments.state import fine_tuning, set_up
 
-VERSION = "1"
+VERSION = "2"  # 2: the reference rounds: first prune at step 0, encoder-only rewinding, pooler read and pruned
 PIPELINES = ("ft_then_prune", "prune_then_ft")
 SHORT_NAMES = ("sparsity", "pipeline", "loss")
 ROUNDS = 10
@@ -52,10 +61,15 @@ class Config(Section):
 
     pipeline: str = Field(
         PIPELINES[0], description="ft_then_prune: prune a fine-tuned model (init_from stage) and keep training; "
-        "prune_then_ft: train, prune, rewind to the start each round, then train the subnetwork.",
+        "prune_then_ft: prune, rewind the encoder to the start (the classifier keeps training) and train, each "
+        "round; then train the subnetwork from the start.",
     )
     sparsity: float = Field(0.5, ge=0.1, le=0.9, description="Final fraction removed per matrix: 0.1, 0.2, ..., 0.9 "
                             "(one round of 10 % each).")
+    pooler: bool = Field(
+        True, description="prune_then_ft: the classifier reads the pooler output tanh(W_p h_[CLS] + b_p), pruned like "
+        "every matrix, as the reference's BertForSequenceClassification (BERT/RoBERTa, sentence tasks); false: it "
+        "reads [CLS] (our finetune's decoder, so ft_then_prune never reads the pooler).")
     rewind_steps: int | None = Field(
         None, gt=0, description="prune_then_ft: rewind to a fine-tune of this many steps (init_from stage) "
         "instead of the pretrained weights.")
@@ -106,11 +120,13 @@ def run(cfg, ctx: RunContext) -> RunResult:
     tc, hp = cfg.train, cfg.section
     state = set_up(cfg, ctx)  # with init_from: the fine-tuned (a) or early fine-tuned (b) model
     encoder, decoder = state.encoder, state.decoder
-    linears = maskable_weights(encoder, pooler=False)  # our decoders read [CLS], not the pooler
-    rounds = round(hp.sparsity * ROUNDS)
     rewinding = hp.pipeline == "prune_then_ft"
+    pooled = hp.pooler and rewinding and uses_pooler(encoder, decoder)  # (a): our finetune's decoder reads [CLS]
+    pooler_hook = read_pooler(encoder) if pooled else None
+    linears = maskable_weights(encoder, pooler=pooled)
+    rounds = round(hp.sparsity * ROUNDS)
     phase = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
-    total = phase * (rounds + 1 if rewinding else rounds)
+    total = phase * rounds  # rounds - 1 phases between prunings, then the last (b: the retraining)
     start = state.weights()  # what rewinding returns to (CPU copies)
     masks = FixedMasks(linears).to(state.device)
     state.interventions["masks"] = masks
@@ -121,23 +137,22 @@ def run(cfg, ctx: RunContext) -> RunResult:
     handle = attach_masks(linears, masks.__getitem__)
 
     def prune(k: int) -> None:
-        """Round k: the next 10 % by magnitude; with rewinding, every weight back to the start."""
+        """Round k: the next 10 % by magnitude; with rewinding, the encoder back to the start (the
+        reference's rewind(): bert.* only), and after the last round the classifier too."""
         nonlocal handle
         handle.remove()
         with torch.no_grad():
             pruned = imp_prune({name: lin.weight for name, lin in linears.items()}, masks.as_dict(), k)
             for name, mask in pruned.items():
                 masks[name].copy_(mask)
-        if rewinding:
-            state.load_weights(start)
+        if rewinding and k > 0:  # round 0 prunes the start itself: nothing to rewind
+            state.load_weights(start, decoders=k == rounds - 1)
         optimizer.state.clear()  # a new phase starts its optimiser afresh
         handle = attach_masks(linears, masks.__getitem__)
 
     def step(state, batch) -> dict[str, float]:
-        if state.step % phase == 0:  # a phase boundary: prune first (rewinding: after the first phase)
-            k = state.step // phase - (1 if rewinding else 0)
-            if 0 <= k < rounds:
-                prune(k)
+        if state.step % phase == 0 and state.step // phase < rounds:  # a round starts: prune first
+            prune(state.step // phase)
         ids, mask, labels = batch
         loss = loss_fn(forward_logits(encoder, decoder, ids, mask, tc.precision), labels, state.batch_index)
         return {"loss": update(loss, optimizer, scheduler, params, tc.grad_clip, state.scaler),
@@ -147,6 +162,6 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     final = {name: mask.cpu() for name, mask in masks.as_dict().items()}
     handle.remove()
+    if pooler_hook is not None:
+        pooler_hook.remove()
     return masked_result(cfg, state, metrics, final)
-
-

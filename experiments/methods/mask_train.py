@@ -1,23 +1,32 @@
 """Weight-mask training: a sparse subnetwork of frozen weights (Liu et al. 2022, PAPERS.md).
 
-Every matrix of every layer (Q, K, V, attention output, FFN in and out; not the pooler,
-which the task decoders do not read) gets real-valued scores ``S``, one per weight; the forward uses ``W * 1[S > tau]`` with a
-straight-through gradient to ``S`` (experiments/masks.py: parametrisations, no model file
-edited). Scores start from the weights' magnitudes at the initial sparsity; every
-``reset_every`` steps, and at the last step, each matrix's threshold is reset to its k-th
-score for the scheduled sparsity, so each matrix ends at exactly ``sparsity``. The
-schedule is constant, or cubic (Zhu & Gupta) from ``initial_sparsity`` to ``sparsity`` over
-the first ``schedule_end`` of the steps; the reported model is the last one, always at the
-final sparsity (the reference code kept its best checkpoint from the initial sparsity).
+Every matrix of every layer (Q, K, V, attention output, FFN in and out), the pooler and the
+classifier get real-valued scores ``S``, one per weight; the forward uses ``W * 1[S > tau]``
+with a straight-through gradient to ``S`` (experiments/masks.py: parametrisations, no model
+file edited). As in the reference scripts (``--mask_classifier true --train_classifier false``)
+the classifier is masked and never trained, and it reads the pooler output
+``tanh(W_p h_[CLS] + b_p)``, as BERT's ``BertForSequenceClassification`` does (``pooler``:
+BERT/RoBERTa and sentence classification; ``masks.read_pooler``). Scores start from the
+weights' magnitudes at the initial sparsity and train with AdamW at ``lr`` (reference 5e-5),
+linear warm-up (``train.warmup_ratio``) and decay to 0, gradients clipped to ``train.grad_clip``;
+every ``reset_every`` steps, and at the last step, each matrix's threshold is reset to its k-th
+score for the scheduled sparsity (kept when the k-th score is the largest: the reference's
+guard), so each matrix ends at ``sparsity``. The schedule is constant, or cubic (Zhu & Gupta)
+from ``initial_sparsity`` to ``sparsity`` over the first ``schedule_end`` of the steps
+(reference: all of them, the last epoch); the reported model is the last one, always at the
+final sparsity (the reference code kept its best checkpoint, saved at the initial sparsity).
 
 Pipelines (DESIGN.md "pipeline"):
-- ``prune_only`` (c): masks on the frozen pretrained weights; the new task decoder trains
-  with them (``train.decoder_lr``); it is not masked.
+- ``prune_only`` (c): masks on the frozen pretrained weights and a new, random classifier that
+  is masked too: no weight is ever updated (``train_classifier: true`` trains it unmasked).
 - ``ft_then_prune`` (a): masks on the frozen weights of a fine-tuned model (an ``init_from``
-  finetune stage), whose decoder stays frozen too.
+  finetune stage), its classifier masked and frozen too. Our finetune's decoder reads [CLS],
+  not the pooler, so here the pooler is neither read nor masked (the reference fine-tunes
+  through the pooler and masks it).
 - ``prune_then_ft`` (b): the mask of a ``prune_only`` run with the same keys (an
-  ``init_from`` stage, whose encoder is still the pretrained one) is fixed, and the
-  subnetwork is fine-tuned from the pretrained values (AdamW, warm-up and decay).
+  ``init_from`` stage, whose encoder is still the pretrained one) is fixed on the encoder and
+  pooler, and the subnetwork is fine-tuned from the pretrained values with an unmasked
+  classifier (AdamW, warm-up and decay; the reference's retraining: ``--mask_classifier false``).
 
 ``loss`` is any objective of experiments/debias.py (its bias model and teacher are stages).
 
@@ -29,6 +38,8 @@ mask itself is the run's ``masks.npz`` artifact (bit-packed, ~1/32 of the weight
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from pydantic import Field, model_validator
 
@@ -39,16 +50,23 @@ from experiments.loop import forward_logits, num_steps, train_steps, update
 from experiments.masks import (
     MaskScores,
     attach_masks,
+    decoder_linears,
     maskable_weights,
     masked_result,
+    read_pooler,
+    uses_pooler,
 )
-from experiments.maths.schedules import cubic_sparsity
+from experiments.maths.schedules import cubic_sparsity, linear_warmup_decay
 from experiments.result import RunResult
 from experiments.state import fine_tuning, set_up, upstream_weights
 
-VERSION = "2"  # 2: the scores' learning rate defaults to 1e-4 (1e-2 flipped half the mask in the first step)
+VERSION = "3"  # 3: the reference protocol: classifier masked and frozen, pooler read and masked, score lr 5e-5
+# with warm-up, decay and clipping, the cubic schedule ending at the last step, the threshold guard
 PIPELINES = ("prune_only", "ft_then_prune", "prune_then_ft")
 SHORT_NAMES = ("sparsity", "pipeline", "loss")
+REFERENCE: dict[str, Any] = {}
+"""Every default is the reference scripts' protocol (scripts/mask_train/*: --mask_classifier true
+--train_classifier false, lr 5e-5 with warm-up, magnitude init, --final_sparsity_epoch = epochs)."""
 
 
 class Config(Section):
@@ -62,11 +80,21 @@ class Config(Section):
     initial_sparsity: float | None = Field(
         None, ge=0, lt=1, description="Cubic schedule from this sparsity to `sparsity`; None = constant sparsity.")
     schedule_end: float = Field(
-        0.7, gt=0, le=1, description="Fraction of the steps after which the cubic schedule holds `sparsity`.")
-    reset_every: int = Field(1000, gt=0, description="Steps between resets of each matrix's threshold to its k-th score.")
-    lr: float = Field(1e-4, gt=0, le=10, description="Adam learning rate of the mask scores (no schedule). Scores start "
-                      "0.01 from the threshold and Adam moves each by ~lr a step: 1e-2 flips about half the mask at "
-                      "the first step (measured: a fine-tuned MiniLM falls to chance in 5 steps).")
+        1.0, gt=0, le=1, description="Fraction of the steps after which the cubic schedule holds `sparsity` "
+        "(reference: 1, the final sparsity at the last epoch: --final_sparsity_epoch = --num_train_epochs).")
+    reset_every: int = Field(1000, gt=0, description="Steps between resets of each matrix's threshold to its k-th "
+                             "score (reference: every logging step, 1,000).")
+    lr: float = Field(5e-5, gt=0, le=10, description="AdamW learning rate of the mask scores, with linear warm-up "
+                      "(train.warmup_ratio) and decay to 0 and gradients clipped to train.grad_clip (reference: 5e-5, "
+                      "3,600 warm-up steps of ~61,000, clip 1.0). Scores start 0.01 from the threshold and Adam moves "
+                      "each by ~lr a step, so at 5e-5 no weight flips before ~200 steps: short runs need more (1e-3).")
+    train_classifier: bool = Field(
+        False, description="prune_only, ft_then_prune: train the classifier (train.decoder_lr) instead of masking it; "
+        "the reference scripts mask it and never train it (--mask_classifier true --train_classifier false).")
+    pooler: bool = Field(
+        True, description="prune_only, prune_then_ft: the classifier reads the pooler output tanh(W_p h_[CLS] + b_p), "
+        "masked like every matrix, as the reference's BertForSequenceClassification (BERT/RoBERTa, sentence tasks); "
+        "false: it reads [CLS] (our finetune's decoder, so ft_then_prune never reads the pooler).")
     loss: str = Field("ce", description="Training objective: " + "; ".join(f"{k}: {v}" for k, v in LOSSES.items()) + ".")
 
     @model_validator(mode="after")
@@ -93,16 +121,32 @@ def check(cfg) -> None:
     check_loss(cfg, cfg.section.loss)
 
 
+def scheduled_sparsity(step: int, total: int, hp: Config) -> float:
+    """The target sparsity after ``step`` of ``total`` steps: constant ``sparsity``, or cubic from
+    ``initial_sparsity`` at step 0 to ``sparsity`` at ``schedule_end * total``."""
+    start = hp.sparsity if hp.initial_sparsity is None else hp.initial_sparsity
+    return cubic_sparsity(step, start, hp.sparsity, 0, round(hp.schedule_end * total))
+
+
+def masked_linears(encoder, decoder, hp: Config, pooled: bool) -> dict[str, torch.nn.Linear]:
+    """The matrices this run masks: every layer's six, the pooler when the classifier reads it,
+    and the classifier's unless it trains (prune_then_ft: masks from its upstream, which had them)."""
+    mask_decoder = hp.pipeline != "prune_then_ft" and not hp.train_classifier
+    return maskable_weights(encoder, decoder if mask_decoder else None, pooler=pooled)
+
+
 def run(cfg, ctx: RunContext) -> RunResult:
     tc, hp = cfg.train, cfg.section
     state = set_up(cfg, ctx)  # with init_from: the fine-tuned model (a) or the prune_only run's (b)
     encoder, decoder = state.encoder, state.decoder
-    linears = maskable_weights(encoder, pooler=False)  # our decoders read [CLS], not the pooler
+    pooled = hp.pooler and hp.pipeline != "ft_then_prune" and uses_pooler(encoder, decoder)
+    pooler_hook = read_pooler(encoder) if pooled else None
+    linears = masked_linears(encoder, decoder, hp, pooled)
     total = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
     loss_fn = objective(hp.loss, cfg, ctx, state)
 
-    if hp.pipeline == "prune_then_ft":  # a fixed mask; the weights train
-        masks = {name: mask.to(state.device) for name, mask in upstream_masks(cfg, ctx, linears).items()}
+    if hp.pipeline == "prune_then_ft":  # a fixed mask on the encoder (and pooler); the weights and classifier train
+        masks = {name: mask.to(state.device) for name, mask in upstream_masks(cfg, ctx, linears, decoder, hp).items()}
         handle = attach_masks(linears, masks.__getitem__)
         params = list(encoder.parameters()) + list(decoder.parameters())
         optimizer, scheduler = fine_tuning(state, total)
@@ -113,28 +157,30 @@ def run(cfg, ctx: RunContext) -> RunResult:
             return {"loss": update(loss, optimizer, scheduler, params, tc.grad_clip, state.scaler),
                     "sparsity": hp.sparsity}
     else:  # trained scores over frozen weights
-        def scheduled(step: int) -> float:
-            start = hp.sparsity if hp.initial_sparsity is None else hp.initial_sparsity
-            return cubic_sparsity(step, start, hp.sparsity, 0, round(hp.schedule_end * total))
-
         encoder.requires_grad_(False)
-        decoder.requires_grad_(hp.pipeline == "prune_only")  # a: the fine-tuned decoder stays
-        scores = MaskScores({name: lin.weight for name, lin in linears.items()}, scheduled(0)).to(state.device)
+        decoder.requires_grad_(hp.train_classifier)  # default: masked, never trained (reference)
+        scores = MaskScores({name: lin.weight for name, lin in linears.items()},
+                            scheduled_sparsity(0, total, hp)).to(state.device)
         handle = attach_masks(linears, scores.mask)
-        groups = [{"params": list(scores.parameters()), "lr": hp.lr, "weight_decay": 0.0}]
-        if hp.pipeline == "prune_only":
+        params = list(scores.parameters())
+        groups = [{"params": params, "lr": hp.lr, "weight_decay": 0.0}]
+        if hp.train_classifier:
+            params = params + list(decoder.parameters())
             groups.append({"params": list(decoder.parameters()), "lr": tc.decoder_lr, "weight_decay": tc.weight_decay})
         optimizer = torch.optim.AdamW(groups)
-        state.interventions["masks"], state.optimizers["masks"] = scores, optimizer
+        # the reference's get_linear_schedule_with_warmup over every group (mask_trainer.py get_optimizers)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_warmup_decay(s, total, tc.warmup_ratio))
+        state.interventions["masks"], state.optimizers["masks"], state.schedulers["masks"] = scores, optimizer, scheduler
 
         def step(state, batch) -> dict[str, float]:
             ids, mask, labels = batch
             logits = forward_logits(encoder, decoder, ids, mask, tc.precision)
-            loss = update(loss_fn(logits, labels, state.batch_index), optimizer, scaler=state.scaler)
+            loss = update(loss_fn(logits, labels, state.batch_index), optimizer, scheduler, params, tc.grad_clip,
+                          state.scaler)
             done = state.step + 1
             if done % hp.reset_every == 0 or done == total:
-                scores.reset_thresholds(scheduled(done))
-            return {"loss": loss, "sparsity": scheduled(done)}
+                scores.reset_thresholds(scheduled_sparsity(done, total, hp))
+            return {"loss": loss, "sparsity": scheduled_sparsity(done, total, hp)}
 
         masks = None
 
@@ -142,17 +188,23 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     masks = scores.binary_masks() if masks is None else masks
     handle.remove()
+    if pooler_hook is not None:
+        pooler_hook.remove()
     return masked_result(cfg, state, metrics, masks)
 
 
-def upstream_masks(cfg, ctx, linears) -> dict[str, torch.Tensor]:
+def upstream_masks(cfg, ctx, linears, decoder, hp: Config) -> dict[str, torch.Tensor]:
     """The binary masks of the ``init_from`` mask_train run (its mask scores and thresholds,
-    handed on as ``interventions.masks.*``), for these matrices."""
+    handed on as ``interventions.masks.*``), for these matrices: the upstream also masked its
+    classifier, which prune_then_ft trains unmasked (the reference's ``--mask_classifier false``)."""
     prefix = "interventions.masks."
     saved = {key[len(prefix):]: value for key, value in upstream_weights(cfg, ctx, "init_from").items()
              if key.startswith(prefix)}
     if not saved:
         raise ValueError("init_from: the upstream run hands on no mask (prune_then_ft starts from a mask_train run)")
-    scores = MaskScores({name: lin.weight.detach().cpu() for name, lin in linears.items()}, 0.0)
+    upstream = dict(linears)
+    if not hp.train_classifier:  # the prune_only run masked these too, after the encoder's (maskable_weights order)
+        upstream |= decoder_linears(decoder)
+    scores = MaskScores({name: lin.weight.detach().cpu() for name, lin in upstream.items()}, 0.0)
     scores.load_state_dict(saved)
-    return scores.binary_masks()
+    return {name: mask for name, mask in scores.binary_masks().items() if name in linears}

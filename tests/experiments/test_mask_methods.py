@@ -42,14 +42,21 @@ def test_mask_train_hits_the_sparsity_of_every_matrix_and_leaves_the_weights_alo
     masks = unpack_masks(result.artifacts["masks.npz"])
     assert tracker.artifacts["masks.npz"] == result.artifacts["masks.npz"]  # also in MLflow
     assert {"heads.mask_density.png", "weights.mask_density.png"} <= set(tracker.artifacts)
-    assert len(masks) == 2 * 6 and all(m.dtype == torch.bool for m in masks.values())
-    # prune_only trains scores and the decoder, never the encoder's weights: they are the pretrained ones
+    # every layer's six, the pooler the classifier reads, and the classifier (reference: P and --mask_classifier)
+    assert list(masks)[12:] == ["pooler", "decoder.classifier"]
+    assert len(masks) == 2 * 6 + 2 and all(m.dtype == torch.bool for m in masks.values())
+    # prune_only trains the scores only, never a weight: the encoder is the pretrained one, the
+    # classifier its random initialisation (reference: --train_classifier false)
     from experiments.models import load_backbone
     from experiments.seeding import derive_seed
+    from experiments.state import build_decoder
+    from experiments.tasks import TASKS
 
     pretrained, _ = load_backbone(cfg.model, derive_seed(cfg.seed, "model_init"))
     after = store[cfg.run_key]
     assert all(torch.equal(after[f"encoder.{k}"], v) for k, v in pretrained.state_dict().items())
+    initial = build_decoder(TASKS[cfg.task.name], pretrained.config.hidden_size, 2, cfg.seed)
+    assert all(torch.equal(after[f"decoders.task.{k}"], v) for k, v in initial.state_dict().items())
 
 
 def test_mask_train_pipelines_start_from_their_stages(run_chain):
@@ -86,5 +93,4 @@ def test_imp_reaches_its_sparsity_in_rounds(pipeline, run_chain):
     cfg = _cfg("imp", pipeline=pipeline, sparsity=0.3)
     result, _ = run_chain(cfg)
     np.testing.assert_allclose(_densities(result), 0.7, atol=1e-3)  # three rounds of 10 % per matrix
-    rounds = 3 + (pipeline == "prune_then_ft")  # rewinding trains once more after the last round
-    assert result.steps == rounds * 4
+    assert result.steps == 3 * 4  # round 0 prunes at step 0 (reference), then one phase per round

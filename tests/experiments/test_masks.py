@@ -194,8 +194,10 @@ def test_threshold_reset_hits_the_target_sparsity_per_matrix(bert):
 
 def test_kth_threshold():
     scores = torch.tensor([0.3, -0.1, 0.7, 0.2])
-    assert kth_threshold(scores, 0.5).item() == pytest.approx(0.2)  # 2nd smallest; S > 0.2 keeps 2
-    assert kth_threshold(scores, 0.0).item() == float("-inf")
+    assert kth_threshold(scores, 0.5, 0.01).item() == pytest.approx(0.2)  # 2nd smallest; S > 0.2 keeps 2
+    assert kth_threshold(scores, 0.0, 0.01).item() == float("-inf")
+    # the guard: a k-th score that is the largest would remove every weight, the threshold stays
+    assert kth_threshold(torch.full((4,), 0.02), 0.5, 0.01).item() == pytest.approx(0.01)
 
 
 def test_training_the_scores_leaves_the_frozen_weights_unchanged(bert):
