@@ -5,8 +5,9 @@ Every function takes numpy arrays of ONE sentence's padding-cropped attention (`
 per-instance arrays those give, concatenated over sentences along the last axis; none
 reads a model. Scores come back per head, (L, H).
 
-- He & Choi (2021), "stem cell" probes: the dependency attention probe (``dep_probe_hits``
-  + ``label_rates``) and the centroid probe (``class_centroids``, ``nearest_centroid``,
+- He & Choi (2021), "stem cell" probes, on words as their reference code pools them: the
+  dependency attention probe (``word_attention``, ``dep_probe_hits``, ``label_rates``) and the
+  centroid probe (``word_means``, ``class_centroids``, ``nearest_centroid`` by cosine,
   ``label_accuracy``).
 - Voita et al. (2019), head roles: ``confidence``, ``positional`` (threshold 0.9),
   syntactic (``directed_hits`` per relation and direction, ``positional_baseline``),
@@ -129,9 +130,46 @@ def rarest_words(frequencies: Sequence[float]) -> np.ndarray:
 # --------------------------------------------------------------------------- He & Choi 2021
 
 
+def span_matrix(first: np.ndarray, end: np.ndarray, n: int, root: bool = False) -> np.ndarray:
+    """(n, S) 0/1 float64: column s marks the tokens of span s, the words' subwords
+    ``first[w]:end[w]`` (W spans); with ``root``, span 0 is token 0 alone ([CLS], <s>: He & Choi's
+    ROOT) and word w is span w + 1. Tokens in no span ([SEP], padding) are all-zero rows."""
+    starts = np.concatenate([[0], first]) if root else np.asarray(first)
+    ends = np.concatenate([[1], end]) if root else np.asarray(end)
+    tokens = np.arange(n)[:, None]
+    return ((tokens >= starts[None, :]) & (tokens < ends[None, :])).astype(np.float64)
+
+
+def word_attention(attn: np.ndarray, first: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """(L, H, W + 1, W + 1) float64: one sentence's attention pooled to words the way He & Choi's
+    reference does (elit/components/mtl/head_mtl.py:151-159, ``sum_span`` at :20-38): a query
+    word's row is the MEAN of its subwords' rows, a key word's column the SUM of its subwords'
+    columns. Index 0 is ROOT, the first token ([CLS], <s>) on its own; word w is index w + 1;
+    tokens in no word ([SEP]) are left out of both axes, so no argmax can land on them. ``attn`` (L, H, n, n) cropped, ``first``,
+    ``end`` (W,) the words' subword spans (``first[0] >= 1``: token 0 is not a word)."""
+    first, end = np.asarray(first), np.asarray(end)
+    if len(first) and first[0] < 1:
+        raise ValueError("word_attention: token 0 belongs to a word; ROOT needs a special token ([CLS], <s>) there")
+    spans = span_matrix(first, end, attn.shape[-1], root=True)  # (n, W + 1)
+    keys = attn.astype(np.float64) @ spans  # (L, H, n, W + 1): sum over the key word's subwords
+    return (spans / spans.sum(0)).T @ keys  # (L, H, W + 1, W + 1): mean over the query word's
+
+
+def word_means(features: np.ndarray, first: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """(W, ...) float64: each word's features averaged over its subwords ``first[w]:end[w]``
+    (He & Choi's centroid probe: elit/components/mtl/head_mtl.py:221, ``sum_span(.., mean=True)``);
+    ``features`` (n, ...) per token."""
+    spans = span_matrix(np.asarray(first), np.asarray(end), features.shape[0])  # (n, W)
+    flat = features.reshape(features.shape[0], -1).astype(np.float64)
+    return ((spans / spans.sum(0)).T @ flat).reshape(spans.shape[1], *features.shape[1:])
+
+
 def dep_probe_hits(argmax: np.ndarray, head: np.ndarray, dependent: np.ndarray) -> np.ndarray:
     """(L, H, P) bool: the dependency attention probe of one sentence,
-    ``1(argmax a[d] = h or argmax a[h] = d)`` for each head-dependent pair (token indices (P,))."""
+    ``1(argmax a[d] = h or argmax a[h] = d)`` for each head-dependent pair (P,), as positions of
+    ``argmax`` (L, H, W + 1), the argmax of ``word_attention``: ROOT is 0, word w is w + 1. A root
+    arc has head 0: a hit when the root word attends most to ROOT or ROOT ([CLS]) to the root word
+    (the reference scores both: stem_cell_hypothesis/en_bert_base/head/dep.py:161-164)."""
     return directed_hits(argmax, dependent, head) | directed_hits(argmax, head, dependent)
 
 
@@ -146,14 +184,22 @@ def class_centroids(features: np.ndarray, labels: np.ndarray, num_classes: int) 
     return centroids
 
 
+COSINE_EPS = 1e-8
+"""Floor of a vector's norm in ``nearest_centroid`` (torch.nn.CosineSimilarity's eps, the reference's)."""
+
+
 def nearest_centroid(features: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """(N, U): per unit, the class whose centroid is nearest (Euclidean) to each token's feature;
-    classes without a centroid (NaN) are never chosen."""
-    x = features.astype(np.float64)  # (N, U, D)
-    c = np.nan_to_num(centroids)  # (U, C, D)
-    distances = ((x**2).sum(-1)[..., None] - 2 * np.einsum("nud,ucd->nuc", x, c) + (c**2).sum(-1)[None])
-    distances[:, np.isnan(centroids).any(-1)] = np.inf  # (N, U, C)
-    return distances.argmin(axis=-1)
+    """(N, U): per unit, the class whose centroid has the highest COSINE similarity to each token's
+    feature (He & Choi, stem_cell_hypothesis/en_bert_base/head/pos.py:171-180:
+    ``CosineSimilarity(dim=-1)`` then ``argmax`` over classes, ties to the first class); classes
+    without a centroid (NaN) are never chosen. ``features`` (N, U, D), ``centroids`` (U, C, D)."""
+    x = features.astype(np.float64)
+    x = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), COSINE_EPS)
+    c = np.nan_to_num(centroids.astype(np.float64))
+    c = c / np.maximum(np.linalg.norm(c, axis=-1, keepdims=True), COSINE_EPS)
+    similarity = np.einsum("nud,ucd->nuc", x, c)  # (N, U, C)
+    similarity[:, np.isnan(centroids).any(-1)] = -np.inf
+    return similarity.argmax(axis=-1)
 
 
 def label_accuracy(predicted: np.ndarray, gold: np.ndarray) -> tuple[np.ndarray, dict[int, np.ndarray]]:

@@ -37,7 +37,8 @@ UD_RELATIONS = (
     "list", "mark", "nmod", "nsubj", "nummod", "obj", "obl", "orphan", "parataxis", "punct",
     "reparandum", "root", "vocative", "xcomp",
 )  # fmt: skip
-"""UD v2's 37 universal dependency relations (``root`` has no head word, so no arc)."""
+"""UD v2's 37 universal dependency relations (``root`` has no head word: an arc to ROOT only
+where ``arcs(root=True)`` asks for it)."""
 
 _HEAD, _DEPREL, _UPOS = (CONLLU_COLUMNS.index(c) for c in ("head", "deprel", "upos"))
 
@@ -113,11 +114,13 @@ def encode_trees(tokenizer, trees: list[Tree], max_length: int) -> EncodedTrees:
     return EncodedTrees(trees, enc["input_ids"].long(), enc["attention_mask"].long(), firsts, ends)
 
 
-def arcs(tree: Tree, kept: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def arcs(tree: Tree, kept: int, root: bool = False) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(dependent word indices, head word indices, universal relations) of the tree's arcs whose
-    two words are both among the first ``kept`` words; the root (no head word) has no arc."""
+    two words are both among the first ``kept`` words. The root word has no head word: without
+    ``root`` it has no arc; with it, its arc has head -1 (ROOT) and relation ``root`` (He & Choi's
+    probe scores it)."""
     found = [(d, h, relation(r)) for d, (h, r) in enumerate(zip(tree.heads, tree.deprels, strict=True))
-             if d < kept and 0 <= h < kept]
+             if d < kept and (0 <= h < kept or (root and h == -1))]
     dependents = np.array([d for d, _, _ in found], dtype=np.int64)
     heads = np.array([h for _, h, _ in found], dtype=np.int64)
     return dependents, heads, [r for _, _, r in found]

@@ -60,11 +60,15 @@ def test_trees_skip_ranges_and_empty_nodes_and_truncation_drops_words(tmp_path, 
     dependents, heads, rels = dependencies.arcs(first, len(enc.first[0]))
     assert dependents.tolist() == [0, 1, 2, 3] and heads.tolist() == [1, 4, 4, 4]  # the root has no arc
     assert rels == ["det", "nsubj", "aux", "advmod"]  # universal part of nsubj:pass
+    # He & Choi's probe scores the root arc too: head -1 (ROOT), relation root
+    dependents, heads, rels = dependencies.arcs(first, len(enc.first[0]), root=True)
+    assert dependents.tolist() == [0, 1, 2, 3, 4] and heads.tolist() == [1, 4, 4, 4, -1] and rels[-1] == "root"
     # truncated: [CLS] the cat do n ' t [SEP] keeps 4 words; arcs into the cut root are dropped
     cut = dependencies.encode_trees(minilm_tokenizer, trees[:1], max_length=8)
     assert len(cut.first[0]) == 4 and cut.end[0][-1] <= 7
     dependents, heads, _ = dependencies.arcs(first, len(cut.first[0]))
     assert dependents.tolist() == [0] and heads.tolist() == [1]
+    assert dependencies.arcs(first, len(cut.first[0]), root=True)[0].tolist() == [0]  # the root word was cut
 
 
 def _probes(model, **stage):
@@ -89,6 +93,7 @@ def test_probes_on_a_random_model_give_per_head_rates_and_their_best_heads(run_c
         assert metrics[f"{probe}/{label}" if label else probe] == pytest.approx(unit_map.values.max())
     assert "heads.dep_probe.png" in tracker.artifacts and "heads.pos_centroid.NOUN.png" in tracker.artifacts
     assert metrics["arcs"] > 50 and 0 < metrics["majority/pos_centroid"] < 1
+    assert metrics["arcs"] == metrics["scored_words"]  # every kept word's arc, the root's to ROOT included
 
 
 def test_probes_read_the_model_of_their_stage(run_chain, _no_pngs):
@@ -126,3 +131,53 @@ def test_attention_analysis_of_a_fine_tuned_model(model, run_chain, _no_pngs):
 def test_attention_analysis_names_a_relation_it_does_not_know():
     with pytest.raises(ConfigError, match=r"attention_analysis.relations: 'nsub' .*did you mean 'nsubj'"):
         parse_config({"method": "attention_analysis", "attention_analysis": {"relations": ["nsub"]}})
+
+
+def test_padded_attention_change_is_the_reference_notebooks_cosine():
+    """Kovaleva et al.'s visualize_attention.ipynb: each example padded to max_len, both models'
+    attention ``(L, H, max_len, max_len)`` (output_attentions), ``cosine_similarity(base.view(L, H, -1),
+    tuned.view(L, H, -1), dim=-1)``, averaged over examples: recomputed here with transformers' own
+    attentions; and it differs from the cropped default (padding rows pull it towards 1)."""
+    import torch
+
+    from experiments.maths.probes import attention_cosine, crop
+    from experiments.methods.attention_analysis import padded_attention_change
+    from experiments.models import load_backbone
+
+    base, _ = load_backbone("tiny-bert", 0)
+    tuned, _ = load_backbone("tiny-bert", 1)
+    for encoder in (base, tuned):
+        encoder.config._attn_implementation = "eager"  # output_attentions needs the eager kernel
+    with torch.no_grad():  # sharp attention in the "fine-tuned" model: random tiny models attend ~uniformly
+        for name, weight in tuned.named_parameters():
+            if name.endswith("query.weight"):
+                weight.mul_(40)
+    ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102], [101, 7592, 102, 0, 0, 0]])
+    mask = (ids != 0).long()
+    max_len = 10
+    ours = padded_attention_change(base, tuned, ids, mask, max_len, 0, batch_size=1, device="cpu")
+
+    padded = torch.zeros((2, max_len), dtype=torch.long)
+    padded[:, :6] = ids
+    padded_mask = (padded != 0).long()
+    sims = []
+    with torch.no_grad():
+        for b in range(2):
+            out = [m(input_ids=padded[b : b + 1], attention_mask=padded_mask[b : b + 1], output_attentions=True)
+                   for m in (base, tuned)]
+            vecs = [torch.stack(o.attentions).squeeze(1) for o in out]  # (L, H, N, N)
+            L, H = vecs[0].shape[:2]
+            sims.append(torch.nn.functional.cosine_similarity(vecs[0].view(L, H, -1), vecs[1].view(L, H, -1), dim=-1))
+    reference = torch.stack(sims).mean(0).numpy()
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+
+    with torch.no_grad():
+        cropped = []
+        for b in range(2):
+            real = mask[b].numpy()
+            maps = []
+            for m in (base, tuned):
+                o = m(input_ids=ids[b : b + 1], attention_mask=mask[b : b + 1], output_attentions=True)
+                maps.append(crop(torch.stack(o.attentions).squeeze(1)[None].numpy()[0], real))
+            cropped.append(attention_cosine(*maps))
+    assert not np.allclose(np.mean(cropped, axis=0), reference, atol=1e-3)

@@ -21,7 +21,7 @@ def test_crop_removes_padding_rows_and_columns_wherever_it_is():
 
 
 def test_dep_probe_gives_the_expected_rate_per_relation():
-    # 6 tokens; head 0 of the 2 heads points each query at a fixed key
+    # 6 words (position 0 = ROOT); head 0 of the 2 heads points each query at a fixed key
     argmax = np.stack([
         np.array([0, 2, 1, 2, 3, 0]),  # query 1 -> 2, 2 -> 1, 3 -> 2, 4 -> 3, 5 -> 0
         np.array([0, 0, 0, 0, 0, 0]),  # everything on token 0
@@ -60,6 +60,18 @@ def test_centroid_probe_is_perfect_on_separable_features_and_per_label():
     assert overall[0] == 1.0 and all(acc[0] == 1.0 for acc in per_class.values())
     assert overall[1] < 0.8  # the noise unit is not separable
     assert set(per_class) == set(np.unique(dev_y).tolist())
+
+
+def test_nearest_centroid_is_by_cosine_and_word_means_average_subwords():
+    # one unit, D = 2: centroid 0 long and along x, centroid 1 short and at 45 degrees
+    centroids = np.array([[[10.0, 0.0], [0.1, 0.1], [np.nan, np.nan]]])  # (U=1, C=3, D=2), class 2 unseen
+    words = np.array([[[0.2, 0.15]], [[1.0, 0.1]], [[0.0, 0.0]]])  # (N=3, U=1, D)
+    # Euclidean would give (1, 1, 1): the short centroid is nearest to all three
+    np.testing.assert_array_equal(probes.nearest_centroid(words, centroids)[:, 0], [1, 0, 0])  # zero vector: tie, first
+    tokens = np.arange(12, dtype=float).reshape(6, 2)  # [CLS] a b1 b2 b3 [SEP]
+    np.testing.assert_allclose(probes.word_means(tokens, [1, 2], [2, 5]), [[2.0, 3.0], [6.0, 7.0]])
+    with pytest.raises(ValueError, match="ROOT"):
+        probes.word_attention(np.ones((1, 1, 3, 3)), np.array([0]), np.array([2]))
 
 
 def test_confidence_and_positional_shares():
