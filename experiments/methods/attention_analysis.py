@@ -8,7 +8,11 @@ On the task's dev set (its first ``eval_examples``; Kovaleva et al.):
 
 - ``heads.attention_change``: per head, the cosine similarity between the flattened attention
   maps of the pretrained model (``cfg.model`` as ``set_up`` loads it, the same ``random:`` init)
-  and the fine-tuned one, padding cropped, averaged over examples (1 = unchanged);
+  and the fine-tuned one, padding cropped, averaged over examples (1 = unchanged). The
+  reference (dark-secrets-of-BERT, visualize_attention.ipynb) compares whole maps of examples
+  padded to ``max_len`` (200) tokens, padding rows included, which pulls every head towards 1 by
+  an amount that depends on the sentence lengths: ``attention_change_length: 200`` does that
+  (``REFERENCE``);
 - ``heads.cls_sep_share``: the fine-tuned model's attention on [CLS]/[SEP] (<s>/</s>), mean over
   queries and examples;
 - ``heads.pattern_<type>``: the share of examples whose map the rule of
@@ -38,8 +42,10 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import torch
 from pydantic import Field
 
+from experiments.attention import record_attention
 from experiments.config import Section
 from experiments.context import RunContext
 from experiments.maths.probes import (
@@ -61,6 +67,7 @@ from experiments.maths.probes import (
 )
 from experiments.methods import finetune
 from experiments.naming import suggest
+from experiments.precision import autocast
 from experiments.probing import boundary_ids, pretrained, sentence_maps, ud_folder
 from experiments.result import RunResult, UnitMap
 from experiments.state import set_up
@@ -69,6 +76,8 @@ from experiments.tasks.dependencies import FILES, UD_RELATIONS, arcs, load_ud_ew
 VERSION = "1"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
+REFERENCE = {"attention_change_length": 200}
+"""The reference notebook pads every example to max_len = 200 and compares the whole maps."""
 
 
 class Config(Section):
@@ -82,6 +91,10 @@ class Config(Section):
     batch_size: int = Field(32, gt=0, le=4096, description="Examples per forward pass.")
     ud_dir: str | None = Field(None, description="Folder of en_ewt-ud-{dev,test}.conllu; None = <$HEADSWEEP_DATA or ../shared/data>/ud_ewt.")
     finetune_steps: int | None = Field(None, gt=0, description="Training steps of the fine-tune it looks at (None = the same train settings).")
+    attention_change_length: int | None = Field(
+        None, ge=8, le=512, description="Attention change: None = each example's maps cropped to its real tokens "
+        "(padding says nothing about fine-tuning); N = every example padded (or cut) to N tokens and the whole "
+        "N x N maps compared, padding rows included: the reference's protocol at N = 200 (Kovaleva et al.'s notebook).")
 
 
 def stages(section: Config) -> dict[str, dict]:
@@ -106,30 +119,61 @@ def run(cfg, ctx: RunContext) -> RunResult:
     model = f"{cfg.model} after {up.method} on {up.task.name}"
     maps, metrics = {}, {}
     _kovaleva(maps, metrics, tuned, base, state.data.dev, boundary_ids(tokenizer), hp, ctx.device,
-              f"{cfg.task.name} dev", model, state.precision)
+              f"{cfg.task.name} dev", model, state.precision, tokenizer.pad_token_id or 0)
     _voita(maps, metrics, tuned, tokenizer, hp, cfg.task.data_seed, ctx.device, model, state.precision)
     return RunResult(run_key=cfg.run_key, group_key=cfg.group_key, metrics=metrics, maps=maps)
 
 
-def _kovaleva(maps, metrics, tuned, base, dev, boundary, hp, device, split, model, precision="fp32") -> None:
+@torch.no_grad()
+def padded_attention_change(base, tuned, input_ids: torch.Tensor, attention_mask: torch.Tensor, length: int,
+                            pad_id: int, batch_size: int, device: str, precision: str = "fp32") -> np.ndarray:
+    """(L, H) mean over examples of the cosine between the two models' whole attention maps of
+    each example padded (or cut) to ``length`` tokens, padding rows and columns included: the
+    reference notebook's protocol (``convert_to_bert_inputs(..., max_len)``, then
+    ``cosine_similarity(base.view(L, H, -1), tuned.view(L, H, -1))``)."""
+    n, t = input_ids.shape
+    ids = torch.full((n, length), pad_id, dtype=input_ids.dtype)
+    mask = torch.zeros((n, length), dtype=attention_mask.dtype)
+    ids[:, : min(t, length)], mask[:, : min(t, length)] = input_ids[:, :length], attention_mask[:, :length]
+    total = 0.0
+    for start in range(0, n, batch_size):
+        maps = []
+        for encoder in (base, tuned):
+            encoder.eval()
+            with record_attention(encoder) as probs, autocast(precision, device):
+                encoder(input_ids=ids[start : start + batch_size].to(device),
+                        attention_mask=mask[start : start + batch_size].to(device))
+            maps.append(torch.stack(probs, dim=1).float().cpu().numpy())  # (B, L, H, N, N)
+        total = total + sum(attention_cosine(a, b) for a, b in zip(*maps, strict=True))
+    return total / n
+
+
+def _kovaleva(maps, metrics, tuned, base, dev, boundary, hp, device, split, model, precision="fp32",
+              pad_id: int = 0) -> None:
     """attention_change, cls_sep_share and pattern_<type> on the task's dev examples (forwards in
     ``precision``, maps read as float32)."""
     n = len(dev) if hp.eval_examples is None else min(hp.eval_examples, len(dev))
     where = f"{split}, {n} examples, {model}"
     ids, mask = dev.input_ids[:n], dev.attention_mask[:n]
     cosine, special_share, counts, pairs = 0.0, 0.0, 0.0, 0
+    if hp.attention_change_length is not None:
+        cosine = padded_attention_change(base, tuned, ids, mask, hp.attention_change_length, pad_id,
+                                         hp.batch_size, device, precision) * n
     for (i, after, _), (_, before, _) in zip(sentence_maps(tuned, ids, mask, hp.batch_size, device, precision=precision),
                                              sentence_maps(base, ids, mask, hp.batch_size, device, precision=precision),
                                              strict=True):
-        cosine = cosine + attention_cosine(before, after)
+        if hp.attention_change_length is None:
+            cosine = cosine + attention_cosine(before, after)
         special = np.isin(ids[i][mask[i].bool()].numpy(), boundary)  # (n,)
         masses = pattern_masses(after, special)
         special_share = special_share + masses["special"]
         pair = np.unique(segments(special)[~special]).size >= 2
         pairs += pair
         counts = counts + (classify_patterns(masses, pair)[..., None] == np.arange(len(PATTERNS)))  # (L, H, 5)
+    padded = ("" if hp.attention_change_length is None
+              else f", maps padded to {hp.attention_change_length} tokens (the reference's protocol)")
     maps["heads.attention_change"] = UnitMap(cosine / n, "heads", f"{where}: cosine similarity of attention maps, "
-                                             "pretrained vs fine-tuned (1 = unchanged)")
+                                             f"pretrained vs fine-tuned (1 = unchanged){padded}")
     maps["heads.cls_sep_share"] = UnitMap(special_share / n, "heads", f"{where}: share of attention on [CLS]/[SEP]")
     for k, pattern in enumerate(PATTERNS):
         if pattern == "block" and not pairs:  # single sentences: no map can be a block
