@@ -14,6 +14,10 @@ them to ``(B, T, H * D)`` and feeds that to the attention output projection
   ``(B, T, 0)``, so its attention output is exactly ``attn_out``'s bias, as
   with all its gates at 0.
 
+Per-token gates (Michel et al. 2019's importance, ``attach_token_gates``) are the same pre-hook
+with one gate per example, token and head, made fresh at each forward so that their gradient is
+``dL/dxi`` per token.
+
 Gates and keep masks always index the ORIGINAL ``(L, H)`` heads, also after
 pruning: ``kept_heads(model)`` says which are still there, and
 ``attach_head_gates`` on a pruned model applies the gates of the remaining
@@ -116,6 +120,70 @@ def _gate_heads(
     shape = heads.shape
     per_head = heads.reshape(*shape[:-1], -1, head_dim)  # (B, T, H, D)
     gated = per_head * gates.to(heads.dtype)[:, None]  # (B, T, H, D) * (H, 1)
+    return (gated.reshape(shape), *args[1:])
+
+
+@dataclass
+class TokenGateHandle:
+    """What ``attach_token_gates`` returns: ``remove()`` detaches every hook.
+
+    ``gates`` holds, per layer, the ``(B, T, H)`` float32 leaves of the latest forward pass
+    (None before the first), each requiring grad.
+    """
+
+    hooks: list[RemovableHandle] = field(default_factory=list)
+    gates: list[torch.Tensor | None] = field(default_factory=list)
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks.clear()
+
+
+def attach_token_gates(model: nn.Module, values: torch.Tensor) -> TokenGateHandle:
+    """Give every head its own gate at every token: Michel et al.'s ``xi_h`` per example and token.
+
+    At each forward, each layer's ``attn_out`` pre-hook makes a fresh float32 leaf
+    ``xi = values[l]`` broadcast to ``(B, T, H)`` (``requires_grad``), stores it in
+    ``handle.gates[l]`` and scales head h at token t of example b by ``xi[b, t, h]``. After a
+    loss ``L``, ``torch.autograd.grad(L, handle.gates)`` is ``dL/dxi`` per example, token and head,
+    which at ``xi = 1`` equals ``sum_d dL/dctx[b, h, t, d] * ctx[b, h, t, d]``: the gradient of
+    the head's output (its context vector) dotted with that output. ``values`` (L, H), e.g. a 0/1
+    keep mask; on a physically pruned model the removed heads' gates act on nothing (their
+    gradient is 0, and a layer with no head left gets a gate that is not in the graph).
+    """
+    arch = architecture_of(model)
+    num_layers, num_heads, head_dim = head_layout(model)
+    if tuple(values.shape) != (num_layers, num_heads):
+        raise ValueError(f"values must be (layers, heads) = ({num_layers}, {num_heads}), got {tuple(values.shape)}")
+    kept = kept_heads(model)
+    handle = TokenGateHandle(gates=[None] * num_layers)
+    for index, layer in enumerate(model.get_submodule(arch.layers)):
+        remaining = None if kept[index].all() else kept[index].nonzero().squeeze(-1)
+        hook = partial(_gate_tokens, handle, index, values[index].detach().float(), remaining, head_dim)
+        handle.hooks.append(layer.get_submodule(arch.attn_out).register_forward_pre_hook(hook))
+    return handle
+
+
+def _gate_tokens(
+    handle: TokenGateHandle,
+    layer_index: int,
+    values: torch.Tensor,
+    remaining: torch.Tensor | None,
+    head_dim: int,
+    _module: nn.Module,
+    args: tuple,
+) -> tuple | None:
+    """Pre-hook body: a fresh (B, T, H) gate leaf, then scale the heads in ``args[0]`` (B, T, H * D)."""
+    heads = args[0]  # (B, T, H_kept * D)
+    xi = values.to(heads.device).expand(*heads.shape[:-1], -1).clone().requires_grad_(True)  # (B, T, H)
+    handle.gates[layer_index] = xi
+    if heads.shape[-1] == 0:  # every head of this layer pruned
+        return None
+    gates = xi if remaining is None else xi[..., remaining.to(heads.device)]  # (B, T, H_kept)
+    shape = heads.shape
+    per_head = heads.reshape(*shape[:-1], -1, head_dim)  # (B, T, H_kept, D)
+    gated = per_head * gates.to(heads.dtype)[..., None]  # (B, T, H_kept, D) * (B, T, H_kept, 1)
     return (gated.reshape(shape), *args[1:])
 
 

@@ -4,29 +4,41 @@ Looks at a fine-tuned model: the ``init_from`` stage, by default a ``finetune`` 
 model, task, seed and training settings (``finetune_steps`` steps if set), shared with head_gates'
 SP and the other analyses that start from it; a config's own ``init_from`` wins. Nothing is trained.
 
-Importance. Each head's output is multiplied by a gate ``xi_h = 1`` (``heads.attach_head_gates``;
-a pruned head's is 0). On the first ``examples`` training examples, in batches of
-``train.batch_size``, with the model in eval mode (no dropout):
+Importance (the paper's section 4.1; reference: ``examples/classifier_eval.py:187-254`` of the ``paul`` branch
+of pmichel31415/pytorch-pretrained-BERT). Each head's output at each token is multiplied by its
+own gate ``xi = 1`` (``heads.attach_token_gates``; a pruned head's is 0). On the first
+``examples`` training examples (default: all of them, as the reference's
+``--compute_head_importance_on_subset 1.0``), in batches of ``train.batch_size``, with the model
+in eval mode (no dropout):
 
-    I_h = sum over batches b of |dL_b / dxi_h|  /  (non-padding tokens of those examples)
+    I_h = sum over batches b, examples and tokens of |dL_b / dxi_{h,t}|  /  (real tokens)
 
-with ``L_b`` the batch's mean task loss (the reference code's order: absolute value per batch,
-then divide by tokens). With ``normalize_layers`` (default, as in the paper) each layer's row is
-then divided by its L2 norm. Map ``heads.importance``: the unpruned model's ``I``.
+with ``L_b`` the batch's mean task loss (the reference backprops ``CrossEntropyLoss()``, a batch
+mean; its ``.sum()`` is of a scalar) and ``dL_b/dxi_{h,t} = dL_b/dctx_{h,t} . ctx_{h,t}`` (the
+reference's ``einsum("bhli,bhli->bhl", grad_ctx, ctx).abs().sum(-1).sum(0)``): the absolute
+value is taken per example and per token, so gradients of opposite sign never cancel. The last
+layer of a sequence classifier is divided by the examples instead of the tokens (its decoder
+reads [CLS] only; the reference's ``head_importance[-1] /= subset_size``). With
+``normalize_layers`` (default, as in the paper and the README's ``--normalize_pruning_by_layer``)
+each layer's row is then divided by its L2 norm. Map ``heads.importance``: the unpruned model's
+``I``.
 
-Pruning curve. Starting from all heads, each step removes ``step`` (default 10 %) of ALL heads,
+Pruning curve (reference: ``experiments/BERT/heads_pruning.sh`` of are-16-heads-really-better-
+than-1, ``--prune_percent `seq 5 5 100```; ``run_classifier.py:369-522``). Starting from all
+heads, each step removes ``step`` (default 5 %) of ALL heads, ``floor(pct * N / 100)`` in all,
 the still-kept ones with the lowest importance, by setting their gates to 0 (no retraining), and
-evaluates on the dev set, until every head is removed. With ``recompute`` (default: Michel et al.
-prune greedily, importance computed again on the pruned model before each step; the pruned
-heads are gated at 0 there) the ranking follows the pruning; without, the first ranking is used
-throughout.
+evaluates on the dev set, until every head is removed. The ranking is the unpruned model's
+(the reference's default: importance is computed at its first step only, unless
+``--exact_pruning``); with ``recompute`` importance is computed again on the pruned model before
+each step (the pruned heads gated at 0 there, importance 0), a greedy ranking that follows the
+pruning.
 
 Reports:
 
 - metrics: the unpruned model's dev metrics (``accuracy``, ``loss``, ``accuracy/<set>``), and the
-  curve as ``<metric>_pruned_<pct>`` for pct = 0, 10, ..., 100, the percent of heads targeted
-  (``round(pct / 100 * N)`` heads removed; ``<metric>_pruned_0`` is the unpruned metric). Losses
-  are left out of the curve.
+  curve as ``<metric>_pruned_<pct>`` for pct = 0, 5, ..., 100 (every ``step``), the percent of
+  heads targeted (``floor(pct * N / 100)`` heads removed; ``<metric>_pruned_0`` is the unpruned
+  metric). Losses are left out of the curve.
 - tracker: at step = pct, ``<metric>_pruned`` and ``heads_pruned`` (MLflow draws the curve);
 - maps: ``heads.importance``, and ``heads.pruned_at``: the fraction of heads targeted at the step
   that removed the head (larger = kept longer; the iterative ranking, which with ``recompute``
@@ -35,33 +47,45 @@ Reports:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from pydantic import Field, field_validator
 
 from experiments.config import Section
 from experiments.context import RunContext
-from experiments.heads import attach_head_gates
+from experiments.heads import attach_head_gates, attach_token_gates
 from experiments.loop import evaluate_all, forward_logits, take
-from experiments.maths.head_importance import least_important, normalize_per_layer, pruning_counts
+from experiments.maths.head_importance import (
+    abs_token_sum,
+    least_important,
+    normalize_per_layer,
+    per_token,
+    pruning_counts,
+)
 from experiments.maths.losses import task_loss
 from experiments.methods import finetune
 from experiments.result import RunResult, UnitMap
 from experiments.state import RunState, set_up
 
-VERSION = "1"
+VERSION = "2"  # 2: |dL/dxi| per example and token (was: of the batch mean); 5 % steps, ranking fixed,
+# floor counts, all training examples by default (the reference's protocol)
 PIPELINES = ("none",)
 SHORT_NAMES = ()
+REFERENCE: dict[str, Any] = {}  # every default is the reference script's (heads_pruning.sh --normalize_pruning_by_layer)
 
 
 class Config(Section):
-    """head_importance's own keys: ``head_importance: {examples: 500, step: 0.1}``."""
+    """head_importance's own keys: ``head_importance: {examples: 500, step: 0.05}``."""
 
-    examples: int = Field(500, gt=0, description="Training examples (the first ones) whose loss gradients make the importance.")
-    step: float = Field(0.1, ge=0.01, le=0.5, description="Fraction of all heads removed at each pruning step "
-                        "(whole percents: 0.05, 0.1, ...).")
-    recompute: bool = Field(True, description="Recompute importance on the pruned model before each step "
-                            "(Michel et al.); false = rank once, on the unpruned model.")
-    normalize_layers: bool = Field(True, description="Divide each layer's importance by its L2 norm (Michel et al.).")
+    examples: int | None = Field(None, gt=0, description="Training examples (the first ones) whose loss gradients "
+                                 "make the importance; None = all (the reference: --compute_head_importance_on_subset 1.0).")
+    step: float = Field(0.05, ge=0.01, le=0.5, description="Fraction of all heads removed at each pruning step "
+                        "(whole percents: 0.05, 0.1, ...; the reference script: 0.05, --prune_percent `seq 5 5 100`).")
+    recompute: bool = Field(False, description="Recompute importance on the pruned model before each step (greedy); "
+                            "false = rank once, on the unpruned model (the reference's default: no --exact_pruning).")
+    normalize_layers: bool = Field(True, description="Divide each layer's importance by its L2 norm (Michel et al.; "
+                                   "the reference's --normalize_pruning_by_layer, as its README runs it).")
     finetune_steps: int | None = Field(None, gt=0, description="Training steps of the fine-tune it starts from "
                                        "(None = the same train settings).")
 
@@ -108,47 +132,55 @@ def run(cfg, ctx: RunContext) -> RunResult:
             metrics |= scores  # the unpruned model's dev metrics, under their plain names
         ctx.progress(t, len(counts) - 1, {"open_heads": float(keep.sum())})
 
-    n = min(hp.examples, len(state.data.train))
+    n = _examples(state, hp.examples)
     norm = "L2-normalised per layer" if hp.normalize_layers else "per token"
     return RunResult(
         run_key=cfg.run_key,
         group_key=cfg.group_key,
         metrics=metrics,
         maps={
-            "heads.importance": UnitMap(first.numpy(), "heads", f"Michel importance E|dL/dxi| on {n} train examples, "
-                                        f"{norm} (larger = more important)"),
+            "heads.importance": UnitMap(first.numpy(), "heads", f"Michel importance E|dL/dxi| (per example and token) on {n} "
+                                        f"train examples, {norm} (larger = more important)"),
             "heads.pruned_at": UnitMap(pruned_at.numpy(), "heads", "fraction of heads pruned when it was removed "
                                        f"({'recomputed' if hp.recompute else 'fixed'} ranking; larger = kept longer)"),
         },
     )
 
 
-def head_gradients(encoder, decoder, ids, mask, labels, xi: torch.Tensor, precision: str = "fp32") -> torch.Tensor:
-    """``dL/dxi`` (L, H) of the batch's mean task loss, head h of layer l multiplied by ``xi[l, h]``;
-    the forward in ``precision`` (``train.precision``), ``xi`` and its gradient float32."""
-    xi = xi.detach().clone().requires_grad_(True)
-    handle = attach_head_gates(encoder, lambda: xi)
+def token_gradients(encoder, decoder, ids, mask, labels, xi: torch.Tensor, precision: str = "fp32") -> torch.Tensor:
+    """``dL/dxi`` (L, B, T, H) per example, token and head of the batch's mean task loss, head h
+    of layer l gated by ``xi[l, h]`` at every token (``heads.attach_token_gates``); the forward in
+    ``precision`` (``train.precision``), the gates and their gradient float32. A gate that does not
+    reach the loss (a layer with no head left) gets gradient 0."""
+    handle = attach_token_gates(encoder, xi)
     try:
         loss = task_loss(forward_logits(encoder, decoder, ids, mask, precision), labels)
-        (grad,) = torch.autograd.grad(loss, xi)
+        grads = torch.autograd.grad(loss, handle.gates, allow_unused=True)
     finally:
         handle.remove()
-    return grad
+    return torch.stack([torch.zeros_like(g) if d is None else d for g, d in zip(handle.gates, grads, strict=True)])
 
 
-def head_importance(state: RunState, keep: torch.Tensor, examples: int, normalize: bool) -> torch.Tensor:
-    """Michel's ``I`` (L, H) on the first ``examples`` training examples, kept heads at ``xi = 1``,
-    pruned ones at 0 (and given importance 0); per layer L2-normalised when ``normalize``."""
+def head_importance(state: RunState, keep: torch.Tensor, examples: int | None, normalize: bool) -> torch.Tensor:
+    """Michel's ``I`` (L, H) on the first ``examples`` training examples (None: all), kept heads at
+    ``xi = 1``, pruned ones at 0 (and given importance 0); per layer L2-normalised when ``normalize``."""
     split, batch_size = state.data.train, state.cfg.train.batch_size
-    n = min(examples, len(split))
+    n = _examples(state, examples)
     xi = keep.to(state.device, torch.float32)
     total, tokens = torch.zeros_like(xi), 0
+    sequence_level = split.labels.dim() == 1  # its decoder reads [CLS]: the last layer reaches the loss there only
     for start in range(0, n, batch_size):
         ids, mask, labels = take(split, torch.arange(start, min(start + batch_size, n)), state.device)
-        total += head_gradients(state.encoder, state.decoder, ids, mask, labels, xi, state.precision).abs()
+        grads = token_gradients(state.encoder, state.decoder, ids, mask, labels, xi, state.precision)  # (L, B, T, H)
+        total += torch.stack([abs_token_sum(layer, mask) for layer in grads])
         tokens += int(mask.sum())
-    importance = (total / tokens).cpu() * keep
+    importance = per_token(total, tokens, n, last_layer_per_example=sequence_level).cpu() * keep
     return normalize_per_layer(importance) if normalize else importance
+
+
+def _examples(state: RunState, examples: int | None) -> int:
+    """How many training examples make the importance: ``examples`` (None: all), at most the split."""
+    return len(state.data.train) if examples is None else min(examples, len(state.data.train))
 
 
 def _evaluate_with(state: RunState, keep: torch.Tensor) -> dict[str, float]:
