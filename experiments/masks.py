@@ -30,6 +30,9 @@ Pieces
   smallest score.
 - IMP (pipelines a and b): ``imp_prune`` / ``next_imp_mask`` per round,
   ``rewind`` back to the pretrained values.
+- The pooler: ``read_pooler(encoder)`` makes a [CLS] classifier read ``pooler_output``, as
+  the reference's ``BertForSequenceClassification`` does, so the pooler's mask matters;
+  ``uses_pooler(encoder, decoder)`` says where it applies.
 - Maps: ``head_density`` (L, H), ``neuron_density`` (L, I), ``role_density``
   (L, 6); ``realised_sparsity``, ``mask_iou``. Storage: ``pack_masks`` /
   ``unpack_masks`` (bit-packed compressed ``.npz``, ~1/32 of fp32 weights).
@@ -46,16 +49,17 @@ A mask-training loop, pipeline (c)::
     masks = scores.binary_masks()
     handle.remove()  # before encoder.state_dict() / RunState.weights()
 
-IMP with rewinding, pipeline (b) (round k ends at sparsity (k + 1) / 10)::
+IMP with rewinding, pipeline (b) (the reference's trainer_imp.py: round k ends at sparsity
+(k + 1) / 10; round 0 prunes the pretrained magnitudes at step 0)::
 
     pretrained = {k: v.clone() for k, v in encoder.state_dict().items()}
     masks = {n: torch.ones_like(lin.weight, dtype=torch.bool) for n, lin in linears.items()}
-    for k in range(9):  # 10 % ... 90 %
-        handle = attach_masks(linears, masks.__getitem__)
-        ...  # fine-tune, weights trainable
-        handle.remove()
+    for k in range(rounds):  # 10 % ... 90 %
         masks = imp_prune({n: lin.weight for n, lin in linears.items()}, masks, k)
-        encoder.load_state_dict(pretrained)  # rewind all; rewind() does the masked matrices only
+        encoder.load_state_dict(pretrained)  # the encoder only: the trained classifier stays
+        handle = attach_masks(linears, masks.__getitem__)
+        ...  # fine-tune one phase, weights trainable (after the last round: the classifier afresh too)
+        handle.remove()
 
 Traps: while attached, ``state_dict()`` keys of a masked Linear are
 ``...parametrizations.weight.original`` (remove before saving weights for
