@@ -94,3 +94,28 @@ def test_dry_run_of_the_stem_cell_example(home, shared_data, capsys):
     assert "33 runs, 33 new, 0 already finished" in out
     assert "27 cells + 6 upstream runs (6 finetune) that 12 runs start from" in out
     assert "27 cells" in example.read_text() and "33 runs in all" in example.read_text()
+
+
+PAPERS = ("he_choi_2021", "kovaleva_2019", "michel_2019", "wang_2022", "liu_2022")
+
+
+def test_the_paper_recipes_are_all_here():
+    folder = Path(__file__).resolve().parents[2] / "examples" / "papers"
+    assert sorted(p.stem for p in folder.glob("*.yaml")) == sorted(PAPERS)
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+def test_paper_recipe_validates_offline_with_its_hub_model(paper, home, shared_data, capsys):
+    """examples/papers/: each paper's protocol at its scale (hub ids, full data, its steps) expands
+    offline, as many runs as its header says, every one on the paper's hub model."""
+    import re
+
+    recipe = Path(__file__).resolve().parents[2] / "examples" / "papers" / f"{paper}.yaml"
+    text = recipe.read_text()
+    runs = int(re.search(r"^# (\d+) runs in all", text, re.M).group(1))
+    models = set(re.findall(r"^\s+model: (\S+/\S+)", text, re.M))
+    assert models, "a paper recipe names the paper's hub model"
+    assert headsweep(["submit", str(recipe), "--dry-run"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{runs} runs, {runs} new, 0 already finished" in out
+    assert all(model in out for model in models) and "minilm-l6" not in out
