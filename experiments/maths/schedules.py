@@ -34,3 +34,17 @@ def cubic_sparsity(step: int, s_init: float, s_final: float, t0: int, tf: int) -
         return s_final
     remaining = 1.0 - (step - t0) / (tf - t0)
     return s_final + (s_init - s_final) * remaining**3
+
+
+def restarted_linear_decay(step: int, period: int, total: int) -> float:
+    """LR multiplier of 0-based ``step`` when a linear decay over ``total`` steps, without warm-up,
+    is rebuilt every ``period`` steps: ``(total - step % period) / total``.
+
+    The reference IMP (trainer_imp.py ``pruning_and_save``) rebuilds its optimiser and
+    ``get_linear_schedule_with_warmup(optimizer, 0, t_total)`` at every pruning, every
+    ``t_total / 10`` steps, so each round decays the lr from 1 to 0.9 only.
+
+    >>> [restarted_linear_decay(s, 2, 10) for s in range(4)]
+    [1.0, 0.9, 1.0, 0.9]
+    """
+    return max(0.0, (total - step % period) / total)

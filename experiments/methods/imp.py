@@ -6,8 +6,10 @@ every layer, and the pooler where the classifier reads it; experiments/masks.py)
 ``sparsity: 0.3`` takes three rounds. As in the reference (hg_transformers/trainer_imp.py
 ``train``), the first round prunes the starting weights' magnitudes at step 0; each later
 round prunes the weights trained for one phase (``train.max_steps`` or ``train.epochs``
-steps, AdamW with warm-up and decay restarted each phase, its state cleared); pruned weights
-stay at zero through the mask, a parametrisation (no model file edited).
+steps, AdamW rebuilt each round: no warm-up, the lr decaying from ``train.lr`` to 0.9 of it,
+the first tenth of a decay over ten phases, as the reference rebuilds its schedule over the
+whole run at every pruning); pruned weights stay at zero through the mask, a parametrisation
+(no model file edited).
 
 Pipelines (DESIGN.md "pipeline"):
 - ``ft_then_prune`` (a): start from a fine-tuned model (an ``init_from`` finetune stage);
@@ -15,9 +17,9 @@ Pipelines (DESIGN.md "pipeline"):
 - ``prune_then_ft`` (b, lottery tickets with rewinding, reference scripts/imp/lt): each round
   prunes, rewinds the ENCODER to the start (the reference ``rewind()`` restores ``bert.*``
   only: the trained classifier stays) and trains one phase; after the last round the
-  subnetwork trains one more phase from the start, encoder and classifier (the reference
-  retrains in a new run: the pretrained model and the seed's initial classifier, the pooler
-  masked). The start is the pretrained model, or with ``rewind_steps`` an early fine-tuning
+  subnetwork trains one more phase from the start, encoder and classifier, with warm-up and
+  decay (the reference retrains in a new run: the pretrained model and the seed's initial
+  classifier, the pooler masked, --warmup_steps 3600). The start is the pretrained model, or with ``rewind_steps`` an early fine-tuning
   checkpoint (an ``init_from`` finetune stage of that many steps). As in the reference's
   ``BertForSequenceClassification``, the classifier reads the pooler, which is pruned with the
   other matrices (``pooler``; BERT/RoBERTa and sentence tasks; ``masks.read_pooler``).
@@ -46,10 +48,12 @@ from experiments.masks import (
     realised_sparsity,
     uses_pooler,
 )
+from experiments.maths.schedules import linear_warmup_decay, restarted_linear_decay
 from experiments.result import RunResult
 from experiments.state import fine_tuning, set_up
 
-VERSION = "2"  # 2: the reference rounds: first prune at step 0, encoder-only rewinding, pooler read and pruned
+VERSION = "2"  # 2: the reference rounds: first prune at step 0, encoder-only rewinding, pooler read and pruned,
+# the lr of a round as the reference rebuilds it (no warm-up, decay to 0.9)
 PIPELINES = ("ft_then_prune", "prune_then_ft")
 SHORT_NAMES = ("sparsity", "pipeline", "loss")
 ROUNDS = 10
@@ -116,6 +120,16 @@ class FixedMasks(nn.Module):
         return {name: self[name] for name in self.names}
 
 
+def phase_lr(step: int, phase: int, rounds: int, retrain: bool, warmup_ratio: float) -> float:
+    """LR multiplier at ``step``: a pruning round's phase decays linearly, without warm-up, as the
+    first tenth of a decay over ``ROUNDS`` phases, rebuilt each round (the reference rebuilds its
+    optimiser and schedule at every pruning: trainer_imp.py ``pruning_and_save``); with ``retrain``
+    the last phase is the reference's retraining run: warm-up (``warmup_ratio``) and decay to 0."""
+    if retrain and step >= (rounds - 1) * phase:
+        return linear_warmup_decay(step - (rounds - 1) * phase, phase, warmup_ratio)
+    return restarted_linear_decay(step, phase, ROUNDS * phase)
+
+
 def run(cfg, ctx: RunContext) -> RunResult:
     tc, hp = cfg.train, cfg.section
     state = set_up(cfg, ctx)  # with init_from: the fine-tuned (a) or early fine-tuned (b) model
@@ -133,7 +147,10 @@ def run(cfg, ctx: RunContext) -> RunResult:
     loss_fn = objective(hp.loss, cfg, ctx, state)
 
     params = list(encoder.parameters()) + list(decoder.parameters())
-    optimizer, scheduler = fine_tuning(state, total, period=phase)  # warm-up and decay within each phase
+    optimizer, _ = fine_tuning(state, total)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: phase_lr(s, phase, rounds, rewinding,
+                                                                                tc.warmup_ratio))
+    state.schedulers["model"] = scheduler
     handle = attach_masks(linears, masks.__getitem__)
 
     def prune(k: int) -> None:

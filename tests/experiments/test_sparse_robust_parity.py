@@ -276,3 +276,26 @@ def test_imp_rewinds_the_encoder_and_keeps_the_trained_classifier(run_chain, mon
         assert all(torch.equal(dec_after[key], value) for key, value in kept.items()), k
         if k < 2:
             assert not all(torch.equal(decoder_before[key], value) for key, value in start_decoder.items())
+
+
+def test_imp_rounds_train_at_the_reference_learning_rate(run_chain, monkeypatch):
+    """trainer_imp.py:431-433 (pruning_and_save rebuilds the optimiser and
+    get_linear_schedule_with_warmup(t_total) at every pruning; the pruning scripts set no
+    --warmup_steps) and optimization.py:52-57: a round of t_total / 10 steps runs the first tenth
+    of the decay, from lr to 0.9 lr; the retraining (a new run) decays to 0 over its own steps."""
+    from experiments.methods import imp
+
+    lrs = []
+    real_update = imp.update
+
+    def spy(loss, optimizer, *args, **kwargs):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        return real_update(loss, optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(imp, "update", spy)
+    phase = 4
+    run_chain(_cfg("imp", train={"warmup_ratio": 0.0}, pipeline="prune_then_ft", sparsity=0.3))
+    t_total = 10 * phase
+    rounds = [1e-3 * _reference_lr_lambda(s, 0, t_total) for s in range(phase)] * 2
+    retrain = [1e-3 * _reference_lr_lambda(s, 0, phase) for s in range(phase)]
+    assert lrs == pytest.approx(rounds + retrain)
