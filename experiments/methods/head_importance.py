@@ -79,7 +79,7 @@ class Config(Section):
     """head_importance's own keys: ``head_importance: {examples: 500, step: 0.05}``."""
 
     examples: int | None = Field(None, gt=0, description="Training examples (the first ones) whose loss gradients "
-                                 "make the importance; None = all (the reference: --compute_head_importance_on_subset 1.0).")
+                                 "make the importance; null = all (the reference: --compute_head_importance_on_subset 1.0).")
     step: float = Field(0.05, ge=0.01, le=0.5, description="Fraction of all heads removed at each pruning step "
                         "(whole percents: 0.05, 0.1, ...; the reference script: 0.05, --prune_percent `seq 5 5 100`).")
     recompute: bool = Field(False, description="Recompute importance on the pruned model before each step (greedy); "
