@@ -5,22 +5,24 @@ still kept, by magnitude within each matrix (Q, K, V, attention output, FFN in a
 every layer, and the pooler where the classifier reads it; experiments/masks.py), so
 ``sparsity: 0.3`` takes three rounds. As in the reference (hg_transformers/trainer_imp.py
 ``train``), the first round prunes the starting weights' magnitudes at step 0; each later
-round prunes the weights trained for one phase (``train.max_steps`` or ``train.epochs``
-steps, AdamW rebuilt each round: no warm-up, the lr decaying from ``train.lr`` to 0.9 of it,
-the first tenth of a decay over ten phases, as the reference rebuilds its schedule over the
-whole run at every pruning); pruned weights stay at zero through the mask, a parametrisation
-(no model file edited).
+round prunes the weights trained for one round: ``round_fraction`` (0.1) of the train
+section's steps (``train.max_steps`` or ``train.epochs``), as the reference prunes every
+``t_total / 10`` steps of one run; AdamW is rebuilt each round, without warm-up, its lr the
+start of a linear decay over the train section's steps (0.1 of it: from ``train.lr`` to 0.9 of
+it), as the reference rebuilds its schedule at every pruning. Pruned weights stay at zero
+through the mask, a parametrisation (no model file edited).
 
 Pipelines (DESIGN.md "pipeline"):
 - ``ft_then_prune`` (a): start from a fine-tuned model (an ``init_from`` finetune stage);
-  each round prunes, then trains one phase from where it is (reference scripts/imp/prune_after_ft).
+  each round prunes, then trains one round from where it is (reference scripts/imp/prune_after_ft).
 - ``prune_then_ft`` (b, lottery tickets with rewinding, reference scripts/imp/lt): each round
   prunes, rewinds the ENCODER to the start (the reference ``rewind()`` restores ``bert.*``
-  only: the trained classifier stays) and trains one phase; after the last round the
-  subnetwork trains one more phase from the start, encoder and classifier, with warm-up and
-  decay (the reference retrains in a new run: the pretrained model and the seed's initial
-  classifier, the pooler masked, --warmup_steps 3600). The start is the pretrained model, or with ``rewind_steps`` an early fine-tuning
-  checkpoint (an ``init_from`` finetune stage of that many steps). As in the reference's
+  only: the trained classifier stays) and trains one round; after the last pruning the
+  subnetwork trains for the whole train section from the start, encoder and classifier, with
+  warm-up and decay (the reference retrains in a new run: the pretrained model and the seed's
+  initial classifier, the pooler masked, --warmup_steps 3600). The start is the pretrained
+  model, or with ``rewind_steps`` an early fine-tuning checkpoint (an ``init_from`` finetune
+  stage of that many steps). As in the reference's
   ``BertForSequenceClassification``, the classifier reads the pooler, which is pruned with the
   other matrices (``pooler``; BERT/RoBERTa and sentence tasks; ``masks.read_pooler``).
 
@@ -53,7 +55,7 @@ from experiments.result import RunResult
 from experiments.state import fine_tuning, set_up
 
 VERSION = "2"  # 2: the reference rounds: first prune at step 0, encoder-only rewinding, pooler read and pruned,
-# the lr of a round as the reference rebuilds it (no warm-up, decay to 0.9)
+# rounds of a tenth of the train section, their lr as the reference rebuilds it (no warm-up, decay to 0.9)
 PIPELINES = ("ft_then_prune", "prune_then_ft")
 SHORT_NAMES = ("sparsity", "pipeline", "loss")
 ROUNDS = 10
@@ -74,6 +76,10 @@ class Config(Section):
         True, description="prune_then_ft: the classifier reads the pooler output tanh(W_p h_[CLS] + b_p), pruned like "
         "every matrix, as the reference's BertForSequenceClassification (BERT/RoBERTa, sentence tasks); false: it "
         "reads [CLS] (our finetune's decoder, so ft_then_prune never reads the pooler).")
+    round_fraction: float = Field(
+        0.1, gt=0, le=1, description="Steps of a pruning round, as a fraction of the train section's (train.max_steps "
+        "or train.epochs): the reference prunes every t_total / 10 steps of one run (save_steps); prune_then_ft's "
+        "retraining after the last round runs the whole train section (the reference's retraining run).")
     rewind_steps: int | None = Field(
         None, gt=0, description="prune_then_ft: rewind to a fine-tune of this many steps (init_from stage) "
         "instead of the pretrained weights.")
@@ -120,14 +126,15 @@ class FixedMasks(nn.Module):
         return {name: self[name] for name in self.names}
 
 
-def phase_lr(step: int, phase: int, rounds: int, retrain: bool, warmup_ratio: float) -> float:
-    """LR multiplier at ``step``: a pruning round's phase decays linearly, without warm-up, as the
-    first tenth of a decay over ``ROUNDS`` phases, rebuilt each round (the reference rebuilds its
-    optimiser and schedule at every pruning: trainer_imp.py ``pruning_and_save``); with ``retrain``
-    the last phase is the reference's retraining run: warm-up (``warmup_ratio``) and decay to 0."""
-    if retrain and step >= (rounds - 1) * phase:
-        return linear_warmup_decay(step - (rounds - 1) * phase, phase, warmup_ratio)
-    return restarted_linear_decay(step, phase, ROUNDS * phase)
+def phase_lr(step: int, round_steps: int, rounds: int, total: int, retrain: bool, warmup_ratio: float) -> float:
+    """LR multiplier at ``step``: each pruning round (``round_steps``) runs the start of a linear decay
+    over ``total`` steps without warm-up, rebuilt at every pruning (the reference rebuilds its optimiser
+    and get_linear_schedule_with_warmup(t_total) in trainer_imp.py ``pruning_and_save``: rounds of
+    t_total / 10 go from lr to 0.9 lr); with ``retrain``, after the last pruning, the reference's
+    retraining run: ``total`` steps of warm-up (``warmup_ratio``) and decay to 0."""
+    if retrain and step >= (rounds - 1) * round_steps:
+        return linear_warmup_decay(step - (rounds - 1) * round_steps, total, warmup_ratio)
+    return restarted_linear_decay(step, round_steps, total)
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
@@ -139,8 +146,10 @@ def run(cfg, ctx: RunContext) -> RunResult:
     pooler_hook = read_pooler(encoder) if pooled else None
     linears = maskable_weights(encoder, pooler=pooled)
     rounds = round(hp.sparsity * ROUNDS)
-    phase = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
-    total = phase * rounds  # rounds - 1 phases between prunings, then the last (b: the retraining)
+    phase = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)  # the train section's
+    round_steps = max(1, round(hp.round_fraction * phase))
+    # a round after each pruning; rewinding retrains the last round's subnetwork for a whole phase
+    total = (rounds - 1) * round_steps + (phase if rewinding else round_steps)
     start = state.weights()  # what rewinding returns to (CPU copies)
     masks = FixedMasks(linears).to(state.device)
     state.interventions["masks"] = masks
@@ -148,8 +157,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     params = list(encoder.parameters()) + list(decoder.parameters())
     optimizer, _ = fine_tuning(state, total)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: phase_lr(s, phase, rounds, rewinding,
-                                                                                tc.warmup_ratio))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: phase_lr(s, round_steps, rounds, phase, rewinding, tc.warmup_ratio))
     state.schedulers["model"] = scheduler
     handle = attach_masks(linears, masks.__getitem__)
 
@@ -168,8 +177,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
         handle = attach_masks(linears, masks.__getitem__)
 
     def step(state, batch) -> dict[str, float]:
-        if state.step % phase == 0 and state.step // phase < rounds:  # a round starts: prune first
-            prune(state.step // phase)
+        if state.step % round_steps == 0 and state.step // round_steps < rounds:  # a round starts: prune first
+            prune(state.step // round_steps)
         ids, mask, labels = batch
         loss = loss_fn(forward_logits(encoder, decoder, ids, mask, tc.precision), labels, state.batch_index)
         return {"loss": update(loss, optimizer, scheduler, params, tc.grad_clip, state.scaler),

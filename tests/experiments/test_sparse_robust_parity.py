@@ -210,7 +210,8 @@ def _with_labels(config, num_labels: int):
 
 
 def _record_imp(run_chain, monkeypatch):
-    """Run imp prune_then_ft at 30 % (3 rounds of 4 steps) on the tiny BERT, recording each
+    """Run imp prune_then_ft at 30 % (3 rounds of 2 steps, a tenth of the train section's 20, then
+    the 20-step retraining) on the tiny BERT, recording each
     pruning (round, step, the weights pruned, the classifier then) and each mask attachment (the
     encoder and classifier then, the mask): the first attachment is the run's, then one per round."""
     from experiments.methods import imp
@@ -237,7 +238,7 @@ def _record_imp(run_chain, monkeypatch):
     monkeypatch.setattr(imp, "set_up", set_up)
     monkeypatch.setattr(imp, "imp_prune", imp_prune)
     monkeypatch.setattr(imp, "attach_masks", attach_masks)
-    cfg = _cfg("imp", pipeline="prune_then_ft", sparsity=0.3)
+    cfg = _cfg("imp", train={"max_steps": 20, "eval_every": 100}, pipeline="prune_then_ft", sparsity=0.3)
     result, _ = run_chain(cfg)
     return record, cfg, result
 
@@ -250,8 +251,8 @@ def test_imp_prunes_the_pretrained_magnitudes_at_step_0(run_chain, monkeypatch):
 
     record, cfg, result = _record_imp(run_chain, monkeypatch)
     encoder, _ = _start(cfg)
-    assert [(k, step) for k, step, _, _ in record["pruned"]] == [(0, 0), (1, 4), (2, 8)]
-    assert result.steps == 12  # the last round's phase is the retraining
+    assert [(k, step) for k, step, _, _ in record["pruned"]] == [(0, 0), (1, 2), (2, 4)]
+    assert result.steps == 4 + 20  # two rounds of t_total / 10, then the retraining of t_total
     _, _, first_weights, _ = record["pruned"][0]
     linears = imp.maskable_weights(encoder)
     assert set(first_weights) == set(linears)  # every layer's six and the pooler
@@ -293,9 +294,10 @@ def test_imp_rounds_train_at_the_reference_learning_rate(run_chain, monkeypatch)
         return real_update(loss, optimizer, *args, **kwargs)
 
     monkeypatch.setattr(imp, "update", spy)
-    phase = 4
-    run_chain(_cfg("imp", train={"warmup_ratio": 0.0}, pipeline="prune_then_ft", sparsity=0.3))
-    t_total = 10 * phase
-    rounds = [1e-3 * _reference_lr_lambda(s, 0, t_total) for s in range(phase)] * 2
-    retrain = [1e-3 * _reference_lr_lambda(s, 0, phase) for s in range(phase)]
+    t_total = 20
+    run_chain(_cfg("imp", train={"warmup_ratio": 0.0, "max_steps": t_total, "eval_every": 100},
+                   pipeline="prune_then_ft", sparsity=0.3))
+    rounds = [1e-3 * _reference_lr_lambda(s, 0, t_total) for s in range(t_total // 10)] * 2
+    retrain = [1e-3 * _reference_lr_lambda(s, 0, t_total) for s in range(t_total)]
     assert lrs == pytest.approx(rounds + retrain)
+    assert rounds[-1] == pytest.approx(0.95e-3)
