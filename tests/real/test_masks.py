@@ -12,6 +12,7 @@ from experiments.tasks import TASKS
 pytestmark = pytest.mark.real
 
 
+@pytest.mark.timeout(1200)  # ~3 min on 2 quiet cores; 10 under a load of 8
 def test_sst2_prune_only_learns_through_the_mask_alone(run_chain):
     """Liu et al.'s pipeline (c) as the reference scripts run it: masks on the frozen pretrained
     MiniLM, the pooler and a random classifier, masked and never trained. 2,000 training phrases,
