@@ -32,6 +32,7 @@ CONFIG = {
 }
 
 
+@pytest.mark.timeout(1200)  # 6 min at a load of 4-6 (231 s of CPU on 2 threads); 10.5 min at a load of 10
 def test_sst2_importance_map_and_finite_differences(run_chain):
     torch.set_num_threads(2)
     cfg = parse_config(copy.deepcopy(CONFIG))
