@@ -24,7 +24,8 @@ demo: venv
 	$(VENV)/bin/headsweep agreement last --across seed
 	@echo "Look at it: .venv/bin/headsweep ui (MLflow, http://127.0.0.1:5000); .venv/bin/headsweep serve (analysis API)"
 
-# The default run stays under 10 minutes on 2 cores (931 tests: 5 min 46 s quiet; 13 min 58 s at load 7-15,
+# The default run stays under 10 minutes on 2 cores (993 tests: 3 min 12 s at load 1-2 on 2026-11-26, 5 min 17 s
+# at load 2-3 beside other work; 931 tests: 5 min 46 s quiet; 13 min 58 s at load 7-15,
 # beside other work; 11 min 27 s at load 3-8 before the test-time cuts of 2026-11-25). The slow tests (a SIGKILLed
 # driver resumed by the supervisor, a stopped one left failed and resumed by hand, a killed worker
 # retried, orphans rerun, GPU packing, two nodes, two homes' heads,
@@ -38,7 +39,7 @@ test-slow: venv
 
 # The real-model lane (tests/real/, in CI after the slow set): one short real-MiniLM run per method
 # family on the shipped data, each asserting what would catch a broken method, and `make demo`'s
-# quoted numbers.
+# quoted numbers: 6 tests, 7 min (424 s) at load 1.5-2.2 on 2026-11-26.
 real: venv
 	$(PY) -m pytest -m real -s -p no:cacheprovider tests/real
 
