@@ -128,10 +128,10 @@ def prune_ffn(
         ffn_in, ffn_out = block.get_submodule(arch.ffn_in), block.get_submodule(arch.ffn_out)
         removed = (~local_keep).nonzero().squeeze(-1) if fold == "removed" else torch.arange(len(local_keep))
         weight = ffn_out.weight.detach()  # (hidden, I_current)
-        fold = weight[:, removed].double() @ values[removed.to(values.device)].to(weight.device).double()
+        shift = weight[:, removed].double() @ values[removed.to(values.device)].to(weight.device).double()
         if ffn_out.bias is None:
             ffn_out.bias = nn.Parameter(torch.zeros_like(weight[:, 0]))
-        ffn_out.bias.add_(fold.to(ffn_out.bias.dtype))  # (hidden,)
+        ffn_out.bias.add_(shift.to(ffn_out.bias.dtype))  # (hidden,)
         kept_index = local_keep.nonzero().squeeze(-1)
         _slice_linear(ffn_in, kept_index, dim=0)
         _slice_linear(ffn_out, kept_index, dim=1)

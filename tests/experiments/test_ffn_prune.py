@@ -75,6 +75,18 @@ def test_sliced_equals_masked(tiny):
     torch.testing.assert_close(_run(pruned, batch), masked, atol=1e-5, rtol=0)
 
 
+def test_sliced_equals_masked_when_every_layer_keeps_some(tiny):
+    """Each listed layer folds its own removed neurons (a second layer that keeps some must not fold
+    its kept ones too: the bug a reused variable once caused, invisible when a layer keeps none)."""
+    model, batch, baseline = tiny
+    generator = torch.Generator().manual_seed(3)
+    keep = {layer: torch.randperm(INNER, generator=generator)[:4] for layer in (0, 1)}
+    masked = _masked(model, batch, keep, baseline)
+    pruned = copy.deepcopy(model)
+    prune_ffn(pruned, keep, baseline)
+    torch.testing.assert_close(_run(pruned, batch), masked, atol=1e-5, rtol=0)
+
+
 def test_folding_every_neuron_would_differ(tiny):
     """The reference code's fold (all neurons' means) double-counts the kept ones."""
     model, batch, baseline = tiny
