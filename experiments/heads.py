@@ -111,15 +111,20 @@ def _gate_heads(
             "head gates are drawn in the backbone's forward pre-hook: call the backbone, "
             "not one of its layers"
         )
-    heads = args[0]  # (B, T, H * D)
+    return _scale_heads(args, handle.gates[layer_index], remaining, head_dim)  # gates (H,)
+
+
+def _scale_heads(args: tuple, gates: torch.Tensor, remaining: torch.Tensor | None, head_dim: int) -> tuple | None:
+    """The pre-hook's new args: head h of ``args[0]`` (B, T, H_kept * D) scaled by ``gates[..., h]``,
+    gates ``(H,)`` or ``(B, T, H)`` over the ORIGINAL heads (``remaining`` picks the kept ones)."""
+    heads = args[0]  # (B, T, H_kept * D)
     if heads.shape[-1] == 0:  # every head of this layer pruned
         return None
-    gates = handle.gates[layer_index]  # (H,)
     if remaining is not None:
-        gates = gates[remaining.to(gates.device)]  # (H_kept,)
+        gates = gates[..., remaining.to(gates.device)]  # (..., H_kept)
     shape = heads.shape
-    per_head = heads.reshape(*shape[:-1], -1, head_dim)  # (B, T, H, D)
-    gated = per_head * gates.to(heads.dtype)[:, None]  # (B, T, H, D) * (H, 1)
+    per_head = heads.reshape(*shape[:-1], -1, head_dim)  # (B, T, H_kept, D)
+    gated = per_head * gates.to(heads.dtype)[..., None]  # * (H_kept, 1) or (B, T, H_kept, 1)
     return (gated.reshape(shape), *args[1:])
 
 
@@ -178,13 +183,7 @@ def _gate_tokens(
     heads = args[0]  # (B, T, H_kept * D)
     xi = values.to(heads.device).expand(*heads.shape[:-1], -1).clone().requires_grad_(True)  # (B, T, H)
     handle.gates[layer_index] = xi
-    if heads.shape[-1] == 0:  # every head of this layer pruned
-        return None
-    gates = xi if remaining is None else xi[..., remaining.to(heads.device)]  # (B, T, H_kept)
-    shape = heads.shape
-    per_head = heads.reshape(*shape[:-1], -1, head_dim)  # (B, T, H_kept, D)
-    gated = per_head * gates.to(heads.dtype)[..., None]  # (B, T, H_kept, D) * (B, T, H_kept, 1)
-    return (gated.reshape(shape), *args[1:])
+    return _scale_heads(args, xi, remaining, head_dim)
 
 
 def prune_heads(model: nn.Module, keep: torch.Tensor) -> nn.Module:
