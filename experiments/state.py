@@ -16,6 +16,7 @@ trajectory, the evaluation steps). Two views of it leave the run:
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,18 +182,19 @@ def adamw(groups: list[tuple[list[nn.Parameter], float]], weight_decay: float) -
     return torch.optim.AdamW(param_groups)
 
 
-def fine_tuning(state: RunState, total: int, period: int | None = None):
+def fine_tuning(state: RunState, total: int, schedule: Callable[[int], float] | None = None):
     """The model's optimiser every fine-tuning method shares, registered as ``state.optimizers``
     / ``state.schedulers["model"]``: AdamW over the encoder (``train.lr``) and the task decoder
-    (``train.decoder_lr``), linear warm-up and decay over ``total`` steps (restarted every
-    ``period`` steps when given: IMP's phases). Returns (optimizer, scheduler)."""
+    (``train.decoder_lr``), the lr multiplied by ``schedule(step)``: by default linear warm-up and
+    decay over ``total`` steps (IMP passes its rounds' schedule). Returns (optimizer, scheduler)."""
     from experiments.maths.schedules import linear_warmup_decay
 
     tc = state.cfg.train
     optimizer = adamw([(list(state.encoder.parameters()), tc.lr), (list(state.decoder.parameters()), tc.decoder_lr)],
                       tc.weight_decay)
-    schedule = (lambda s: linear_warmup_decay(s, total, tc.warmup_ratio)) if period is None else (
-        lambda s: linear_warmup_decay(s % period, period, tc.warmup_ratio))
+    if schedule is None:
+        def schedule(s: int) -> float:
+            return linear_warmup_decay(s, total, tc.warmup_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     state.optimizers["model"], state.schedulers["model"] = optimizer, scheduler
     return optimizer, scheduler

@@ -156,10 +156,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
     loss_fn = objective(hp.loss, cfg, ctx, state)
 
     params = list(encoder.parameters()) + list(decoder.parameters())
-    optimizer, _ = fine_tuning(state, total)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: phase_lr(s, round_steps, rounds, phase, rewinding, tc.warmup_ratio))
-    state.schedulers["model"] = scheduler
+    optimizer, scheduler = fine_tuning(
+        state, total, lambda s: phase_lr(s, round_steps, rounds, phase, rewinding, tc.warmup_ratio))
     handle = attach_masks(linears, masks.__getitem__)
 
     def prune(k: int) -> None:
