@@ -25,8 +25,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from experiments.config import ConfigError, suggest
-from experiments.units import OPEN_THRESHOLD
+from experiments.common.naming import suggest
+from experiments.common.units import OPEN_THRESHOLD
+from experiments.core.sections import ConfigError
 
 FORMATS = ("table", "csv", "parquet", "json")
 AGREEMENT_FORMATS = ("table", "csv", "json")

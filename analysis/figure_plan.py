@@ -34,7 +34,7 @@ from analysis.select import (
     select,
     varying_config,
 )
-from experiments.units import OPEN_THRESHOLD
+from experiments.common.units import OPEN_THRESHOLD
 
 FIGURE_KINDS = ("rgb", "grey", "agreement", "curves", "compare_maps", "pruning", "layers", "perturbation",
                 "ffn_pruning")

@@ -1,7 +1,7 @@
 """Do runs keep the same weights? Intersection over union of stored weight masks.
 
 A ``mask_train`` or ``imp`` run keeps its binary mask as the artifact ``masks.npz`` (one bit
-per weight of every masked matrix, experiments/masks.py) in the orchestrator's store, and its
+per weight of every masked matrix, experiments/interventions/masks.py) in the orchestrator's store, and its
 densities as unit maps (``heads.mask_density``, ...) in the registry. :func:`mask_iou`
 compares the masks of pairs of runs that differ in one axis only:
 
@@ -11,7 +11,7 @@ compares the masks of pairs of runs that differ in one axis only:
   seeds included: a pair shares its seed).
 
 Per pair, the IoU of the kept weights ``|A & B| / |A | B|`` per matrix and pooled over all
-of them (``experiments.masks.mask_iou``), beside what chance gives: two masks drawn at random
+of them (``experiments.interventions.masks.mask_iou``), beside what chance gives: two masks drawn at random
 with the same density per matrix, ``E|A & B| / E|A | B| = p q / (p + q - p q)`` pooled the
 same way. The result averages over pairs, also per layer and matrix role, and per pair of
 values of the axis. The density maps' agreement with its permutation null is
@@ -30,8 +30,8 @@ import numpy as np
 from analysis.loading import SweepData
 from analysis.queries import Filters, QueryError, check_across, strata
 from analysis.select import as_codes, column, group_indices, map_runs, select, value_label
-from experiments.mask_format import chance_iou, read_masks
-from experiments.mask_format import mask_iou as iou_of
+from experiments.common.mask_format import chance_iou, read_masks
+from experiments.common.mask_format import mask_iou as iou_of
 
 DENSITY_MAP = "heads.mask_density"
 """The map every masked run has: which runs have a stored mask to compare."""

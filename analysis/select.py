@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from analysis.loading import AXES, SweepData
-from experiments.naming import suggest
+from experiments.common.naming import suggest
 
 DEFAULT_MAP = "heads.gate"
 COMPANIONS = {"heads.gate": "heads.log_alpha"}

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from analysis import compare, figure_plan, masks, queries, select
 from analysis.loading import AXES, SweepData, load_sweep
 from analysis.select import QueryError
-from experiments.naming import suggest
+from experiments.common.naming import suggest
 from orchestrator import supervisor, sweeps
 from orchestrator.registry import NotFound, Registry
 from orchestrator.status import RUN_DONE

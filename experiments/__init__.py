@@ -1,18 +1,18 @@
 """What ONE run does: models, gates, tasks, methods; ``run(cfg, ctx) -> RunResult``.
 
 Never imports ray, mlflow or sqlalchemy (a test checks it). Names resolve
-lazily so ``import experiments.gates`` stays light.
+lazily so ``import experiments.maths.hard_concrete`` stays light.
 """
 
 import importlib
 
 _EXPORTS = {
-    "ConfigError": "experiments.config",
-    "RunConfig": "experiments.config",
-    "parse_config": "experiments.config",
-    "RunResult": "experiments.result",
-    "RunContext": "experiments.context",
-    "run": "experiments.runner",
+    "ConfigError": "experiments.core.config",
+    "RunConfig": "experiments.core.config",
+    "parse_config": "experiments.core.config",
+    "RunResult": "experiments.core.result",
+    "RunContext": "experiments.core.context",
+    "run": "experiments.core.runner",
 }
 __all__ = list(_EXPORTS)
 

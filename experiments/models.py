@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from experiments.naming import closest
+from experiments.common.naming import closest
 
 RANDOM_PREFIX = "random:"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

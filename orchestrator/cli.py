@@ -18,8 +18,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from experiments.config import ConfigError, apply_overrides, parse_config, read_yaml
-from experiments.naming import suggest
+from experiments.common.naming import suggest
+from experiments.core.sections import ConfigError, read_yaml
 from orchestrator import settings
 from orchestrator.status import RUN_DONE, SWEEP_DONE, RunStatus
 
@@ -50,8 +50,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     A run that starts from other runs (stages: ``init_from``, SP's default fine-tune) runs
     them first, each once: their final weights go to the checkpoint store under their run
     keys, where a later run (or sweep) finds and reuses them."""
+    from experiments.core.config import apply_overrides, parse_config
+    from experiments.core.precision import check_precision
+
     cfg = parse_config(apply_overrides(load_yaml(args.config), args.set or []))
-    from experiments.precision import check_precision
 
     check_precision(cfg, "cpu")  # headsweep run trains on this machine's CPU: fp16 fails here, not after its stages
     _threads(args.threads)
@@ -89,9 +91,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_tracked(cfg, args: argparse.Namespace, store, save: bool):
     """``experiments.run`` of one config with a progress bar and (unless --no-track) an MLflow run;
     its upstreams' weights from ``store``, its own saved there when ``save``."""
-    from experiments.context import RunContext
-    from experiments.runner import run
-    from experiments.tracking import MemoryTracker
+    from experiments.core.context import RunContext
+    from experiments.core.runner import run
+    from experiments.core.tracking import MemoryTracker
 
     tracker, finish = MemoryTracker(), None
     if not args.no_track:
@@ -133,8 +135,8 @@ def _run_tracked(cfg, args: argparse.Namespace, store, save: bool):
 
 def cmd_methods(args: argparse.Namespace) -> int:
     """Every method (or one): VERSION, pipelines, short names, and its keys with defaults and meaning."""
-    from experiments import config_keys as keys
-    from experiments.config import RunConfig
+    from experiments.core import config_keys as keys
+    from experiments.core.config import RunConfig
     from experiments.methods import METHODS
 
     if args.method is not None and args.method not in METHODS:

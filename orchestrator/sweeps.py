@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.config import ConfigError
+from experiments.core.sections import ConfigError
 from orchestrator import cluster, settings
 from orchestrator.grid import check_resources, expand, load_grid
 from orchestrator.registry import NotFound, Registry

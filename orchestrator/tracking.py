@@ -150,7 +150,7 @@ def name_keys(configs: Sequence[Mapping[str, Any]]) -> list[str]:
     """The dotted config keys that vary across a sweep's runs (``head_gates.lambda``,
     ``finetune.loss``), less what the run name shows already and the stages' own keys: what a
     child run's name must add so that no two runs of the sweep share a name."""
-    from experiments.config import STAGE_ROLES, flatten
+    from experiments.core.sections import STAGE_ROLES, flatten
 
     values: dict[str, set[str]] = {}
     for config in configs:
@@ -164,7 +164,7 @@ def name_keys(configs: Sequence[Mapping[str, Any]]) -> list[str]:
 def run_name(cfg, keys: Sequence[str]) -> str:
     """``synthetic-tag-head_gates-dp-seed0-lambda=0.05``: the run's name plus each of ``keys`` it
     has (a method section's key by its short name, ``lambda``; ``train.lr`` whole)."""
-    from experiments.config import flatten
+    from experiments.core.sections import flatten
 
     flat = flatten(cfg.to_dict())
     parts = [f"{key.split('.', 1)[1] if key.split('.', 1)[0] == cfg.method else key}={flat[key]}"

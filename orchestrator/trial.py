@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from ray import tune
 
-from experiments.config import parse_config
-from experiments.context import RunCancelled, RunContext
-from experiments.result import RunResult
-from experiments.tracking import MemoryTracker
+from experiments.core.config import parse_config
+from experiments.core.context import RunCancelled, RunContext
+from experiments.core.result import RunResult
+from experiments.core.tracking import MemoryTracker
 from orchestrator.registry import Registry
 from orchestrator.status import RunStatus
 
@@ -134,7 +134,7 @@ def stage_hooks(claimed: dict[str, Any], checkpoints: str | None) -> dict[str, A
 
 
 def _default_run(cfg, ctx) -> RunResult:
-    from experiments.runner import run
+    from experiments.core.runner import run
 
     return run(cfg, ctx)
 

@@ -5,7 +5,7 @@ import sys
 
 CODE = """
 import sys
-import experiments, experiments.runner, experiments.methods, experiments.models, experiments.heads
+import experiments, experiments.core.runner, experiments.methods, experiments.models, experiments.interventions.heads
 bad = sorted(m for m in ("ray", "mlflow", "sqlalchemy") if m in sys.modules)
 print(",".join(bad))
 """
@@ -20,7 +20,7 @@ ANALYSIS = """
 import sys
 import analysis.cli, analysis.figure_plan, analysis.loading, analysis.queries, analysis.select
 import analysis.service, analysis.stats
-bad = sorted(m for m in ("torch", "mlflow", "experiments.methods", "experiments.runner", "experiments.models")
+bad = sorted(m for m in ("torch", "mlflow", "experiments.methods", "experiments.core.runner", "experiments.models")
              if m in sys.modules)
 print(",".join(bad))
 """

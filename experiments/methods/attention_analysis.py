@@ -45,9 +45,14 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from experiments.attention import record_attention
-from experiments.config import Section
-from experiments.context import RunContext
+from experiments.common.naming import suggest
+from experiments.core.context import RunContext
+from experiments.core.precision import autocast
+from experiments.core.probing import boundary_ids, pretrained, sentence_maps, ud_folder
+from experiments.core.result import RunResult, UnitMap
+from experiments.core.sections import Section
+from experiments.core.state import set_up
+from experiments.interventions.attention import record_attention
 from experiments.maths.probes import (
     PATTERNS,
     POSITIONAL_THRESHOLD,
@@ -66,11 +71,6 @@ from experiments.maths.probes import (
     segments,
 )
 from experiments.methods import finetune
-from experiments.naming import suggest
-from experiments.precision import autocast
-from experiments.probing import boundary_ids, pretrained, sentence_maps, ud_folder
-from experiments.result import RunResult, UnitMap
-from experiments.state import set_up
 from experiments.tasks.dependencies import FILES, UD_RELATIONS, arcs, load_ud_ewt, read_trees
 
 VERSION = "1"

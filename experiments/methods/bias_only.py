@@ -11,8 +11,8 @@ Reports ``accuracy`` and ``loss`` on dev and ``<metric>/<set>`` on each extra ev
 (the shortcut's rate in and out of distribution), ``train_accuracy``, ``train_loss``, every
 ``train.eval_every`` steps and at the end; no maps (it has no model units). The encoder is
 never loaded: only the model's tokenizer, which the task's loader needs. Its weights go on
-(``ctx.save_weights``) as ``decoders.bias.*`` (experiments/bias.py), what a dependant's
-``bias_model: {method: bias_only}`` stage reads with ``experiments.bias.bias_probs``.
+(``ctx.save_weights``) as ``decoders.bias.*`` (experiments/core/bias.py), what a dependant's
+``bias_model: {method: bias_only}`` stage reads with ``experiments.core.bias.bias_probs``.
 
 Named ``bias_only``, not ``bias_model``: ``bias_model`` is the stage role (a top-level key of
 every run config). Runs of a task that defines no bias features fail at validation.
@@ -24,20 +24,20 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from experiments.bias import BiasModel
-from experiments.config import ConfigError, Section
-from experiments.context import RunContext
+from experiments.core.bias import BiasModel
+from experiments.core.context import RunContext
+from experiments.core.result import RunResult
+from experiments.core.sections import ConfigError, Section
+from experiments.core.seeding import derive_seed
 from experiments.maths.losses import task_loss
 from experiments.models import load_tokenizer
-from experiments.result import RunResult
-from experiments.seeding import derive_seed
 from experiments.tasks import TASKS, bias_feature_names
 
 VERSION = "1"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
 BIAS_MODEL = True
-"""Its runs may fill a ``bias_model`` stage: they hand on a bias model (experiments/bias.py)."""
+"""Its runs may fill a ``bias_model`` stage: they hand on a bias model (experiments/core/bias.py)."""
 
 
 class Config(Section):

@@ -4,7 +4,7 @@ AdamW on encoder and decoder with linear warm-up and decay; evaluates every
 ``train.eval_every`` steps. It learns no gates, so it reports no maps; its
 ``open_heads`` is every head. ``loss`` picks the objective: cross-entropy, or a
 debiasing loss with a bias model (and, for ``conf_reg``, a teacher) as stages
-(experiments/debias.py).
+(experiments/core/debias.py).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from experiments.config import Section
-from experiments.context import RunContext
-from experiments.debias import LOSSES, check_loss, loss_stages, objective
-from experiments.loop import forward_logits, num_steps, train_steps, update
-from experiments.result import RunResult
-from experiments.state import fine_tuning, set_up
+from experiments.core.context import RunContext
+from experiments.core.debias import LOSSES, check_loss, loss_stages, objective
+from experiments.core.loop import forward_logits, num_steps, train_steps, update
+from experiments.core.result import RunResult
+from experiments.core.sections import Section
+from experiments.core.state import fine_tuning, set_up
 
 VERSION = "1"
 PIPELINES = ("none",)
@@ -41,7 +41,7 @@ def stage(steps: int | None = None) -> dict[str, dict]:
 
 
 def stages(section: Config) -> dict[str, dict]:
-    """A debiasing loss starts from a bias model (and conf_reg a teacher): experiments/debias.py."""
+    """A debiasing loss starts from a bias model (and conf_reg a teacher): experiments/core/debias.py."""
     return loss_stages(section.loss)
 
 

@@ -6,7 +6,7 @@ SP and the other analyses that start from it; a config's own ``init_from`` wins.
 
 A head is disabled the Kovaleva way: its attention distribution is replaced by the uniform one
 over the non-padding tokens, so its output is the mean of its value vectors
-(``experiments.attention.disable_heads``); a layer is disabled by disabling all its heads. On the
+(``experiments.interventions.attention.disable_heads``); a layer is disabled by disabling all its heads. On the
 first ``examples`` dev examples, in eval mode, each of the ``L * H`` heads and each of the ``L``
 layers is disabled alone and the task metric measured.
 
@@ -28,13 +28,13 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from experiments.attention import disable_heads
-from experiments.config import Section
-from experiments.context import RunContext
-from experiments.loop import evaluate
+from experiments.core.context import RunContext
+from experiments.core.loop import evaluate
+from experiments.core.result import RunResult, UnitMap
+from experiments.core.sections import Section
+from experiments.core.state import RunState, set_up
+from experiments.interventions.attention import disable_heads
 from experiments.methods import finetune
-from experiments.result import RunResult, UnitMap
-from experiments.state import RunState, set_up
 from experiments.tasks import Split
 
 VERSION = "1"

@@ -38,16 +38,17 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from experiments.config import Section
-from experiments.context import RunContext
-from experiments.gates import HeadGates, eval_gates, l0_penalty, open_heads, prob_open
-from experiments.heads import attach_head_gates
-from experiments.loop import evaluate_all, forward_logits, num_steps, train_steps, update
+from experiments.core.context import RunContext
+from experiments.core.loop import evaluate_all, forward_logits, num_steps, train_steps, update
+from experiments.core.result import RunResult, UnitMap
+from experiments.core.sections import Section
+from experiments.core.seeding import generator
+from experiments.core.state import fine_tuning, set_up
+from experiments.interventions.gates import HeadGates
+from experiments.interventions.heads import attach_head_gates
+from experiments.maths.hard_concrete import eval_gates, l0_penalty, open_heads, prob_open
 from experiments.maths.losses import task_loss
 from experiments.methods import finetune
-from experiments.result import RunResult, UnitMap
-from experiments.seeding import generator
-from experiments.state import fine_tuning, set_up
 
 VERSION = "2"  # 2: sparsity evaluates z * keep (learned gates stay heads.gate); SP starts from a finetune stage
 PIPELINES = ("dp", "sp")

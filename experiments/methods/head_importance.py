@@ -52,10 +52,12 @@ from typing import Any
 import torch
 from pydantic import Field, field_validator
 
-from experiments.config import Section
-from experiments.context import RunContext
-from experiments.heads import attach_head_gates, attach_token_gates
-from experiments.loop import evaluate_all, forward_logits, take
+from experiments.core.context import RunContext
+from experiments.core.loop import evaluate_all, forward_logits, take
+from experiments.core.result import RunResult, UnitMap
+from experiments.core.sections import Section
+from experiments.core.state import RunState, set_up
+from experiments.interventions.heads import attach_head_gates, attach_token_gates
 from experiments.maths.head_importance import (
     abs_token_sum,
     least_important,
@@ -65,8 +67,6 @@ from experiments.maths.head_importance import (
 )
 from experiments.maths.losses import task_loss
 from experiments.methods import finetune
-from experiments.result import RunResult, UnitMap
-from experiments.state import RunState, set_up
 
 VERSION = "2"  # 2: |dL/dxi| per example and token (was: of the batch mean); 5 % steps, ranking fixed,
 # floor counts, all training examples by default (the reference's protocol)

@@ -2,7 +2,7 @@
 
 Rounds of 10 % of the original weights: round ``k`` removes ``1 / (10 - k)`` of the weights
 still kept, by magnitude within each matrix (Q, K, V, attention output, FFN in and out of
-every layer, and the pooler where the classifier reads it; experiments/masks.py), so
+every layer, and the pooler where the classifier reads it; experiments/interventions/masks.py), so
 ``sparsity: 0.3`` takes three rounds. As in the reference (hg_transformers/trainer_imp.py
 ``train``), the first round prunes the starting weights' magnitudes at step 0; each later
 round prunes the weights trained for one round: ``round_fraction`` (0.1) of the train
@@ -26,7 +26,7 @@ Pipelines (DESIGN.md "pipeline"):
   ``BertForSequenceClassification``, the classifier reads the pooler, which is pruned with the
   other matrices (``pooler``; BERT/RoBERTa and sentence tasks; ``masks.read_pooler``).
 
-``loss`` is any objective of experiments/debias.py. Reports the evaluation metrics of the
+``loss`` is any objective of experiments/core/debias.py. Reports the evaluation metrics of the
 final model, ``sparsity`` (realised), the mask's density maps (``heads.mask_density``,
 ``neurons.mask_density``, ``weights.mask_density``) and the mask as ``masks.npz``.
 """
@@ -37,11 +37,13 @@ import torch
 from pydantic import Field, field_validator
 from torch import nn
 
-from experiments.config import Section
-from experiments.context import RunContext
-from experiments.debias import LOSSES, check_loss, loss_stages, objective
-from experiments.loop import forward_logits, num_steps, train_steps, update
-from experiments.masks import (
+from experiments.core.context import RunContext
+from experiments.core.debias import LOSSES, check_loss, loss_stages, objective
+from experiments.core.loop import forward_logits, num_steps, train_steps, update
+from experiments.core.result import RunResult
+from experiments.core.sections import Section
+from experiments.core.state import fine_tuning, set_up
+from experiments.interventions.masks import (
     attach_masks,
     imp_prune,
     maskable_weights,
@@ -51,8 +53,6 @@ from experiments.masks import (
     uses_pooler,
 )
 from experiments.maths.schedules import linear_warmup_decay, restarted_linear_decay
-from experiments.result import RunResult
-from experiments.state import fine_tuning, set_up
 
 VERSION = "2"  # 2: the reference rounds: first prune at step 0, encoder-only rewinding, pooler read and pruned,
 # rounds of a tenth of the train section, their lr as the reference rebuilds it (no warm-up, decay to 0.9)
@@ -95,7 +95,7 @@ class Config(Section):
 
 def stages(section: Config) -> dict[str, dict]:
     """ft_then_prune starts from a fine-tune; prune_then_ft with ``rewind_steps`` from an early one;
-    a debiasing loss from a bias model (and a teacher): experiments/debias.py."""
+    a debiasing loss from a bias model (and a teacher): experiments/core/debias.py."""
     upstreams = loss_stages(section.loss)
     if section.pipeline == "ft_then_prune":
         upstreams["init_from"] = {"method": "finetune"}

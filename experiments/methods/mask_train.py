@@ -2,7 +2,7 @@
 
 Every matrix of every layer (Q, K, V, attention output, FFN in and out), the pooler and the
 classifier get real-valued scores ``S``, one per weight; the forward uses ``W * 1[S > tau]``
-with a straight-through gradient to ``S`` (experiments/masks.py: parametrisations, no model
+with a straight-through gradient to ``S`` (experiments/interventions/masks.py: parametrisations, no model
 file edited). As in the reference scripts (``--mask_classifier true --train_classifier false``)
 the classifier is masked and never trained, and it reads the pooler output
 ``tanh(W_p h_[CLS] + b_p)``, as BERT's ``BertForSequenceClassification`` does (``pooler``:
@@ -28,7 +28,7 @@ Pipelines (DESIGN.md "pipeline"):
   pooler, and the subnetwork is fine-tuned from the pretrained values with an unmasked
   classifier (AdamW, warm-up and decay; the reference's retraining: ``--mask_classifier false``).
 
-``loss`` is any objective of experiments/debias.py (its bias model and teacher are stages).
+``loss`` is any objective of experiments/core/debias.py (its bias model and teacher are stages).
 
 Reports the evaluation metrics (per evaluation set), ``sparsity`` (realised, over every
 masked weight), and maps of the fraction of weights kept: ``heads.mask_density`` (L, H),
@@ -43,11 +43,13 @@ from typing import Any
 import torch
 from pydantic import Field, model_validator
 
-from experiments.config import Section
-from experiments.context import RunContext
-from experiments.debias import LOSSES, check_loss, loss_stages, objective
-from experiments.loop import forward_logits, num_steps, train_steps, update
-from experiments.masks import (
+from experiments.core.context import RunContext
+from experiments.core.debias import LOSSES, check_loss, loss_stages, objective
+from experiments.core.loop import forward_logits, num_steps, train_steps, update
+from experiments.core.result import RunResult
+from experiments.core.sections import Section
+from experiments.core.state import fine_tuning, set_up, upstream_weights
+from experiments.interventions.masks import (
     MaskScores,
     attach_masks,
     decoder_linears,
@@ -57,8 +59,6 @@ from experiments.masks import (
     uses_pooler,
 )
 from experiments.maths.schedules import cubic_sparsity, linear_warmup_decay
-from experiments.result import RunResult
-from experiments.state import fine_tuning, set_up, upstream_weights
 
 VERSION = "3"  # 3: the reference protocol: classifier masked and frozen, pooler read and masked, score lr 5e-5
 # with warm-up, decay and clipping, the cubic schedule ending at the last step, the threshold guard
@@ -107,7 +107,7 @@ class Config(Section):
 
 def stages(section: Config) -> dict[str, dict]:
     """ft_then_prune starts from a fine-tune; prune_then_ft from the prune_only run of the same
-    keys (its mask); a debiasing loss from a bias model (and a teacher): experiments/debias.py."""
+    keys (its mask); a debiasing loss from a bias model (and a teacher): experiments/core/debias.py."""
     upstreams = loss_stages(section.loss)
     if section.pipeline == "ft_then_prune":
         upstreams["init_from"] = {"method": "finetune"}

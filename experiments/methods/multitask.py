@@ -21,7 +21,7 @@ linear warm-up and decay over the encoder (``train.lr``) and every decoder
 as in single-task runs, the others from ``decoder:<task>``.
 
 Head gates (``pipeline``; Hard Concrete with the L0 penalty, exactly as head_gates' DP:
-experiments/gates.py, experiments/heads.py):
+experiments/maths/hard_concrete.py, experiments/interventions/heads.py):
 
 - ``none``: no gates, every head open;
 - ``shared``: one gate set for every task; maps ``heads.gate`` and ``heads.log_alpha``;
@@ -59,11 +59,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from experiments.config import ConfigError, Section, TaskConfig
-from experiments.context import RunContext
-from experiments.gates import HeadGates, eval_gates, l0_penalty, open_heads, prob_open
-from experiments.heads import attach_head_gates
-from experiments.loop import (
+from experiments.common.naming import suggest
+from experiments.core.context import RunContext
+from experiments.core.loop import (
     batch_indices,
     evaluate,
     forward_logits,
@@ -72,6 +70,13 @@ from experiments.loop import (
     train_steps,
     update,
 )
+from experiments.core.result import RunResult, UnitMap
+from experiments.core.sections import ConfigError, Section, TaskConfig
+from experiments.core.seeding import derive_seed, generator
+from experiments.core.state import adamw, set_up
+from experiments.interventions.gates import HeadGates
+from experiments.interventions.heads import attach_head_gates
+from experiments.maths.hard_concrete import eval_gates, l0_penalty, open_heads, prob_open
 from experiments.maths.losses import task_loss
 from experiments.maths.schedules import linear_warmup_decay
 from experiments.maths.task_sampling import (
@@ -81,10 +86,6 @@ from experiments.maths.task_sampling import (
     task_schedule,
 )
 from experiments.models import load_tokenizer
-from experiments.naming import suggest
-from experiments.result import RunResult, UnitMap
-from experiments.seeding import derive_seed, generator
-from experiments.state import adamw, set_up
 from experiments.tasks import TASKS, TaskData
 
 VERSION = "1"

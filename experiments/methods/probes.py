@@ -41,8 +41,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from experiments.config import Section
-from experiments.context import RunContext
+from experiments.core.context import RunContext
+from experiments.core.probing import sentence_maps, stage_encoder, ud_folder
+from experiments.core.result import RunResult, UnitMap
+from experiments.core.sections import Section
 from experiments.maths.probes import (
     class_centroids,
     dep_probe_hits,
@@ -53,8 +55,6 @@ from experiments.maths.probes import (
     word_attention,
     word_means,
 )
-from experiments.probing import sentence_maps, stage_encoder, ud_folder
-from experiments.result import RunResult, UnitMap
 from experiments.tasks.dependencies import EncodedTrees, arcs, load_ud_ewt
 from experiments.tasks.ud_pos import LABEL_NAMES as UPOS
 

@@ -69,9 +69,13 @@ import copy
 import torch
 from pydantic import Field
 
-from experiments.config import ConfigError, Section
-from experiments.context import RunContext
-from experiments.loop import evaluate, forward_logits, take
+from experiments.common.naming import suggest
+from experiments.core.context import RunContext
+from experiments.core.loop import evaluate, forward_logits, take
+from experiments.core.result import RunResult
+from experiments.core.sections import ConfigError, Section
+from experiments.core.state import RunState, upstream_weights
+from experiments.interventions.neurons import capture_ffn
 from experiments.maths.predictivity import skill_neuron_mask
 from experiments.maths.transfer import chance_overlap, overlap
 from experiments.methods.skill_neurons import Config as SkillNeurons
@@ -83,10 +87,6 @@ from experiments.methods.skill_neurons import (
     perturbation_check,
 )
 from experiments.models import RANDOM_PREFIX, load_tokenizer
-from experiments.naming import suggest
-from experiments.neurons import capture_ffn
-from experiments.result import RunResult
-from experiments.state import RunState, upstream_weights
 
 VERSION = "2"
 PIPELINES = ("none",)

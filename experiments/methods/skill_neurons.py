@@ -42,14 +42,14 @@
 4. Perturbation (the reference's ``mask.py``): the skill neurons at fraction ``f`` are the top
    ``max(1, int(f * I))`` of EACH layer (``finfo``; multi-class: half from the first subtask,
    filled up from the second); Gaussian noise ``N(0, noise_std^2)`` on them, ONE draw per
-   sequence added at every position (experiments/neurons.py, the reference's
+   sequence added at every position (experiments/interventions/neurons.py, the reference's
    ``randn([B, 3072]) * 0.1``), against as many random neurons per layer (drawn uniformly from
    the layer, so by chance some may be skill neurons), ``f`` in ``perturb_fractions``; the same
    noise stream for both. Metrics ``accuracy_noise_top_<f>`` and ``accuracy_noise_random_<f>``
    (``f`` as written by ``{:g}``: ``accuracy_noise_top_0.01``), next to the unperturbed
    ``accuracy``; the curve is the run's ``perturbation.png``, and ``predictivity_by_layer.png``
    draws each layer's best, 99th-percentile and median neuron.
-5. Pruning (``prune_fraction``, the reference's ``prune.py``; experiments/ffn_prune.py): a sliced
+5. Pruning (``prune_fraction``, the reference's ``prune.py``; experiments/interventions/ffn_prune.py): a sliced
    copy keeping the skill neurons at ``prune_fraction`` in the upper three quarters of the
    layers (reference: 3-11 of 12; MiniLM's 6: 2-5, ``ffn_prune.pruned_layers``), each removed
    neuron replaced by its mean activation folded into the output bias: the mean at the prompt
@@ -86,10 +86,14 @@ import torch
 from pydantic import AfterValidator, Field, field_validator
 from torch import nn
 
-from experiments.config import ConfigError, Section
-from experiments.context import RunContext
-from experiments.ffn_prune import mean_ffn_activations, pruned_layers, pruned_metrics
-from experiments.loop import evaluate, forward_logits, num_steps, train_steps, update
+from experiments.core.context import RunContext
+from experiments.core.loop import evaluate, forward_logits, num_steps, train_steps, update
+from experiments.core.result import RunResult, UnitMap
+from experiments.core.sections import ConfigError, Section
+from experiments.core.seeding import derive_seed, generator
+from experiments.core.state import RunState, set_up
+from experiments.interventions.ffn_prune import mean_ffn_activations, pruned_layers, pruned_metrics
+from experiments.interventions.neurons import capture_ffn, perturb_neurons
 from experiments.maths.losses import task_loss
 from experiments.maths.predictivity import (
     by_layer,
@@ -102,10 +106,6 @@ from experiments.maths.predictivity import (
     subtask_sums,
 )
 from experiments.models import MODELS, RANDOM_PREFIX, load_tokenizer
-from experiments.neurons import capture_ffn, perturb_neurons
-from experiments.result import RunResult, UnitMap
-from experiments.seeding import derive_seed, generator
-from experiments.state import RunState, set_up
 
 
 def _fractions(value: tuple[float, ...]) -> tuple[float, ...]:
@@ -144,7 +144,7 @@ class Config(Section):
     prune_fraction: float | None = Field(
         0.02, gt=0, le=1, description="Neuron pruning (paper: 0.02): keep this fraction of the FFN neurons of each "
         "layer in the upper three quarters (reference: layers 3-11 of 12; MiniLM: 2-5), the skill neurons, fold the "
-        "others' mean activation into the output bias, slice the matrices (experiments/ffn_prune.py) and report "
+        "others' mean activation into the output bias, slice the matrices (experiments/interventions/ffn_prune.py) and report "
         "pruned_<metric>; None = no pruning.")
     prune_baseline: Literal["prompt", "tokens"] = Field(
         "prompt", description="The mean a pruned neuron is replaced by: prompt = its mean over the training set at "
@@ -437,7 +437,7 @@ def _evaluate(state: RunState, model: PromptedEncoder) -> dict[str, float]:
 
 
 def _batches(split, batch_size: int, device: str):
-    from experiments.loop import take
+    from experiments.core.loop import take
 
     for start in range(0, len(split), batch_size):
         yield take(split, torch.arange(start, min(start + batch_size, len(split))), device)
@@ -479,7 +479,7 @@ def find_skill_neurons(model: PromptedEncoder, state: RunState) -> dict[str, tor
 
 
 def _take(split, start: int, batch_size: int, device: str):
-    from experiments.loop import take
+    from experiments.core.loop import take
 
     return take(split, torch.arange(start, min(start + batch_size, len(split))), device)
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from experiments.naming import suggest
+from experiments.common.naming import suggest
 from experiments.tasks import (
     classification,
     sst2,

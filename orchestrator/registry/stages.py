@@ -14,14 +14,16 @@ marked ``blocked`` with the reason instead of being run or failed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, select, update
 
-from experiments.config import RunConfig
 from orchestrator.registry.db import Database, now, retrying
 from orchestrator.registry.schema import Run, RunDep, SweepRun
 from orchestrator.status import RunStatus
+
+if TYPE_CHECKING:  # type hints only: parsing configs (and importing the methods) is the caller's
+    from experiments.core.config import RunConfig
 
 Edge = tuple[str, str, str]
 """(run_key, role, upstream_key)."""

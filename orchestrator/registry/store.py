@@ -8,16 +8,24 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, delete, func, insert, select, update
 
-from experiments.config import RunConfig
-from orchestrator.grid import gc_paused
-from orchestrator.registry.db import NotFound, insert_ignore_batches, key_in, now, retrying
+from orchestrator.registry.db import (
+    NotFound,
+    gc_paused,
+    insert_ignore_batches,
+    key_in,
+    now,
+    retrying,
+)
 from orchestrator.registry.schema import Run, RunDep, RunMap, Sweep, SweepRun
 from orchestrator.registry.stages import StageGraph, dag_summary, edge_rows, with_upstreams
 from orchestrator.status import RunStatus, SweepStatus
+
+if TYPE_CHECKING:  # type hints only: parsing configs (and importing the methods) is the caller's
+    from experiments.core.config import RunConfig
 
 _LIVE_SWEEP = (SweepStatus.SUBMITTED, SweepStatus.RUNNING)
 _BATCH = 2_500

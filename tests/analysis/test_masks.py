@@ -8,8 +8,8 @@ import pytest
 from analysis.loading import load_sweep
 from analysis.masks import mask_iou
 from analysis.select import QueryError
-from experiments.config import parse_config
-from experiments.mask_format import pack_masks
+from experiments.common.mask_format import pack_masks
+from experiments.core.config import parse_config
 from orchestrator.registry import Registry
 
 LAYERS, HEADS, HIDDEN = 2, 4, 8

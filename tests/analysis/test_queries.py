@@ -423,7 +423,7 @@ def test_figure_plan_covers_every_kind(data):
 @pytest.mark.postgres
 def test_load_and_cache_on_postgresql(fresh_pg_database, count_selects):
     """No commit counter on PostgreSQL: every load runs the version query, and a finish shows."""
-    from experiments.config import parse_config
+    from experiments.core.config import parse_config
 
     configs = [parse_config({"model": "minilm-l6", "seed": s, "task": {"name": t}})
                for t in (CLS, TAG) for s in (0, 1, 2)]
@@ -446,7 +446,7 @@ def test_open_heads_without_the_metric_counts_gates_above_the_one_threshold(data
     """Defect 7: the fallback counted gates > 0.5; open means test-time gate > 1e-3 everywhere."""
     from dataclasses import replace
 
-    from experiments.units import OPEN_THRESHOLD
+    from experiments.common.units import OPEN_THRESHOLD
 
     gates = np.array(data.gates)
     gates[:, 0, :] = 0.01  # barely open: open by the papers' definition

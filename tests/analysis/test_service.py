@@ -17,7 +17,7 @@ from schemathesis import GenerationMode
 from analysis import queries
 from analysis.loading import load_sweep
 from analysis.service import build_app
-from experiments.result import UnitMap
+from experiments.core.result import UnitMap
 from orchestrator.registry import Registry
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -295,7 +295,7 @@ def every_kind_sweep(tmp_path_factory):
     """(url, sweep id) of a registry sweep with a figure of every kind: head_gates SP (2 lambdas x 3 seeds)
     and head_importance (3 seeds, a pruning curve) runs that start from the same 3 fine-tunes, and
     skill_neurons runs (3 seeds)."""
-    from experiments.config import parse_config
+    from experiments.core.config import parse_config
 
     rng = np.random.default_rng(5)
     url = f"sqlite:///{tmp_path_factory.mktemp('every_kind') / 'registry.db'}"

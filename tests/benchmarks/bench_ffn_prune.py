@@ -32,7 +32,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from experiments.ffn_prune import (  # noqa: E402
+from experiments.interventions.ffn_prune import (  # noqa: E402
     mask_ffn,
     mean_ffn_activations,
     prune_ffn,

@@ -29,11 +29,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 from experiments import RunContext, parse_config  # noqa: E402
-from experiments.loop import forward_logits, take, update  # noqa: E402
+from experiments.core.loop import forward_logits, take, update  # noqa: E402
+from experiments.core.state import fine_tuning, set_up  # noqa: E402
 from experiments.maths.losses import task_loss  # noqa: E402
 from experiments.methods.head_ablation import ablation_deltas  # noqa: E402
 from experiments.methods.head_importance import head_importance  # noqa: E402
-from experiments.state import fine_tuning, set_up  # noqa: E402
 
 EXAMPLES, TOKENS, BATCH = 500, 64, 32
 CONFIG = {

@@ -28,8 +28,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from experiments.gates import HeadGates, l0_penalty  # noqa: E402
-from experiments.heads import attach_head_gates, prune_heads  # noqa: E402
+from experiments.interventions.gates import HeadGates  # noqa: E402
+from experiments.interventions.heads import attach_head_gates, prune_heads  # noqa: E402
+from experiments.maths.hard_concrete import l0_penalty  # noqa: E402
 from experiments.models import head_layout, load_backbone  # noqa: E402
 
 THREADS = 2

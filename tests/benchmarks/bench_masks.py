@@ -34,8 +34,8 @@ import bench_heads  # noqa: E402  (its batch, timing and interleaving, so the tw
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from experiments.mask_format import pack_masks  # noqa: E402
-from experiments.masks import (  # noqa: E402
+from experiments.common.mask_format import pack_masks  # noqa: E402
+from experiments.interventions.masks import (  # noqa: E402
     MaskScores,
     attach_masks,
     magnitude_mask,

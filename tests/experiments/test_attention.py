@@ -1,4 +1,4 @@
-"""experiments.attention on every tiny architecture: recording, Kovaleva disabling, head contexts."""
+"""experiments.interventions.attention on every tiny architecture: recording, Kovaleva disabling, head contexts."""
 
 import copy
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel
 
-from experiments.attention import disable_heads, head_contexts, record_attention
-from experiments.heads import prune_heads
+from experiments.interventions.attention import disable_heads, head_contexts, record_attention
+from experiments.interventions.heads import prune_heads
 from experiments.models import ARCHITECTURES, MODELS, architecture_of, head_layout, load_backbone
 
 TINY = {MODELS[name].config["model_type"]: name for name in MODELS if name.startswith("tiny-")}

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from experiments import RunContext, run
-from experiments.bias import PREFIX, BiasModel, bias_probs, probs_of
-from experiments.config import ConfigError, TaskConfig, parse_config
+from experiments.core.bias import PREFIX, BiasModel, bias_probs, probs_of
+from experiments.core.config import parse_config
+from experiments.core.sections import ConfigError, TaskConfig
+from experiments.core.tracking import MemoryTracker
 from experiments.methods import METHODS
 from experiments.tasks import TASKS, bias_feature_names, classification
-from experiments.tracking import MemoryTracker
 from orchestrator.grid import expand, parse_grid
 
 SHORTCUT = {"name": "synthetic-shortcut", "num_train": 400, "num_eval": 200, "max_length": 24}

@@ -9,20 +9,11 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from experiments import config_keys as keys
-from experiments.config import (
-    CONFIG_VERSION,
-    ConfigError,
-    RunConfig,
-    Section,
-    apply_overrides,
-    config_class,
-    flatten,
-    parse_config,
-    upgrade_legacy,
-)
+from experiments.common.naming import suggest
+from experiments.core import config_keys as keys
+from experiments.core.config import RunConfig, apply_overrides, config_class, parse_config
+from experiments.core.sections import CONFIG_VERSION, ConfigError, Section, flatten
 from experiments.methods import METHODS, check_method, finetune, head_gates
-from experiments.naming import suggest
 
 DEFAULTS_FILE = Path(__file__).with_name("config_defaults.json")
 
@@ -127,16 +118,6 @@ def test_overrides_address_any_key_and_the_method_short_names():
     assert parse_config({"method": "finetune", "seed": 1}) == parse_config(apply_overrides({}, ["method=finetune", "seed=1"]))
     with pytest.raises(ConfigError, match="key=value"):
         apply_overrides({}, ["train.lr"])
-
-
-def test_a_config_of_revision_0001_upgrades_to_the_method_section():
-    old = {"model": "minilm-l6", "seed": 0, "method": "head_gates", "pipeline": "sp", "sparsity": None,
-           "task": {"name": "synthetic-cls"}, "gates": {"lambda": 0.05, "lr": 0.1, "sp_finetune_steps": None}}
-    cfg = parse_config(upgrade_legacy(old))
-    assert (cfg.section.pipeline, cfg.section.lambda_, cfg.section.lr, cfg.section.sparsity) == ("sp", 0.05, 0.1, None)
-    ft = {"method": "finetune", "pipeline": "none", "sparsity": None, "gates": {"lambda": 0.01}}
-    assert parse_config(upgrade_legacy(ft)) == parse_config({"method": "finetune"})
-    assert upgrade_legacy(cfg.to_dict()) == cfg.to_dict()  # today's shape is left alone
 
 
 def test_one_suggest_for_every_did_you_mean():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from experiments import parse_config
-from experiments.config import ConfigError
-from experiments.debias import loss_stages
+from experiments.core.debias import loss_stages
+from experiments.core.sections import ConfigError
 
 TINY = {
     "model": "tiny-bert", "method": "finetune",

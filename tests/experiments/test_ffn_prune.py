@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from experiments.ffn_prune import (
+from experiments.interventions.ffn_prune import (
     ffn_layout,
     kept_neurons,
     mask_ffn,

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from experiments import gates
-from experiments.gates import (
-    HeadGates,
+from experiments.interventions.gates import HeadGates
+from experiments.maths import hard_concrete as gates
+from experiments.maths.hard_concrete import (
     eval_gates,
     init_log_alpha,
     l0_penalty,

@@ -39,13 +39,13 @@ import pytest
 import torch
 
 from experiments import parse_config
-from experiments.heads import attach_head_gates
-from experiments.loop import forward_logits
+from experiments.core.loop import forward_logits
+from experiments.core.state import RunState, build_decoder
+from experiments.interventions.heads import attach_head_gates
 from experiments.maths.head_importance import pruning_counts
 from experiments.maths.losses import task_loss
 from experiments.methods.head_importance import head_importance
 from experiments.models import load_backbone
-from experiments.state import RunState, build_decoder
 from experiments.tasks import TASKS
 
 TINY = {

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config
-from experiments.attention import disable_heads
-from experiments.config import ConfigError
-from experiments.heads import attach_head_gates
-from experiments.loop import evaluate, evaluate_all, forward_logits
+from experiments.core.loop import evaluate, evaluate_all, forward_logits
+from experiments.core.sections import ConfigError
+from experiments.core.state import RunState, build_decoder, set_up
+from experiments.core.tracking import MemoryTracker
+from experiments.interventions.attention import disable_heads
+from experiments.interventions.heads import attach_head_gates
 from experiments.maths.head_importance import (
     abs_token_sum,
     least_important,
@@ -22,9 +24,7 @@ from experiments.maths.losses import task_loss
 from experiments.methods.head_ablation import first_examples, metrics_with
 from experiments.methods.head_importance import token_gradients
 from experiments.models import load_backbone
-from experiments.state import RunState, build_decoder, set_up
 from experiments.tasks import TASKS
-from experiments.tracking import MemoryTracker
 
 TINY = {
     "model": "tiny-bert",

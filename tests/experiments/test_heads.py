@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel
 
-from experiments.gates import HeadGates
-from experiments.heads import attach_head_gates, kept_heads, prune_heads
+from experiments.interventions.gates import HeadGates
+from experiments.interventions.heads import attach_head_gates, kept_heads, prune_heads
 from experiments.models import ARCHITECTURES, MODELS, architecture_of, head_layout, load_backbone
 
 TINY = {MODELS[name].config["model_type"]: name for name in MODELS if name.startswith("tiny-")}

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from experiments import parse_config
-from experiments.config import ConfigError
-from experiments.masks import unpack_masks
-from experiments.tracking import MemoryTracker
+from experiments.core.sections import ConfigError
+from experiments.core.tracking import MemoryTracker
+from experiments.interventions.masks import unpack_masks
 
 TINY = {
     "model": "tiny-bert",
@@ -47,9 +47,9 @@ def test_mask_train_hits_the_sparsity_of_every_matrix_and_leaves_the_weights_alo
     assert len(masks) == 2 * 6 + 2 and all(m.dtype == torch.bool for m in masks.values())
     # prune_only trains the scores only, never a weight: the encoder is the pretrained one, the
     # classifier its random initialisation (reference: --train_classifier false)
+    from experiments.core.seeding import derive_seed
+    from experiments.core.state import build_decoder
     from experiments.models import load_backbone
-    from experiments.seeding import derive_seed
-    from experiments.state import build_decoder
     from experiments.tasks import TASKS
 
     pretrained, _ = load_backbone(cfg.model, derive_seed(cfg.seed, "model_init"))

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from experiments.mask_format import mask_iou, pack_masks
-from experiments.masks import (
+from experiments.common.mask_format import mask_iou, pack_masks
+from experiments.interventions.masks import (
     ROLES,
     TAU,
     MaskScores,

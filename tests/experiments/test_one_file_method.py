@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from experiments import RunContext, run
-from experiments.config import ConfigError, apply_overrides, parse_config
+from experiments.core.config import apply_overrides, parse_config
+from experiments.core.sections import ConfigError
+from experiments.core.tracking import MemoryTracker
 from experiments.methods import METHODS
-from experiments.tracking import MemoryTracker
 from orchestrator.grid import expand, parse_grid
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "tiny_method.py"

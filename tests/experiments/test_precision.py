@@ -10,15 +10,16 @@ import torch
 from torch import nn
 
 from experiments import RunContext, parse_config, run
-from experiments.config import ConfigError
-from experiments.gates import HeadGates, l0_penalty
-from experiments.heads import attach_head_gates
-from experiments.loop import evaluate_all, forward_logits, take, update
+from experiments.core.loop import evaluate_all, forward_logits, take, update
+from experiments.core.precision import autocast, check_precision, grad_scaler
+from experiments.core.sections import ConfigError
+from experiments.core.state import set_up
+from experiments.core.tracking import MemoryTracker
+from experiments.interventions.gates import HeadGates
+from experiments.interventions.heads import attach_head_gates
+from experiments.maths.hard_concrete import l0_penalty
 from experiments.methods import METHODS
 from experiments.models import architecture_of
-from experiments.precision import autocast, check_precision, grad_scaler
-from experiments.state import set_up
-from experiments.tracking import MemoryTracker
 from orchestrator.registry.stages import with_upstreams
 
 TASK = {"name": "synthetic-cls", "num_train": 32, "num_eval": 16, "max_length": 16}
@@ -66,8 +67,8 @@ def test_precision_is_a_train_key_whose_default_keeps_every_run_key():
 
 
 def test_the_key_is_documented_in_headsweep_methods(capsys):
-    from experiments import config_keys
-    from experiments.config import RunConfig
+    from experiments.core import config_keys
+    from experiments.core.config import RunConfig
     from orchestrator.cli import main
 
     assert main(["methods", "finetune", "--shared"]) == 0
@@ -242,8 +243,8 @@ def _run_chains(configs, linear_dtypes: dict):
 @pytest.fixture
 def _no_pngs(monkeypatch):
     """Skip drawing (about 1 s a figure here): the methods' own tests look at their PNGs."""
-    monkeypatch.setattr("experiments.runner.map_png", lambda *args, **kwargs: b"")
-    monkeypatch.setattr("experiments.runner.gate_map_png", lambda *args, **kwargs: b"")
+    monkeypatch.setattr("experiments.core.runner.map_png", lambda *args, **kwargs: b"")
+    monkeypatch.setattr("experiments.core.runner.gate_map_png", lambda *args, **kwargs: b"")
     for name in ("_perturbation_png", "_by_layer_png"):
         monkeypatch.setattr(f"experiments.methods.skill_neurons.{name}", lambda *args, **kwargs: b"")
 

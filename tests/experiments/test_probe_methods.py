@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from experiments import parse_config
-from experiments.config import ConfigError
+from experiments.core.sections import ConfigError
+from experiments.core.tracking import MemoryTracker
 from experiments.maths.probes import PATTERNS
 from experiments.tasks import dependencies
-from experiments.tracking import MemoryTracker
 
 SMALL = {"fit_sentences": 30, "score_sentences": 15, "max_length": 32, "top_labels": 1}
 FINETUNE = {
@@ -28,7 +28,7 @@ def _one_thread():
 def _no_pngs(monkeypatch):
     """Skip drawing the maps (~1 s each on this machine; these runs report up to 18): the test that
     checks the PNGs draws them."""
-    monkeypatch.setattr("experiments.runner.map_png", lambda *args, **kwargs: b"")
+    monkeypatch.setattr("experiments.core.runner.map_png", lambda *args, **kwargs: b"")
 
 
 CONLLU = """# sent_id = 1

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config, run
-from experiments.config import ConfigError, apply_overrides
+from experiments.core.config import apply_overrides
+from experiments.core.sections import ConfigError
+from experiments.core.tracking import MemoryTracker
 from experiments.maths.transfer import chance_overlap, overlap
-from experiments.tracking import MemoryTracker
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry.stages import with_upstreams
 

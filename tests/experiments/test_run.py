@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config, run
-from experiments.runner import _expected_open
-from experiments.tracking import MemoryTracker
+from experiments.core.runner import _expected_open
+from experiments.core.tracking import MemoryTracker
 
 TINY = {
     "model": "tiny-bert",
@@ -135,7 +135,7 @@ def test_sp_gates_a_fine_tuned_model_with_its_decoder_frozen():
 def test_sparsity_keeps_the_top_heads_by_log_alpha_with_their_learned_gates():
     """Issue 7, defect 1: the fixed-count model is z * keep (a head trained at z ~ 0 is not
     reopened), and the run's gate map stays the learned gates; the kept set is its own map."""
-    from experiments.gates import eval_gates
+    from experiments.maths.hard_concrete import eval_gates
 
     result = run(_cfg(head_gates__sparsity=0.25))
     log_alpha = result.maps["heads.log_alpha"].values
@@ -152,7 +152,7 @@ def test_sparsity_keeps_the_top_heads_by_log_alpha_with_their_learned_gates():
 def test_gate_map_draws_layer_1_on_top_dark_when_open():
     from matplotlib.image import imread
 
-    from experiments.plots import gate_map_png
+    from experiments.core.plots import gate_map_png
 
     gates = np.full((2, 4), 0.5, dtype=np.float32)
     gates[0] = 1.0  # layer 1 open (black), layer 2 half open (grey)

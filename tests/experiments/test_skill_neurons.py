@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config
-from experiments.config import ConfigError
-from experiments.loop import forward_logits, update
+from experiments.core.loop import forward_logits, update
+from experiments.core.sections import ConfigError
+from experiments.core.seeding import derive_seed
+from experiments.core.tracking import MemoryTracker
+from experiments.interventions.neurons import capture_ffn, perturb_neurons
 from experiments.maths.losses import task_loss
 from experiments.methods import skill_neurons
 from experiments.models import load_backbone
-from experiments.neurons import capture_ffn, perturb_neurons
-from experiments.seeding import derive_seed
-from experiments.tracking import MemoryTracker
 
 TINY = {
     "model": "tiny-bert",

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from experiments import parse_config
-from experiments.masks import MaskScores, magnitude_mask
+from experiments.core.seeding import derive_seed
+from experiments.core.state import build_decoder
+from experiments.interventions.masks import MaskScores, magnitude_mask
 from experiments.maths.schedules import cubic_sparsity
 from experiments.models import load_backbone
-from experiments.seeding import derive_seed
-from experiments.state import build_decoder
 from experiments.tasks import TASKS
 
 TINY = {
@@ -154,7 +154,7 @@ def test_prune_only_masks_the_reference_matrices_and_updates_no_weight(run_chain
     """mask_run_glue.py:144 (weight types K, Q, V, AO, I, O, P: P = bert.pooler.dense) and :157-159
     (--mask_classifier true adds `classifier`); maskers.py:578-582, 612 freeze every weight and bias
     of the model (the classifier too with --train_classifier false): only the scores train."""
-    from experiments.masks import unpack_masks
+    from experiments.interventions.masks import unpack_masks
 
     cfg = _cfg("mask_train", sparsity=0.5, lr=0.05, reset_every=2)
     result, store = run_chain(cfg)
@@ -179,7 +179,12 @@ def test_the_classifier_reads_the_masked_pooler_as_bert_for_sequence_classificat
     transformers' BertForSequenceClassification is the same code: ours must give its logits."""
     from transformers import BertForSequenceClassification
 
-    from experiments.masks import attach_masks, maskable_weights, read_pooler, uses_pooler
+    from experiments.interventions.masks import (
+        attach_masks,
+        maskable_weights,
+        read_pooler,
+        uses_pooler,
+    )
 
     encoder, _ = load_backbone("tiny-bert", 0)
     decoder = build_decoder(TASKS["synthetic-cls"], encoder.config.hidden_size, 3, 0).eval()

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config
-from experiments.loop import forward_logits
-from experiments.state import RunState, set_up
+from experiments.core.loop import forward_logits
+from experiments.core.state import RunState, set_up
 
 TINY = {
     "model": "tiny-bert",
@@ -113,7 +113,7 @@ def test_load_state_dict_refuses_a_checkpoint_of_other_objects():
 
 def test_weights_of_a_masked_run_are_the_plain_weights_and_its_interventions():
     """A masked Linear hands on its plain weight under its plain name; interventions go along."""
-    from experiments.masks import MaskScores, attach_masks, maskable_weights
+    from experiments.interventions.masks import MaskScores, attach_masks, maskable_weights
 
     state = _state(0)
     plain = state.weights()

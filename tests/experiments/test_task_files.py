@@ -9,10 +9,11 @@ import torch
 import yaml
 
 from experiments import RunContext, run
-from experiments.config import ConfigError, TaskConfig, parse_config, read_yaml
+from experiments.core.config import parse_config
+from experiments.core.sections import ConfigError, TaskConfig, read_yaml
+from experiments.core.tracking import MemoryTracker
 from experiments.tasks import TASKS, classification, sources, tagging
 from experiments.tasks._common import IGNORE_INDEX
-from experiments.tracking import MemoryTracker
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from experiments.config import parse_config
+from experiments.core.config import parse_config
 from orchestrator import cli, sweeps
 from orchestrator.registry import NotFound, Registry
 

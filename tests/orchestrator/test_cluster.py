@@ -13,7 +13,7 @@ import pytest
 import ray
 import yaml
 
-from experiments.result import RunResult, UnitMap
+from experiments.core.result import RunResult, UnitMap
 from orchestrator import cluster, settings, supervisor, tracking
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry import Registry

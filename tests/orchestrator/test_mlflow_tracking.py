@@ -4,9 +4,10 @@ import mlflow
 import numpy as np
 import pytest
 
-from experiments.config import flatten, parse_config
-from experiments.result import RunResult, UnitMap
-from experiments.runner import log_maps
+from experiments.core.config import parse_config
+from experiments.core.result import RunResult, UnitMap
+from experiments.core.runner import log_maps
+from experiments.core.sections import flatten
 from orchestrator import tracking
 
 
@@ -73,7 +74,7 @@ def test_round_trip_with_a_parent_run_active(store, tmp_path):
 
 def test_child_names_carry_every_axis_that_varies():
     """Two lambdas of a pipeline, three losses of finetune: no two runs share a name."""
-    from experiments.config import parse_config
+    from experiments.core.config import parse_config
     from orchestrator import tracking
 
     configs = [parse_config({"seed": s, "head_gates": {"lambda": lam, "pipeline": p}}, check_files=False)

@@ -15,8 +15,8 @@ import pytest
 import ray
 import yaml
 
-from experiments.result import RunResult
-from experiments.runner import run as real_run
+from experiments.core.result import RunResult
+from experiments.core.runner import run as real_run
 from orchestrator import tracking
 from orchestrator.driver import execute_sweep
 from orchestrator.grid import expand, parse_grid

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from experiments.config import Section
-from experiments.result import RunResult, UnitMap
-from experiments.seeding import derive_seed
+from experiments.core.result import RunResult, UnitMap
+from experiments.core.sections import Section
+from experiments.core.seeding import derive_seed
 
 NAME = "tiny"  # its name in METHODS (else the module's: tiny_method)
 VERSION = "1"

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from experiments import parse_config
+from experiments.core.seeding import derive_seed
+from experiments.core.state import build_decoder
 from experiments.models import load_backbone
-from experiments.seeding import derive_seed
-from experiments.state import build_decoder
 from experiments.tasks import TASKS
 
 pytestmark = pytest.mark.real

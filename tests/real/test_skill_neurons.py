@@ -25,10 +25,10 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config
-from experiments.loop import evaluate
+from experiments.core.loop import evaluate
+from experiments.interventions.neurons import perturb_neurons
 from experiments.maths.predictivity import by_layer, random_like, skill_neuron_mask
 from experiments.methods import skill_neurons
-from experiments.neurons import perturb_neurons
 
 pytestmark = pytest.mark.real
 

@@ -80,9 +80,9 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from experiments.mask_format import pack_masks, read_masks
+from experiments.common.mask_format import pack_masks, read_masks
+from experiments.core.result import RunResult, UnitMap
 from experiments.models import architecture_of
-from experiments.result import RunResult, UnitMap
 
 TAU = 0.01
 """Initial score threshold of mask training (Liu et al.)."""
@@ -478,7 +478,7 @@ def masked_result(cfg, state, metrics: Mapping[str, float], masks: Masks) -> Run
 
 
 # --------------------------------------------------------------------------- storage
-# The format (pack_masks, read_masks) and mask_iou live in experiments/mask_format.py, numpy only,
+# The format (pack_masks, read_masks) and mask_iou live in experiments/common/mask_format.py, numpy only,
 # so analysis reads masks without torch; unpack_masks gives tensors.
 
 

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from experiments.heads import _slice_linear  # the same Linear slicing as head pruning
+from experiments.interventions.heads import _slice_linear  # the same Linear slicing as head pruning
 from experiments.models import architecture_of
 
 _KEPT_ATTR = "_headsweep_kept_neurons"

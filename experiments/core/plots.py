@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from experiments.units import OPEN_THRESHOLD
+from experiments.common.units import OPEN_THRESHOLD
 
 
 def gate_map_png(gates: np.ndarray, title: str, expected_open: float | None = None) -> bytes:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from experiments.tracking import MemoryTracker, Tracker
+from experiments.core.tracking import MemoryTracker, Tracker
 
 __all__ = ["Checkpointer", "RunCancelled", "RunContext", "Tracker"]
 

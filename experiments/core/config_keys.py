@@ -16,8 +16,9 @@ from typing import Any, get_args
 
 from pydantic import BaseModel
 
-from experiments.config import DEFAULT_METHOD, STAGE_ROLES, RunConfig
-from experiments.naming import suggest
+from experiments.common.naming import suggest
+from experiments.core.sections import DEFAULT_METHOD, STAGE_ROLES, SharedConfig
+from experiments.methods import METHODS
 
 ALIASES = {"task": "task.name"}
 """Keys a grid or ``--set`` may write for a longer one, whatever the method."""
@@ -43,25 +44,19 @@ def dotted_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return [key for key, _ in _leaves(model, prefix)]
 
 
-def _methods() -> dict[str, Any]:
-    from experiments.methods import METHODS
-
-    return METHODS
-
-
 def shared_keys() -> list[str]:
     """``seed``, ``model``, ``method``, ``task.*``, ``train.*``."""
-    return dotted_keys(RunConfig)
+    return dotted_keys(SharedConfig)
 
 
 def method_keys(method: str) -> list[str]:
     """The dotted keys of a method's own section (``head_gates.lambda``, ...)."""
-    return dotted_keys(_methods()[method].Config, f"{method}.")
+    return dotted_keys(METHODS[method].Config, f"{method}.")
 
 
 def short_names(method: str) -> tuple[str, ...]:
     """The keys of its section a method lets grids and ``--set`` write without the section."""
-    module = _methods().get(method)
+    module = METHODS.get(method)
     return tuple(getattr(module, "SHORT_NAMES", ())) if module is not None else ()
 
 
@@ -72,15 +67,15 @@ def valid_keys(method: str = DEFAULT_METHOD) -> list[str]:
 
 def all_keys() -> list[str]:
     """Every key a grid may name: shared, every method's section, short names, aliases."""
-    keys = shared_keys() + [k for m in _methods() for k in method_keys(m)]
-    shorts = [s for m in _methods() for s in short_names(m) if s not in keys]
+    keys = shared_keys() + [k for m in METHODS for k in method_keys(m)]
+    shorts = [s for m in METHODS for s in short_names(m) if s not in keys]
     return keys + list(dict.fromkeys(shorts)) + list(ALIASES)
 
 
 def owner(key: str) -> str | None:
     """The method whose section a dotted key addresses (``head_gates.lr`` -> head_gates), else None."""
     head = key.split(".", 1)[0]
-    return head if head in _methods() else None
+    return head if head in METHODS else None
 
 
 def applies(key: str, method: str | None) -> bool:
@@ -93,7 +88,7 @@ def applies(key: str, method: str | None) -> bool:
 
 
 def is_short_name(key: str) -> bool:
-    return any(key in short_names(m) for m in _methods())
+    return any(key in short_names(m) for m in METHODS)
 
 
 def is_known(key: str) -> bool:
@@ -118,7 +113,7 @@ def resolve(key: str, method: str) -> str:
 
 def owners_of(leaf: str) -> list[str]:
     """The methods whose section has a key ``leaf`` (``lambda`` -> [head_gates])."""
-    return [m for m in _methods() if f"{m}.{leaf}" in method_keys(m)]
+    return [m for m in METHODS if f"{m}.{leaf}" in method_keys(m)]
 
 
 def unknown_key(key: str, method: str | None = None) -> str:
@@ -127,7 +122,7 @@ def unknown_key(key: str, method: str | None = None) -> str:
     With ``method`` (a run config, ``--set``) only that run's keys are suggested; without
     (a grid, whose cells may have several methods) every key is.
     """
-    sections = [*SHARED_SECTIONS, method] if method else [*SHARED_SECTIONS, *_methods()]
+    sections = [*SHARED_SECTIONS, method] if method else [*SHARED_SECTIONS, *METHODS]
     choices = (valid_keys(method) + list(short_names(method)) if method else all_keys()) + sections
     leaf = key.rsplit(".", 1)[-1]
     same_leaf = [k for k in choices if k != key and "." in k and k.rsplit(".", 1)[-1] == leaf]
@@ -148,7 +143,7 @@ def _list_item_keys(key: str) -> list[str]:
     """The keys beside ``key`` when it sits in one section of a method's list of sections
     (``multitask.tasks.0.nmae`` -> ``multitask.tasks.0.name``, ...), else []."""
     parts = key.split(".")
-    module = _methods().get(parts[0])
+    module = METHODS.get(parts[0])
     if module is None or len(parts) < 4 or not parts[2].isdigit():
         return []
     field = next((f for name, f in module.Config.model_fields.items() if parts[1] in (name, f.alias)), None)
@@ -158,7 +153,7 @@ def _list_item_keys(key: str) -> list[str]:
 
 def wrong_section(key: str, method: str) -> str | None:
     """The message for another method's section in a run of ``method``, else None."""
-    if key in _methods() and key != method:
+    if key in METHODS and key != method:
         return f"section '{key}' belongs to method '{key}', this run's method is '{method}'"
     return None
 

@@ -30,8 +30,8 @@ from collections.abc import Callable
 
 import torch
 
+from experiments.common.naming import suggest
 from experiments.maths.losses import conf_reg_loss, poe_loss, reweight_loss, task_loss
-from experiments.naming import suggest
 
 LOSSES = {
     "ce": "cross-entropy",
@@ -84,7 +84,7 @@ def objective(loss: str, cfg, ctx, state) -> Objective:
     """The loss function of a run's loop; reads the stages it needs once, here."""
     if loss == "ce":
         return lambda logits, labels, index: task_loss(logits, labels)
-    from experiments.bias import bias_probs
+    from experiments.core.bias import bias_probs
 
     p_b = bias_probs(cfg, ctx, state.data.train).to(state.device)  # (N, C)
     if loss == "poe":
@@ -104,10 +104,10 @@ def _of_label(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def teacher_probs(cfg, ctx, state) -> torch.Tensor:
     """(N, C) probabilities of the run's ``teacher`` stage on every training example: the
     teacher's encoder and task decoder (its final weights) evaluated in eval mode, on CPU."""
-    from experiments.loop import forward_logits, take
+    from experiments.core.loop import forward_logits, take
+    from experiments.core.seeding import derive_seed
+    from experiments.core.state import RunState, build_decoder, upstream_weights
     from experiments.models import load_backbone
-    from experiments.seeding import derive_seed
-    from experiments.state import RunState, build_decoder, upstream_weights
 
     encoder, _ = load_backbone(cfg.model, derive_seed(cfg.seed, "model_init"))
     decoder = build_decoder(state.task, encoder.config.hidden_size, state.data.num_labels, cfg.seed)

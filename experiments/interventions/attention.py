@@ -17,7 +17,7 @@ Voita et al. 2019; He & Choi 2021):
 - ``head_contexts(encoder)``: a context manager yielding a list; after each
   forward pass, one ``(B, T, H, D)`` tensor per layer: every head's attention
   output before the output projection (the input of ``attn_out``, where
-  ``experiments.heads`` gates; gated if gates were attached first), detached.
+  ``experiments.interventions.heads`` gates; gated if gates were attached first), detached.
 
 How, per family (``models.ARCHITECTURES``):
 
@@ -51,7 +51,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from experiments.heads import kept_heads
+from experiments.interventions.heads import kept_heads
 from experiments.models import architecture_of, head_layout
 
 _IMPLEMENTATION = "headsweep"

@@ -12,17 +12,18 @@ from pathlib import Path
 
 import torch
 
-from experiments.config import RunConfig, flatten
-from experiments.context import RunContext
-from experiments.gates import prob_open
-from experiments.masks import ROLES
+from experiments.core.config import RunConfig
+from experiments.core.context import RunContext
+from experiments.core.plots import gate_map_png, map_png
+from experiments.core.precision import check_precision
+from experiments.core.result import RunResult
+from experiments.core.sections import flatten
+from experiments.core.seeding import sub_seeds
+from experiments.core.tracking import Tracker
+from experiments.interventions.masks import ROLES
+from experiments.maths.hard_concrete import prob_open
 from experiments.methods import METHODS
-from experiments.plots import gate_map_png, map_png
-from experiments.precision import check_precision
-from experiments.result import RunResult
-from experiments.seeding import sub_seeds
 from experiments.tasks import TASKS
-from experiments.tracking import Tracker
 
 
 def run(cfg: RunConfig, ctx: RunContext | None = None) -> RunResult:

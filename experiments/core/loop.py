@@ -19,11 +19,11 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from experiments.context import RunContext
+from experiments.core.context import RunContext
+from experiments.core.precision import autocast
+from experiments.core.seeding import derive_seed
+from experiments.core.state import RunState
 from experiments.maths.losses import IGNORE_INDEX, task_loss
-from experiments.precision import autocast
-from experiments.seeding import derive_seed
-from experiments.state import RunState
 from experiments.tasks import Split
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -66,7 +66,7 @@ def take(split: Split, idx: torch.Tensor, device: str) -> Batch:
 def forward_logits(encoder, decoder, input_ids, attention_mask, precision: str = "fp32") -> torch.Tensor:
     """Task logits (B, C) or (B, T, C): the decoder over the encoder's last hidden states.
 
-    The forward runs under ``precision``'s autocast (``train.precision``: experiments/precision.py)
+    The forward runs under ``precision``'s autocast (``train.precision``: experiments/core/precision.py)
     on the inputs' device; bf16/fp16 logits come back as float32, so every loss on them is float32."""
     with autocast(precision, input_ids.device):
         hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, Hd)

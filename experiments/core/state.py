@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from experiments.core.precision import autocast, grad_scaler
+from experiments.core.seeding import derive_seed
 from experiments.models import head_layout, load_backbone
-from experiments.precision import autocast, grad_scaler
-from experiments.seeding import derive_seed
 
 
 @dataclass
@@ -49,7 +49,7 @@ class RunState:
     """Plain values that belong in a checkpoint: ``eval_steps``, a gate ``trajectory``, ..."""
     device: str = "cpu"
     precision: str = "fp32"
-    """``train.precision`` of the run: how its forwards run (``autocast()``, experiments/precision.py)."""
+    """``train.precision`` of the run: how its forwards run (``autocast()``, experiments/core/precision.py)."""
     scaler: torch.amp.GradScaler | None = None
     """fp16's gradient scaler (``loop.update(..., scaler=state.scaler)``); None in fp32 and bf16."""
 

@@ -1,6 +1,6 @@
 """A weight mask as stored and compared, shared by experiments and analysis (numpy only, no torch).
 
-A mask is ``{matrix name: bool (out, in)}``, True = kept (experiments/masks.py). A run's
+A mask is ``{matrix name: bool (out, in)}``, True = kept (experiments/interventions/masks.py). A run's
 mask is kept as ``masks.npz`` (``pack_masks``): each matrix bit-packed, 1 bit per weight, in
 a compressed ``.npz`` with the names and shapes as JSON, ~1/32 of the fp32 weights covered.
 Inputs may be numpy arrays or CPU torch tensors (``np.asarray`` reads both).

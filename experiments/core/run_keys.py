@@ -30,10 +30,12 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
-from experiments.config import CONFIG_VERSION, STAGE_ROLES, RunConfig, TaskConfig, flatten
+from experiments.core.sections import CONFIG_VERSION, STAGE_ROLES, SharedConfig, TaskConfig, flatten
+from experiments.methods import METHODS
+from experiments.tasks import TASKS
 
 
-def run_and_group_key(cfg: RunConfig) -> tuple[str, str]:
+def run_and_group_key(cfg: SharedConfig) -> tuple[str, str]:
     """(run_key, group_key), 16 hex each.
 
     A run with stages hashes its upstreams' keys, not how the stage was written: the run key
@@ -47,22 +49,21 @@ def run_and_group_key(cfg: RunConfig) -> tuple[str, str]:
     return _run_key(material, cfg.seed, upstreams), _hash(group)
 
 
-def reseeded_keys(cfg: RunConfig, seed: int, upstreams: dict[str, RunConfig]) -> tuple[str, str]:
+def reseeded_keys(cfg: SharedConfig, seed: int, upstreams: dict[str, SharedConfig]) -> tuple[str, str]:
     """The keys of ``cfg`` with ``seed`` (and those ``upstreams``), from ``cfg``'s key material:
     only the run key is hashed again, the group key is the same."""
     return _run_key(cfg._key_material, seed, upstreams), cfg.group_key
 
 
-def _run_key(material: dict[str, Any], seed: int, upstreams: dict[str, RunConfig]) -> str:
+def _run_key(material: dict[str, Any], seed: int, upstreams: dict[str, SharedConfig]) -> str:
     keyed = {**material, "config": {**material["config"], "seed": seed}}
     if upstreams:
         keyed["stages"] = {role: up.run_key for role, up in upstreams.items()}
     return _hash(keyed)
 
 
-def key_material(cfg: RunConfig) -> dict[str, Any]:
+def key_material(cfg: SharedConfig) -> dict[str, Any]:
     """What a run key hashes: what the run reads, and nothing else (see the module docstring)."""
-    from experiments.methods import METHODS
     from experiments.tasks import TASKS
 
     defaults = _defaults(type(cfg))
@@ -87,10 +88,9 @@ def key_material(cfg: RunConfig) -> dict[str, Any]:
     return material
 
 
-def extra_tasks(cfg: RunConfig) -> dict[str, TaskConfig]:
+def extra_tasks(cfg: SharedConfig) -> dict[str, TaskConfig]:
     """The task sections a run reads besides ``task``, by dotted key (``multitask.tasks.0``): its
     method's ``extra_tasks(section)``, or none."""
-    from experiments.methods import METHODS
 
     extra = getattr(METHODS[cfg.method], "extra_tasks", None)
     return extra(cfg.section) if extra is not None else {}
@@ -132,7 +132,6 @@ def fingerprints_memoised() -> Iterator[None]:
 
 def task_fingerprint(task: TaskConfig) -> str | None:
     """The task's data content hash, or None for a task without files (or without ``fingerprint``)."""
-    from experiments.tasks import TASKS
 
     fingerprint = getattr(TASKS[task.name], "fingerprint", None)
     if fingerprint is None:
