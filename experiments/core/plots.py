@@ -6,13 +6,13 @@ is safe inside Ray workers and threads.
 
 from __future__ import annotations
 
-import io
 import textwrap
 
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from experiments.common.png import figure_png
 from experiments.common.units import OPEN_THRESHOLD
 
 
@@ -39,9 +39,7 @@ def gate_map_png(gates: np.ndarray, title: str, expected_open: float | None = No
     ax.set_title(f"{title}\n{counts}", fontsize=9)
     fig.colorbar(image, ax=ax, label="gate")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def _wrap(title: str, width_inches: float, fontsize: float = 9) -> str:
@@ -76,6 +74,4 @@ def map_png(values: np.ndarray, title: str, label: str, units: list[str] | None 
     ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=ax, label=label)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return figure_png(fig)

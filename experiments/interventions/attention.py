@@ -51,6 +51,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from experiments.interventions.handles import Handle
 from experiments.interventions.heads import kept_heads
 from experiments.models import architecture_of, head_layout
 
@@ -80,35 +81,13 @@ def record_attention(encoder: nn.Module) -> Iterator[list[torch.Tensor]]:
         _release(encoder)
 
 
-@dataclass
-class DisableHandle:
-    """What ``disable_heads`` returns: ``remove()`` (or leaving its ``with``) re-enables the heads."""
-
-    encoder: nn.Module
-    disabled: torch.Tensor
-    active: bool = True
-
-    def remove(self) -> None:
-        if not self.active:
-            return
-        self.active = False
-        patch = getattr(self.encoder, _PATCH_ATTR)
-        patch.masks = [m for m in patch.masks if m is not self.disabled]
-        _release(self.encoder)
-
-    def __enter__(self) -> DisableHandle:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.remove()
-
-
-def disable_heads(encoder: nn.Module, disabled: torch.Tensor) -> DisableHandle:
+def disable_heads(encoder: nn.Module, disabled: torch.Tensor) -> Handle:
     """Give every head where ``disabled`` (bool ``(L, H)``) is True the uniform attention over real tokens.
 
     The head's output becomes the mean of its value vectors over the non-padding
     tokens, for every query (Kovaleva et al. 2019). Handles stack: a head is
-    disabled while any active handle disables it.
+    disabled while any active handle disables it. ``remove()`` (or leaving its ``with``)
+    re-enables the heads.
     """
     num_layers, num_heads, _ = head_layout(encoder)
     if tuple(disabled.shape) != (num_layers, num_heads):
@@ -116,7 +95,7 @@ def disable_heads(encoder: nn.Module, disabled: torch.Tensor) -> DisableHandle:
     mask = disabled.detach().to(torch.bool).clone()
     patch = _acquire(encoder)
     patch.masks.append(mask)
-    return DisableHandle(encoder, mask)
+    return Handle([partial(_enable, encoder, mask)])
 
 
 @contextmanager
@@ -247,6 +226,13 @@ def _release(encoder: nn.Module) -> None:
         for undo in reversed(patch.undo):
             undo()
         delattr(encoder, _PATCH_ATTR)
+
+
+def _enable(encoder: nn.Module, mask: torch.Tensor) -> None:
+    """Undo one ``disable_heads``: drop its mask (by identity) and release the patch."""
+    patch = getattr(encoder, _PATCH_ATTR)
+    patch.masks = [m for m in patch.masks if m is not mask]
+    _release(encoder)
 
 
 def _install_interface(encoder: nn.Module, patch: _Patch, attentions: list[nn.Module]) -> None:

@@ -32,15 +32,14 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
+from experiments.interventions.handles import Handle
 from experiments.interventions.heads import _slice_linear  # the same Linear slicing as head pruning
 from experiments.models import architecture_of
 
@@ -139,22 +138,10 @@ def prune_ffn(
     setattr(encoder, _KEPT_ATTR, current)
 
 
-@dataclass
-class FFNMaskHandle:
-    """What ``mask_ffn`` returns: ``remove()`` detaches every hook."""
-
-    hooks: list[RemovableHandle] = field(default_factory=list)
-
-    def remove(self) -> None:
-        for hook in self.hooks:
-            hook.remove()
-        self.hooks.clear()
-
-
 def mask_ffn(
     encoder: nn.Module, keep: Mapping[int, torch.Tensor], baseline: Mapping[int, torch.Tensor],
     fold: Fold = "removed",
-) -> FFNMaskHandle:
+) -> Handle:
     """Replace every neuron of a listed layer not in ``keep[l]`` by its baseline; a forward hook.
 
     The masked equivalent of ``prune_ffn`` (same arguments), the reference its
@@ -169,14 +156,14 @@ def mask_ffn(
     _, inner = ffn_layout(encoder)
     current = kept_neurons(encoder)
     layers = encoder.get_submodule(arch.layers)
-    handle = FFNMaskHandle()
+    handle = Handle()
     for layer, new in _keep_masks(encoder, keep).items():
         if (new & ~current[layer]).any():
             raise ValueError(f"keep[{layer}] asks for neurons the model no longer has")
         local_keep = new[current[layer]]  # (I_current,)
         values = _baseline_of(baseline, layer, inner)[current[layer]]  # (I_current,)
         hook = partial(_replace_removed, local_keep, values, fold == "all")
-        handle.hooks.append(layers[layer].get_submodule(arch.ffn_act).register_forward_hook(hook))
+        handle.undo.append(layers[layer].get_submodule(arch.ffn_act).register_forward_hook(hook).remove)
     return handle
 
 

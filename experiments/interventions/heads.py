@@ -32,8 +32,8 @@ from functools import partial
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
+from experiments.interventions.handles import Handle
 from experiments.models import Architecture, architecture_of, head_layout
 
 _KEPT_ATTR = "_headsweep_kept_heads"
@@ -49,19 +49,11 @@ def kept_heads(model: nn.Module) -> torch.Tensor:
 
 
 @dataclass
-class GateHandle:
-    """What ``attach_head_gates`` returns: ``remove()`` detaches every hook.
+class GateHandle(Handle):
+    """What ``attach_head_gates`` returns: a ``Handle`` that also holds ``gates``, the ``(L, H)``
+    gates of the latest forward pass (None before the first)."""
 
-    ``gates`` holds the ``(L, H)`` gates of the latest forward pass (None before the first).
-    """
-
-    hooks: list[RemovableHandle] = field(default_factory=list)
     gates: torch.Tensor | None = None
-
-    def remove(self) -> None:
-        for hook in self.hooks:
-            hook.remove()
-        self.hooks.clear()
 
 
 def attach_head_gates(model: nn.Module, gate_source: Callable[[], torch.Tensor]) -> GateHandle:
@@ -88,12 +80,12 @@ def attach_head_gates(model: nn.Module, gate_source: Callable[[], torch.Tensor])
             )
         handle.gates = gates
 
-    handle.hooks.append(model.register_forward_pre_hook(draw))
+    handle.undo.append(model.register_forward_pre_hook(draw).remove)
     for index, layer in enumerate(model.get_submodule(arch.layers)):
         # None: every head still there, no gather needed on the hot path.
         remaining = None if kept[index].all() else kept[index].nonzero().squeeze(-1)
         hook = partial(_gate_heads, handle, index, remaining, head_dim)
-        handle.hooks.append(layer.get_submodule(arch.attn_out).register_forward_pre_hook(hook))
+        handle.undo.append(layer.get_submodule(arch.attn_out).register_forward_pre_hook(hook).remove)
     return handle
 
 
@@ -129,20 +121,11 @@ def _scale_heads(args: tuple, gates: torch.Tensor, remaining: torch.Tensor | Non
 
 
 @dataclass
-class TokenGateHandle:
-    """What ``attach_token_gates`` returns: ``remove()`` detaches every hook.
+class TokenGateHandle(Handle):
+    """What ``attach_token_gates`` returns: a ``Handle`` that also holds ``gates``, per layer the
+    ``(B, T, H)`` float32 leaves of the latest forward pass (None before the first), each requiring grad."""
 
-    ``gates`` holds, per layer, the ``(B, T, H)`` float32 leaves of the latest forward pass
-    (None before the first), each requiring grad.
-    """
-
-    hooks: list[RemovableHandle] = field(default_factory=list)
     gates: list[torch.Tensor | None] = field(default_factory=list)
-
-    def remove(self) -> None:
-        for hook in self.hooks:
-            hook.remove()
-        self.hooks.clear()
 
 
 def attach_token_gates(model: nn.Module, values: torch.Tensor) -> TokenGateHandle:
@@ -166,7 +149,7 @@ def attach_token_gates(model: nn.Module, values: torch.Tensor) -> TokenGateHandl
     for index, layer in enumerate(model.get_submodule(arch.layers)):
         remaining = None if kept[index].all() else kept[index].nonzero().squeeze(-1)
         hook = partial(_gate_tokens, handle, index, values[index].detach().float(), remaining, head_dim)
-        handle.hooks.append(layer.get_submodule(arch.attn_out).register_forward_pre_hook(hook))
+        handle.undo.append(layer.get_submodule(arch.attn_out).register_forward_pre_hook(hook).remove)
     return handle
 
 

@@ -82,6 +82,7 @@ from torch.nn.utils import parametrize
 
 from experiments.common.mask_format import pack_masks, read_masks
 from experiments.core.result import RunResult, UnitMap
+from experiments.interventions.handles import Handle
 from experiments.models import architecture_of
 
 TAU = 0.01
@@ -146,7 +147,7 @@ def uses_pooler(encoder: nn.Module, decoder: nn.Module) -> bool:
     return getattr(encoder, "pooler", None) is not None and isinstance(decoder, ClassificationDecoder)
 
 
-def read_pooler(encoder: nn.Module) -> torch.utils.hooks.RemovableHandle:
+def read_pooler(encoder: nn.Module) -> Handle:
     """Put the encoder's pooler between it and a [CLS] classifier, as BERT's own
     ``BertForSequenceClassification`` does (``classifier(dropout(pooler_output))``), which the
     reference code trains and masks (its ``P`` matrix: masking/maskers.py ``_bert_roberta_names``).
@@ -165,7 +166,7 @@ def read_pooler(encoder: nn.Module) -> torch.utils.hooks.RemovableHandle:
         output.last_hidden_state = torch.cat([pooled[:, None], hidden[:, 1:]], dim=1)
         return output
 
-    return encoder.register_forward_hook(swap_cls)
+    return Handle([encoder.register_forward_hook(swap_cls).remove])
 
 
 def _only_linear(module: nn.Module, where: str) -> nn.Linear:
@@ -190,14 +191,15 @@ class _MaskedWeight(nn.Module):
 
 
 @dataclass
-class MaskHandle:
-    """What ``attach_masks`` returns; ``remove()`` detaches every parametrisation."""
+class MaskHandle(Handle):
+    """What ``attach_masks`` returns: a ``Handle`` whose ``remove()`` detaches every parametrisation
+    and can bake the masks into the weights."""
 
     linears: dict[str, nn.Linear] = field(default_factory=dict)
 
     def remove(self, bake: bool = False) -> None:
         """Give each Linear back its own ``weight`` Parameter (the same object, untouched);
-        ``bake=True`` writes the masked values ``W * m`` into it first."""
+        ``bake=True`` writes the masked values ``W * m`` into it first. Idempotent."""
         for linear in self.linears.values():
             parametrize.remove_parametrizations(linear, "weight", leave_parametrized=bake)
             # removal re-registers weight after bias; put it back first so state_dict()
@@ -222,7 +224,7 @@ def attach_masks(linears: Mapping[str, nn.Linear], mask_source: Callable[[str], 
             raise ValueError(f"{name} already has a mask attached")
     for name, linear in linears.items():
         parametrize.register_parametrization(linear, "weight", _MaskedWeight(partial(mask_source, name)))
-    return MaskHandle(dict(linears))
+    return MaskHandle(linears=dict(linears))
 
 
 def raw_weight(linear: nn.Linear) -> nn.Parameter:

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
+from experiments.interventions.handles import Handle
 from experiments.models import architecture_of
 
 
@@ -83,20 +83,8 @@ def capture_ffn(encoder: nn.Module, positions: torch.Tensor | slice | None = Non
             handle.remove()
 
 
-@dataclass
-class NoiseHandle:
-    """What :func:`perturb_neurons` returns: ``remove()`` detaches every hook."""
-
-    hooks: list[RemovableHandle] = field(default_factory=list)
-
-    def remove(self) -> None:
-        for hook in self.hooks:
-            hook.remove()
-        self.hooks.clear()
-
-
 def perturb_neurons(encoder: nn.Module, neurons: Mapping[int, torch.Tensor], std: float,
-                    generator: torch.Generator) -> NoiseHandle:
+                    generator: torch.Generator) -> Handle:
     """Add ``N(0, std^2)`` noise to the chosen neurons' activations, one draw per sequence, every forward.
 
     ``neurons``: layer -> LongTensor of neuron indices in that layer (a layer left out, or an
@@ -108,7 +96,7 @@ def perturb_neurons(encoder: nn.Module, neurons: Mapping[int, torch.Tensor], std
     restores the plain model.
     """
     modules = ffn_act_modules(encoder)
-    handle = NoiseHandle()
+    handle = Handle()
     for layer, index in neurons.items():
         if not 0 <= layer < len(modules):
             raise ValueError(f"layer {layer} out of range: the encoder has {len(modules)} layers")
@@ -124,5 +112,5 @@ def perturb_neurons(encoder: nn.Module, neurons: Mapping[int, torch.Tensor], std
             noisy[..., index] += noise[:, None, index]  # (B, 1, k) broadcast over the T positions
             return noisy
 
-        handle.hooks.append(modules[layer].register_forward_hook(hook, prepend=True))  # before any capture
+        handle.undo.append(modules[layer].register_forward_hook(hook, prepend=True).remove)  # before any capture
     return handle

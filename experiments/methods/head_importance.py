@@ -152,12 +152,9 @@ def token_gradients(encoder, decoder, ids, mask, labels, xi: torch.Tensor, preci
     of layer l gated by ``xi[l, h]`` at every token (``heads.attach_token_gates``); the forward in
     ``precision`` (``train.precision``), the gates and their gradient float32. A gate that does not
     reach the loss (a layer with no head left) gets gradient 0."""
-    handle = attach_token_gates(encoder, xi)
-    try:
+    with attach_token_gates(encoder, xi) as handle:
         loss = task_loss(forward_logits(encoder, decoder, ids, mask, precision), labels)
         grads = torch.autograd.grad(loss, handle.gates, allow_unused=True)
-    finally:
-        handle.remove()
     return torch.stack([torch.zeros_like(g) if d is None else d for g, d in zip(handle.gates, grads, strict=True)])
 
 
@@ -186,11 +183,8 @@ def _examples(state: RunState, examples: int | None) -> int:
 def _evaluate_with(state: RunState, keep: torch.Tensor) -> dict[str, float]:
     """Dev metrics (and every evaluation set's) with the heads not in ``keep`` gated to 0."""
     gates = keep.to(state.device, torch.float32)
-    handle = attach_head_gates(state.encoder, lambda: gates)
-    try:
+    with attach_head_gates(state.encoder, lambda: gates):
         return evaluate_all(state)
-    finally:
-        handle.remove()
 
 
 def _pruned(name: str, suffix: str) -> str:

@@ -488,13 +488,10 @@ def noisy_accuracy(model: PromptedEncoder, state: RunState, neurons: dict[int, t
     """Dev accuracy with ``N(0, std^2)`` on those neurons (one draw per sequence, at every position);
     the noise stream ('perturb_noise') starts afresh each call, so two neuron sets see the same draws."""
     noise = torch.Generator(device=state.device).manual_seed(derive_seed(state.cfg.seed, "perturb_noise"))
-    handle = perturb_neurons(model.backbone, neurons, std, noise)
-    try:
+    with perturb_neurons(model.backbone, neurons, std, noise):
         model.eval()
         metrics = evaluate(model, state.decoder, state.data.dev, state.task, state.cfg.train.batch_size,
                            state.device, state.precision)
-    finally:
-        handle.remove()
     return float(metrics["accuracy"])
 
 
@@ -535,7 +532,10 @@ def _npz(found: dict, perturbation: dict, accuracy: float, words: list[str]) -> 
 
 
 def _perturbation_png(perturbation: dict, accuracy: float, std: float, num_neurons: int, title: str) -> bytes:
+    # matplotlib only when drawing: importing the methods (every config check) stays light
     from matplotlib.figure import Figure
+
+    from experiments.common.png import figure_png
 
     x = 100 * np.asarray(perturbation["fractions"])
     fig = Figure(figsize=(5.5, 3.8), dpi=100)
@@ -549,14 +549,14 @@ def _perturbation_png(perturbation: dict, accuracy: float, std: float, num_neuro
     ax.set_title(f"{title}\nperturbation check: Gaussian noise per sequence, std {std:g}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def _by_layer_png(score: np.ndarray, title: str) -> bytes:
     """Per layer: the best neuron's predictivity, the 99th percentile and the median."""
     from matplotlib.figure import Figure
+
+    from experiments.common.png import figure_png
 
     layers = np.arange(1, score.shape[0] + 1)
     fig = Figure(figsize=(5.5, 3.8), dpi=100)
@@ -572,6 +572,4 @@ def _by_layer_png(score: np.ndarray, title: str) -> bytes:
     ax.set_title(f"{title}\nskill-neuron predictivity per layer ({score.shape[1]} FFN neurons each)", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return figure_png(fig)
