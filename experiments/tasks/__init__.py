@@ -4,7 +4,9 @@ Each task module exposes VERSION, KIND ("classification" | "tagging"), METRIC,
 check(cfg), load(cfg, tokenizer) -> TaskData, fingerprint(cfg) -> str | None,
 build_decoder(hidden_size, num_labels) -> nn.Module and
 compute_metrics(logits, labels) -> dict[str, float]. Bump a task's VERSION
-whenever its results would change for the same files.
+whenever its results would change for the same files. A task that reads files gets
+check / load / fingerprint from ``files.file_task`` over its spec, a generated one from
+``_common.generated_task`` over its generator: the glue is written once.
 
 Tasks from your own files (DESIGN.md, decision 11):
 

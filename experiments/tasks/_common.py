@@ -1,5 +1,6 @@
 """Pieces shared by the task modules: data containers, data location, readers,
-random subsets, tokenisation, the two decoders and accuracy.
+random subsets, tokenisation, the two decoders and accuracy, and the glue of the
+generated tasks (``generated_task``).
 
 Every task module is a plain module over these functions; nothing here knows
 about a particular task.
@@ -14,6 +15,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -288,6 +290,26 @@ def load_generated(cfg, tokenizer, generate: Callable, encode, label_names: tupl
     return build_task_data(
         cfg, tokenizer, lambda split: generate(sizes[split], split_seed(cfg.data_seed, split)), encode, label_names,
     )
+
+
+def no_fingerprint(cfg) -> None:
+    """A generated task's fingerprint: None, it reads no files (data_seed and the sizes are in the config)."""
+    return None
+
+
+def generated_task(
+    generate: Callable, encode: Callable, label_names: tuple[str, ...],
+) -> tuple[Callable[[Any], None], Callable[[Any, Any], TaskData], Callable[[Any], None]]:
+    """The task contract's ``check``, ``load`` and ``fingerprint`` of a task that generates its
+    train and dev data: ``generate(n, seed) -> (inputs, labels)``, tokenised by ``encode``
+    (``encode_sentences`` or ``encode_words``); see ``load_generated``."""
+
+    def load(cfg, tokenizer) -> TaskData:
+        """Generate num_train / num_eval examples from data_seed, subset, tokenise."""
+        check_synthetic_sizes(cfg)
+        return load_generated(cfg, tokenizer, generate, encode, label_names)
+
+    return check_synthetic_sizes, load, no_fingerprint
 
 
 def build_task_data(

@@ -58,15 +58,9 @@ from experiments.tasks._common import (
     classification_accuracy,
     encode_sentences,
 )
-from experiments.tasks.labels import check_seen, label_set
-from experiments.tasks.sources import (
-    Source,
-    as_label,
-    file_sources,
-    fingerprint_sources,
-    read_records,
-    suggest,
-)
+from experiments.tasks.files import check_once, eval_set_names, file_task
+from experiments.tasks.labels import read_labelled
+from experiments.tasks.sources import Source, as_label, file_sources, read_records, suggest
 
 VERSION = "1"
 KIND = "classification"
@@ -139,25 +133,17 @@ def read_examples(source: Source, text: tuple[str, ...], label: str) -> Examples
 
 def read_all(s: Spec) -> tuple[dict[str, Examples], tuple[str, ...]]:
     """Every file's examples by role, and the label values in id order; all checks included."""
-    examples = {src.role: read_examples(src, s.text, s.label) for src in s.sources}
-    train_src, train = s.sources[0], examples["train"]
-    values = label_set(zip(train.labels, train.lines, strict=True), s.labels, train_src)
-    seen = set(train.labels)
-    for src in s.sources[1:]:
-        check_seen(zip(examples[src.role].labels, examples[src.role].lines, strict=True), seen, src, train_src)
-    return examples, values
+    return read_labelled(s.sources, lambda source: read_examples(source, s.text, s.label), _label_lines, s.labels)
 
 
-_CHECKED: set[tuple[Spec, str]] = set()
-"""(spec, content hash) pairs already checked: a 1,000-cell grid over the same files reads them once."""
+def _label_lines(examples: Examples):
+    """(label, line) of every example: what the label checks walk."""
+    return zip(examples.labels, examples.lines, strict=True)
 
 
 def check_spec(s: Spec) -> None:
     """Read and check every file of ``s`` unless the same spec over the same content passed before."""
-    key = (s, fingerprint_sources(s.sources))
-    if key not in _CHECKED:
-        read_all(s)
-        _CHECKED.add(key)
+    check_once(s, s.sources, lambda: read_all(s))
 
 
 def load_spec(s: Spec, cfg, tokenizer) -> TaskData:
@@ -168,25 +154,12 @@ def load_spec(s: Spec, cfg, tokenizer) -> TaskData:
     def read_split(role: str) -> tuple[list, list[int]]:
         return examples[role].texts, [ids[label] for label in examples[role].labels]
 
-    names = s.names or values
-    eval_sets = [src.role.removeprefix("eval_sets.") for src in s.sources[2:]]
     features = pair_features if len(s.text) == 2 else None
-    return build_task_data(cfg, tokenizer, read_split, encode_sentences, names, eval_sets, features)
+    return build_task_data(cfg, tokenizer, read_split, encode_sentences, s.names or values, eval_set_names(s.sources),
+                           features)
 
 
-def check(cfg) -> None:
-    """Check the files, columns and labels of the config (cached by content); one-line ValueError."""
-    check_spec(spec(cfg))
-
-
-def load(cfg, tokenizer) -> TaskData:
-    """Train, dev and the named evaluation sets, tokenised (pairs as one sequence pair)."""
-    return load_spec(spec(cfg), cfg, tokenizer)
-
-
-def fingerprint(cfg) -> str:
-    """Content hash (16 hex) of every file the task reads, roles included."""
-    return fingerprint_sources(spec(cfg).sources)
+check, load, fingerprint = file_task(spec, check_spec, load_spec)  # pairs load as one sequence pair
 
 
 build_decoder = ClassificationDecoder  # (hidden_size, num_labels) -> nn.Module

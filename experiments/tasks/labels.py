@@ -9,9 +9,12 @@ how the file happens to be shuffled.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from experiments.tasks.sources import Source, suggest
+
+E = TypeVar("E")
 
 _SHOWN = 8  # labels listed in an error message
 
@@ -62,3 +65,20 @@ def check_seen(pairs: Iterable[tuple[str, int]], seen: set[str], source: Source,
                 f"task.{source.role}: label '{label}' (line {line} of {source.path}) never occurs in "
                 f"the train file {train.path} (its labels: {_listed(label_order(seen))})"
             )
+
+
+def read_labelled(
+    sources: tuple[Source, ...], read: Callable[[Source], E], label_lines: Callable[[E], Iterable[tuple[str, int]]],
+    given: tuple[str, ...] | None,
+) -> tuple[dict[str, E], tuple[str, ...]]:
+    """Every file's examples by role, ``read(source)``, and the label values in id order, with the
+    checks every file task makes: train's labels against ``given`` (``label_set``), every other
+    file's against train's (``check_seen``). ``sources``: train first; ``label_lines(examples)``
+    walks their (label, line) pairs (a label per sentence, or per word)."""
+    examples = {source.role: read(source) for source in sources}
+    train_source, train = sources[0], examples["train"]
+    values = label_set(label_lines(train), given, train_source)
+    seen = {label for label, _ in label_lines(train)}
+    for source in sources[1:]:
+        check_seen(label_lines(examples[source.role]), seen, source, train_source)
+    return examples, values

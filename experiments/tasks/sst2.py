@@ -14,14 +14,8 @@ files, so accuracy here reads higher than published SST-2 dev numbers.
 from __future__ import annotations
 
 from experiments.tasks import classification
-from experiments.tasks._common import (
-    ClassificationDecoder,
-    TaskData,
-    classification_accuracy,
-    require_files,
-    task_data_dir,
-)
-from experiments.tasks.sources import Source, fingerprint_sources
+from experiments.tasks._common import ClassificationDecoder, classification_accuracy
+from experiments.tasks.files import file_task, fixed_sources
 
 VERSION = "1"
 KIND = "classification"
@@ -33,32 +27,13 @@ _FILES = {"train": "train.tsv", "dev": "dev.tsv"}
 
 
 def spec(cfg) -> classification.Spec:
-    """The files, columns and labels of SST-2 as a classification Spec."""
-    folder = task_data_dir(cfg, _SUBDIR)
-    sources = tuple(Source(role, str(folder / name), "tsv") for role, name in _FILES.items())
+    """The files, columns and labels of SST-2 as a classification Spec; FileNotFoundError if
+    train.tsv or dev.tsv is missing."""
+    sources = fixed_sources(cfg, _SUBDIR, _FILES, "tsv")
     return classification.Spec(sources, ("sentence",), "label", labels=("0", "1"), names=LABEL_NAMES)
 
 
-def _require(cfg) -> None:
-    require_files(cfg.name, task_data_dir(cfg, _SUBDIR), list(_FILES.values()))
-
-
-def check(cfg) -> None:
-    """FileNotFoundError if train.tsv or dev.tsv is missing; ValueError for bad content."""
-    _require(cfg)
-    classification.check_spec(spec(cfg))
-
-
-def load(cfg, tokenizer) -> TaskData:
-    """Read, subset (max_train / max_eval, drawn from data_seed) and tokenise both splits."""
-    _require(cfg)
-    return classification.load_spec(spec(cfg), cfg, tokenizer)
-
-
-def fingerprint(cfg) -> str:
-    """Content hash of train.tsv and dev.tsv."""
-    _require(cfg)
-    return fingerprint_sources(spec(cfg).sources)
+check, load, fingerprint = file_task(spec, classification.check_spec, classification.load_spec)
 
 
 build_decoder = ClassificationDecoder  # (hidden_size, num_labels) -> nn.Module

@@ -15,11 +15,9 @@ import random
 
 from experiments.tasks._common import (
     ClassificationDecoder,
-    TaskData,
-    check_synthetic_sizes,
     classification_accuracy,
     encode_sentences,
-    load_generated,
+    generated_task,
 )
 
 VERSION = "1"
@@ -45,16 +43,6 @@ NEGATION = "not"
 NEGATION_RATE = 0.4
 MAX_COUNT = 4  # effective words of the majority polarity: 1..MAX_COUNT
 FILLER_RANGE = (4, 9)
-
-
-def check(cfg) -> None:
-    """Validate num_train / num_eval; nothing to read."""
-    check_synthetic_sizes(cfg)
-
-
-def fingerprint(cfg) -> None:
-    """None: generated data has no files; data_seed and the sizes are in the config."""
-    return None
 
 
 def _sentiment_phrase(rng: random.Random, positive: bool) -> list[str]:
@@ -105,10 +93,7 @@ def balanced_labels(rng: random.Random, n: int) -> list[int]:
     return labels
 
 
-def load(cfg, tokenizer) -> TaskData:
-    """Generate num_train / num_eval sentences from data_seed, subset, tokenise."""
-    check(cfg)
-    return load_generated(cfg, tokenizer, generate, encode_sentences, LABEL_NAMES)
+check, load, fingerprint = generated_task(generate, encode_sentences, LABEL_NAMES)
 
 
 build_decoder = ClassificationDecoder  # (hidden_size, num_labels) -> nn.Module

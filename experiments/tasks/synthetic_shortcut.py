@@ -38,6 +38,7 @@ from experiments.tasks._common import (
     check_synthetic_sizes,
     classification_accuracy,
     encode_sentences,
+    no_fingerprint,
     split_seed,
 )
 from experiments.tasks.synthetic_cls import LABEL_NAMES, balanced_labels, join_chunks, make_chunks
@@ -62,14 +63,7 @@ AGREEMENT = {"train": SHORTCUT_RATE, "dev": SHORTCUT_RATE, "eval_sets.ood": OOD_
 """Agreement of marker and label per split; extra evaluation sets are ``eval_sets.<name>``."""
 
 
-def check(cfg) -> None:
-    """Validate num_train / num_eval; nothing to read."""
-    check_synthetic_sizes(cfg)
-
-
-def fingerprint(cfg) -> None:
-    """None: generated data has no files; data_seed and the sizes are in the config."""
-    return None
+check, fingerprint = check_synthetic_sizes, no_fingerprint  # generated: nothing to read
 
 
 def generate(n: int, seed: int, agreement: float) -> tuple[list[str], list[int]]:

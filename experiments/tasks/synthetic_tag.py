@@ -14,11 +14,9 @@ import random
 
 from experiments.tasks._common import (
     TaggingDecoder,
-    TaskData,
-    check_synthetic_sizes,
     encode_words,
     generate_tagged,
-    load_generated,
+    generated_task,
     tagging_accuracy,
 )
 
@@ -47,16 +45,6 @@ LEXICON: dict[str, tuple[str, tuple[str, ...]]] = {
     "ADP": ("ADP", ("with", "near", "in", "under", "after")),
     "CCONJ": ("CCONJ", ("and", "but", "or")),
 }  # fmt: skip
-
-
-def check(cfg) -> None:
-    """Validate num_train / num_eval; nothing to read."""
-    check_synthetic_sizes(cfg)
-
-
-def fingerprint(cfg) -> None:
-    """None: generated data has no files; data_seed and the sizes are in the config."""
-    return None
 
 
 def _noun_phrase(rng: random.Random) -> list[str]:
@@ -90,10 +78,7 @@ def generate(n: int, seed: int) -> tuple[list[list[str]], list[list[int]]]:
     return generate_tagged(make_example, n, seed)
 
 
-def load(cfg, tokenizer) -> TaskData:
-    """Generate num_train / num_eval sentences from data_seed, subset, tokenise."""
-    check(cfg)
-    return load_generated(cfg, tokenizer, generate, encode_words, LABEL_NAMES)
+check, load, fingerprint = generated_task(generate, encode_words, LABEL_NAMES)
 
 
 build_decoder = TaggingDecoder  # (hidden_size, num_labels) -> nn.Module

@@ -31,14 +31,14 @@ from experiments.tasks._common import (
     encode_words,
     tagging_accuracy,
 )
-from experiments.tasks.labels import check_seen, label_set
+from experiments.tasks.files import check_once, eval_set_names, file_task
+from experiments.tasks.labels import read_labelled
 from experiments.tasks.sources import (
     CONLLU_COLUMNS,
     Source,
     bio_sentences,
     conllu_sentences,
     file_sources,
-    fingerprint_sources,
     read_records,
     suggest,
 )
@@ -139,25 +139,12 @@ def _tag_lines(examples: Examples):
 
 def read_all(s: Spec) -> tuple[dict[str, Examples], tuple[str, ...]]:
     """Every file's sentences by role, and the tag values in id order; all checks included."""
-    examples = {src.role: read_examples(src, s) for src in s.sources}
-    train_src, train = s.sources[0], examples["train"]
-    values = label_set(_tag_lines(train), s.labels, train_src)
-    seen = {tag for tags in train.tags for tag in tags}
-    for src in s.sources[1:]:
-        check_seen(_tag_lines(examples[src.role]), seen, src, train_src)
-    return examples, values
-
-
-_CHECKED: set[tuple[Spec, str]] = set()
-"""(spec, content hash) pairs already checked (see classification._CHECKED)."""
+    return read_labelled(s.sources, lambda source: read_examples(source, s), _tag_lines, s.labels)
 
 
 def check_spec(s: Spec) -> None:
     """Read and check every file of ``s`` unless the same spec over the same content passed before."""
-    key = (s, fingerprint_sources(s.sources))
-    if key not in _CHECKED:
-        read_all(s)
-        _CHECKED.add(key)
+    check_once(s, s.sources, lambda: read_all(s))
 
 
 def load_spec(s: Spec, cfg, tokenizer) -> TaskData:
@@ -168,23 +155,10 @@ def load_spec(s: Spec, cfg, tokenizer) -> TaskData:
     def read_split(role: str) -> tuple[list[list[str]], list[list[int]]]:
         return examples[role].words, [[ids[t] for t in tags] for tags in examples[role].tags]
 
-    eval_sets = [src.role.removeprefix("eval_sets.") for src in s.sources[2:]]
-    return build_task_data(cfg, tokenizer, read_split, encode_words, values, eval_sets)
+    return build_task_data(cfg, tokenizer, read_split, encode_words, values, eval_set_names(s.sources))
 
 
-def check(cfg) -> None:
-    """Check the files, column and tags of the config (cached by content); one-line ValueError."""
-    check_spec(spec(cfg))
-
-
-def load(cfg, tokenizer) -> TaskData:
-    """Train, dev and the named evaluation sets, tokenised (first subword carries the tag)."""
-    return load_spec(spec(cfg), cfg, tokenizer)
-
-
-def fingerprint(cfg) -> str:
-    """Content hash (16 hex) of every file the task reads, roles included."""
-    return fingerprint_sources(spec(cfg).sources)
+check, load, fingerprint = file_task(spec, check_spec, load_spec)  # the first subword carries the tag
 
 
 build_decoder = TaggingDecoder  # (hidden_size, num_labels) -> nn.Module

@@ -37,10 +37,9 @@ from experiments.tasks._common import (
     TaskData,
     build_task_data,
     encode_words,
-    require_files,
     tagging_accuracy,
-    task_data_dir,
 )
+from experiments.tasks.files import check_once, fixed_sources
 from experiments.tasks.sources import CONLLU_COLUMNS, Source, conllu_sentences, fingerprint_sources
 
 VERSION = "1"
@@ -96,39 +95,24 @@ def read_arcs(role: str, path: str) -> tuple[list[list[str]], list[list[int]]]:
 
 
 def _sources(cfg) -> tuple[Source, ...]:
-    folder = task_data_dir(cfg, _SUBDIR)
-    return tuple(Source(role, str(folder / name), "conllu") for role, name in _FILES.items())
-
-
-def _require(cfg) -> None:
-    require_files(cfg.name, task_data_dir(cfg, _SUBDIR), list(_FILES.values()))
-
-
-_CHECKED: set[str] = set()
-"""Content hashes of file pairs already read without error (a grid checks each once)."""
+    """The two CoNLL-U files; FileNotFoundError if either is missing."""
+    return fixed_sources(cfg, _SUBDIR, _FILES, "conllu")
 
 
 def check(cfg) -> None:
     """FileNotFoundError if either CoNLL-U file is missing; ValueError for a bad HEAD (cached by content)."""
-    _require(cfg)
     sources = _sources(cfg)
-    key = fingerprint_sources(sources)
-    if key not in _CHECKED:
-        for source in sources:
-            read_arcs(source.role, source.path)
-        _CHECKED.add(key)
+    check_once("ud-dep", sources, lambda: [read_arcs(source.role, source.path) for source in sources])
 
 
 def load(cfg, tokenizer) -> TaskData:
     """Read, subset (max_train / max_eval sentences, drawn from data_seed) and tokenise."""
-    _require(cfg)
     files = {s.role: s.path for s in _sources(cfg)}
     return build_task_data(cfg, tokenizer, lambda role: read_arcs(role, files[role]), encode_words, LABEL_NAMES)
 
 
 def fingerprint(cfg) -> str:
     """Content hash of the two CoNLL-U files."""
-    _require(cfg)
     return fingerprint_sources(_sources(cfg))
 
 

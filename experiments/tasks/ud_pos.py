@@ -11,14 +11,9 @@ and empty nodes are skipped; each word's first subword carries its tag.
 from __future__ import annotations
 
 from experiments.tasks import tagging
-from experiments.tasks._common import (
-    TaggingDecoder,
-    TaskData,
-    require_files,
-    tagging_accuracy,
-    task_data_dir,
-)
-from experiments.tasks.sources import Source, fingerprint_sources
+from experiments.tasks._common import TaggingDecoder, tagging_accuracy
+from experiments.tasks.files import file_task, fixed_sources
+from experiments.tasks.sources import Source
 
 VERSION = "1"
 KIND = "tagging"
@@ -35,20 +30,12 @@ _FILES = {"train": "en_ewt-ud-dev.conllu", "dev": "en_ewt-ud-test.conllu"}
 
 
 def spec(cfg) -> tagging.Spec:
-    """The files, column and tag set of UD POS as a tagging Spec."""
-    folder = task_data_dir(cfg, _SUBDIR)
-    sources = tuple(Source(role, str(folder / name), "conllu") for role, name in _FILES.items())
-    return tagging.Spec(sources, "upos", labels=LABEL_NAMES)
+    """The files, column and tag set of UD POS as a tagging Spec; FileNotFoundError if either
+    CoNLL-U file is missing."""
+    return tagging.Spec(fixed_sources(cfg, _SUBDIR, _FILES, "conllu"), "upos", labels=LABEL_NAMES)
 
 
-def _require(cfg) -> None:
-    require_files(cfg.name, task_data_dir(cfg, _SUBDIR), list(_FILES.values()))
-
-
-def check(cfg) -> None:
-    """FileNotFoundError if either CoNLL-U file is missing; ValueError for bad content."""
-    _require(cfg)
-    tagging.check_spec(spec(cfg))
+check, load, fingerprint = file_task(spec, tagging.check_spec, tagging.load_spec)
 
 
 def read_upos(path) -> tuple[list[list[str]], list[list[int]]]:
@@ -58,18 +45,6 @@ def read_upos(path) -> tuple[list[list[str]], list[list[int]]]:
     if unknown:
         raise ValueError(f"{path}: UPOS tag(s) {sorted(unknown)} not in the 17 UD tags")
     return examples.words, [[_TAG_ID[t] for t in tags] for tags in examples.tags]
-
-
-def load(cfg, tokenizer) -> TaskData:
-    """Read, subset (max_train / max_eval sentences, drawn from data_seed) and tokenise."""
-    _require(cfg)
-    return tagging.load_spec(spec(cfg), cfg, tokenizer)
-
-
-def fingerprint(cfg) -> str:
-    """Content hash of the two CoNLL-U files."""
-    _require(cfg)
-    return fingerprint_sources(spec(cfg).sources)
 
 
 build_decoder = TaggingDecoder  # (hidden_size, num_labels) -> nn.Module

@@ -276,10 +276,12 @@ def test_conllu_reader_skips_comments_ranges_and_empty_nodes(tmp_path):
 @pytest.mark.parametrize(
     ("name", "first_file"), [("sst2", "train.tsv"), ("ud-pos", "en_ewt-ud-dev.conllu"), ("ud-dep", "en_ewt-ud-dev.conllu")]
 )
-def test_check_names_the_missing_file_and_folder(name, first_file, tmp_path):
-    with pytest.raises(FileNotFoundError) as err:
-        get_task(name).check(make_cfg(name, data_dir=str(tmp_path)))
-    assert first_file in str(err.value) and str(tmp_path) in str(err.value)
+def test_check_load_and_fingerprint_name_the_missing_file_and_folder(name, first_file, tmp_path):
+    task, cfg = get_task(name), make_cfg(name, data_dir=str(tmp_path))
+    for call in (task.check, task.fingerprint, lambda cfg: task.load(cfg, tokenizer=None)):
+        with pytest.raises(FileNotFoundError) as err:
+            call(cfg)
+        assert first_file in str(err.value) and str(tmp_path) in str(err.value)
 
 
 # --------------------------------------------------------------------------- decoders and metrics
