@@ -6,7 +6,7 @@ one file plus one line here, or one file named in ``HEADSWEEP_METHODS`` (below).
 - ``VERSION``: bump it when its results, or a default of its ``Config``, would change;
 - ``PIPELINES``: its pipelines, the first the default (a method with more than one has
   a ``pipeline`` key in its ``Config``, defaulting to the first);
-- ``Config``: its own section, a subclass of ``experiments.core.config.Section`` with a default
+- ``Config``: its own section, a subclass of ``experiments.core.sections.Section`` with a default
   and a description per key; a run config holds it under the method's name
   (``method: head_gates`` + ``head_gates: {lambda: 0.05}``);
 - ``SHORT_NAMES``: keys of its ``Config`` that grids and ``--set`` may write without the
@@ -105,9 +105,9 @@ def check_method(name: str, module: ModuleType) -> None:
         fail("VERSION must be a string and PIPELINES a non-empty tuple")
     config = module.Config
     if not (isinstance(config, type) and issubclass(config, BaseModel)):
-        fail("Config must be a pydantic model (subclass experiments.core.config.Section)")
+        fail("Config must be a pydantic model (subclass experiments.core.sections.Section)")
     if config.model_config.get("extra") != "forbid" or not config.model_config.get("frozen"):
-        fail("Config must be frozen and forbid unknown keys (subclass experiments.core.config.Section)")
+        fail("Config must be frozen and forbid unknown keys (subclass experiments.core.sections.Section)")
     keys = {field.alias or key: field for key, field in config.model_fields.items()}
     for short in getattr(module, "SHORT_NAMES", ()):
         if short not in keys or short in _RESERVED:
