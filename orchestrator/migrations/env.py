@@ -10,7 +10,7 @@ new revision by hand::
     config = alembic_config()
     config.set_main_option("sqlalchemy.url", "sqlite:////tmp/registry-at-head.db")
     command.upgrade(config, "head")
-    command.revision(config, "what changed", autogenerate=True, rev_id="0003")
+    command.revision(config, "what changed", autogenerate=True, rev_id="0007")
 
 then tidy the generated file (orchestrator/migrations/versions/).
 """
@@ -19,14 +19,23 @@ from alembic import context
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
-from orchestrator.registry.schema import Base
+from orchestrator.registry.schema import PREFIX, VERSION_TABLE, Base
 
 config = context.config
 target_metadata = Base.metadata
 
 
+def _ours(name: str | None, type_: str, _parent: object) -> bool:
+    """Autogenerate looks at the registry's tables only (MLflow's may share the database)."""
+    return type_ != "table" or (name or "").startswith(PREFIX)
+
+
 def _configure(**kwargs) -> None:
-    context.configure(target_metadata=target_metadata, compare_type=True, render_as_batch=True, **kwargs)
+    # the version table: hs_alembic_version, or alembic_version for a registry before revision 0006
+    # (orchestrator/registry/db.py moves the row)
+    context.configure(target_metadata=target_metadata, compare_type=True, render_as_batch=True,
+                      version_table=config.attributes.get("version_table", VERSION_TABLE),
+                      include_name=_ours, **kwargs)
 
 
 def run_offline() -> None:

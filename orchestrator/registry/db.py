@@ -2,7 +2,8 @@
 
 SQLite (a file, WAL, safe with several writing processes) by default, PostgreSQL
 by URL. Opening a :class:`Database` upgrades the schema to the newest Alembic
-revision (``orchestrator/migrations``). Every public registry method is one
+revision (``orchestrator/migrations``; the revision in ``hs_alembic_version``, the tables
+prefixed ``hs_``: MLflow may share the database). Every public registry method is one
 transaction (``_read`` or ``_write``), retried on transient errors by
 :func:`retrying` (``orchestrator/retry.py``: a lock, a deadlock, a PostgreSQL restart).
 Times are naive UTC, written by the caller's clock (heartbeats and the orphan cut-off
@@ -44,6 +45,7 @@ from sqlalchemy.pool import StaticPool
 
 from experiments.core.sections import ConfigError
 from orchestrator import retry
+from orchestrator.registry.schema import VERSION_TABLE, Base
 
 _MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
 _PG_MIGRATION_LOCK = 0x68656164  # pg_advisory_xact_lock key: one migrator at a time
@@ -118,11 +120,18 @@ def make_engine(url: str) -> Engine:
 # --------------------------------------------------------------------------- migrations
 
 
-def alembic_config(connection: Connection | None = None) -> Any:
+_LEGACY_VERSION_TABLE = "alembic_version"
+_LEGACY_REVISIONS = frozenset({"0001", "0002", "0003", "0004", "0005"})
+"""Revisions from before the table prefix (0006): a registry at one of them keeps its revision in
+``alembic_version``, the table MLflow keeps its own in (never one of these)."""
+
+
+def alembic_config(connection: Connection | None = None, version_table: str = VERSION_TABLE) -> Any:
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(_MIGRATIONS))
+    config.attributes["version_table"] = version_table
     if connection is not None:
         config.attributes["connection"] = connection
     return config
@@ -137,16 +146,26 @@ def head_revision() -> str:
     return head
 
 
-def current_revision(connection: Connection) -> str | None:
+def _stored_revision(connection: Connection, version_table: str) -> str | None:
     from alembic.runtime.migration import MigrationContext
 
-    return MigrationContext.configure(connection).get_current_revision()
+    return MigrationContext.configure(connection, opts={"version_table": version_table}).get_current_revision()
+
+
+def current_revision(connection: Connection) -> str | None:
+    """The registry's schema revision (None: no registry here yet), wherever that revision keeps it."""
+    revision = _stored_revision(connection, VERSION_TABLE)
+    if revision is None and (legacy := _stored_revision(connection, _LEGACY_VERSION_TABLE)) in _LEGACY_REVISIONS:
+        return legacy
+    return revision
+
+
+def _version_table(revision: str | None) -> str:
+    return _LEGACY_VERSION_TABLE if revision in _LEGACY_REVISIONS else VERSION_TABLE
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Bring the database to ``revision`` (one migrator at a time; a no-op when current)."""
-    from alembic import command
-
     target = head_revision() if revision == "head" else revision
     with engine.connect() as connection:
         current = current_revision(connection)
@@ -157,7 +176,35 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             f"the registry at {engine.url.render_as_string(hide_password=True)} is at schema revision {current}, "
             f"newer than this code knows (up to {head_revision()}): a newer checkout of headsweep upgraded it; "
             "run that checkout's headsweep, or update this one")
-    _migrate(engine, lambda config: command.upgrade(config, revision))
+    _migrate(engine, lambda connection: _upgrade(connection, target))
+
+
+def _upgrade(connection: Connection, target: str) -> None:
+    """Under the migration lock: a new registry gets today's tables at once (Alembic's recipe for
+    a fresh database; revision 0001 would create a ``runs`` table that clashes with MLflow's in a
+    shared database), an existing one the revisions it lacks, its version row moved first if it
+    was kept in ``alembic_version``."""
+    from alembic import command
+
+    current = current_revision(connection)  # again: another migrator may have done it meanwhile
+    if current == target:
+        return
+    if current is None and target == head_revision():
+        Base.metadata.create_all(connection)
+        command.stamp(alembic_config(connection), target)
+        return
+    table = _version_table(target if current is None else current)
+    if table != _version_table(target):
+        _move_version(connection, table, _version_table(target))
+    command.upgrade(alembic_config(connection, _version_table(target)), target)
+
+
+def _move_version(connection: Connection, source: str, target: str) -> None:
+    """The registry's revision from version table ``source`` (dropped) to ``target``."""
+    from alembic import command
+
+    command.stamp(alembic_config(connection, target), _stored_revision(connection, source))
+    connection.exec_driver_sql(f'DROP TABLE "{source}"')
 
 
 class SchemaTooNew(ConfigError):
@@ -173,14 +220,21 @@ def known_revisions() -> frozenset[str]:
 
 
 def downgrade(engine: Engine, revision: str) -> None:
-    """Take the database back to ``revision`` (by hand, e.g. to run an older checkout)."""
+    """Take the database back to ``revision`` (by hand, e.g. to run an older checkout: before
+    revision 0006 the version row goes back to ``alembic_version``, where older code reads it)."""
     from alembic import command
 
-    _migrate(engine, lambda config: command.downgrade(config, revision))
+    def run(connection: Connection) -> None:
+        table = _version_table(current_revision(connection))
+        command.downgrade(alembic_config(connection, table), revision)
+        if table != _version_table(revision):
+            _move_version(connection, table, _version_table(revision))
+
+    _migrate(engine, run)
 
 
-def _migrate(engine: Engine, run: Callable[[Any], None]) -> None:
-    """``run(alembic config)`` in one transaction, one migrator at a time.
+def _migrate(engine: Engine, run: Callable[[Connection], None]) -> None:
+    """``run(connection)`` in one transaction, one migrator at a time.
 
     SQLite: foreign keys are off while migrating (a revision that rebuilds ``runs``
     drops the old table, which other tables reference) and checked before commit.
@@ -194,7 +248,7 @@ def _migrate(engine: Engine, run: Callable[[Any], None]) -> None:
             with connection.execution_options(sqlite_begin="IMMEDIATE").begin():
                 if not is_sqlite:
                     connection.execute(select(func.pg_advisory_xact_lock(_PG_MIGRATION_LOCK)))
-                run(alembic_config(connection))
+                run(connection)
                 if is_sqlite:
                     broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
                     if broken:

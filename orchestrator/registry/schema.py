@@ -8,6 +8,10 @@ float32 bytes. ``run_deps``: the stage edges, run -> the upstream run it starts
 from (decision 10). ``sweep_events``: each sweep's history (its driver lost, resumed
 by hand or by the supervisor, the automatic resumes used up). A test checks that these
 models and the migrations agree.
+
+Every table's name starts with :data:`PREFIX` and Alembic keeps the schema revision in
+:data:`VERSION_TABLE`, so the registry and MLflow (whose tables include ``runs``, ``experiments``
+and ``alembic_version``) can share one database, PostgreSQL or SQLite (migration 0006).
 """
 
 from __future__ import annotations
@@ -31,6 +35,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+PREFIX = "hs_"
+"""The registry's namespace in a database it may share with MLflow. A prefix rather than a
+PostgreSQL schema: it works the same on SQLite (which has no schemas), needs no CREATE SCHEMA
+right and leaves the URL's search_path alone."""
+VERSION_TABLE = f"{PREFIX}alembic_version"
+"""Alembic's version table for the registry (MLflow keeps its own revision in ``alembic_version``)."""
+
 
 class Base(DeclarativeBase):
     metadata = MetaData(
@@ -46,7 +57,7 @@ class Base(DeclarativeBase):
 class Sweep(Base):
     """One submission of a grid."""
 
-    __tablename__ = "sweeps"
+    __tablename__ = f"{PREFIX}sweeps"
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), index=True)
@@ -70,10 +81,10 @@ class SweepEvent(Base):
     ``driver_lost`` {driver, state}, ``resumed`` {driver, auto, attempt, of}, ``gave_up`` {used, of}.
     ``at``: when it happened (a lost driver: when its Ray job ended)."""
 
-    __tablename__ = "sweep_events"
+    __tablename__ = f"{PREFIX}sweep_events"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
+    sweep_id: Mapped[str] = mapped_column(ForeignKey(f"{PREFIX}sweeps.id", ondelete="CASCADE"), index=True)
     at: Mapped[datetime] = mapped_column(DateTime)
     kind: Mapped[str] = mapped_column(String(32))
     detail: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -88,7 +99,7 @@ class Run(Base):
     indexes made registering a 10,000-run grid a third slower on PostgreSQL.
     """
 
-    __tablename__ = "runs"
+    __tablename__ = f"{PREFIX}runs"
 
     run_key: Mapped[str] = mapped_column(String(64), primary_key=True)
     group_key: Mapped[str] = mapped_column(String(64))
@@ -116,10 +127,10 @@ class Run(Base):
 class SweepRun(Base):
     """Membership: run ``run_key`` is cell ``position`` of sweep ``sweep_id``."""
 
-    __tablename__ = "sweep_runs"
+    __tablename__ = f"{PREFIX}sweep_runs"
 
-    sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), primary_key=True)
-    run_key: Mapped[str] = mapped_column(ForeignKey("runs.run_key"), primary_key=True, index=True)
+    sweep_id: Mapped[str] = mapped_column(ForeignKey(f"{PREFIX}sweeps.id", ondelete="CASCADE"), primary_key=True)
+    run_key: Mapped[str] = mapped_column(ForeignKey(f"{PREFIX}runs.run_key"), primary_key=True, index=True)
     position: Mapped[int] = mapped_column(Integer)
 
 
@@ -130,9 +141,9 @@ class RunMap(Base):
     joins a sweep's cells to the rows of ONE map name.
     """
 
-    __tablename__ = "run_maps"
+    __tablename__ = f"{PREFIX}run_maps"
 
-    run_key: Mapped[str] = mapped_column(ForeignKey("runs.run_key", ondelete="CASCADE"), primary_key=True)
+    run_key: Mapped[str] = mapped_column(ForeignKey(f"{PREFIX}runs.run_key", ondelete="CASCADE"), primary_key=True)
     name: Mapped[str] = mapped_column(String(100), primary_key=True)  # e.g. heads.gate
     kind: Mapped[str] = mapped_column(String(32))  # heads, neurons, layers, ...
     rows: Mapped[int] = mapped_column(Integer)  # layers
@@ -144,11 +155,11 @@ class RunDep(Base):
     """A stage edge (DESIGN.md decision 10): run ``run_key`` starts from, or uses, the final
     state of run ``upstream_key`` in ``role`` (init_from, teacher, bias_model)."""
 
-    __tablename__ = "run_deps"
+    __tablename__ = f"{PREFIX}run_deps"
 
-    run_key: Mapped[str] = mapped_column(ForeignKey("runs.run_key", ondelete="CASCADE"), primary_key=True)
+    run_key: Mapped[str] = mapped_column(ForeignKey(f"{PREFIX}runs.run_key", ondelete="CASCADE"), primary_key=True)
     role: Mapped[str] = mapped_column(String(32), primary_key=True)
-    upstream_key: Mapped[str] = mapped_column(ForeignKey("runs.run_key"), index=True)
+    upstream_key: Mapped[str] = mapped_column(ForeignKey(f"{PREFIX}runs.run_key"), index=True)
 
 
 def pack_map(values: np.ndarray) -> dict[str, Any]:

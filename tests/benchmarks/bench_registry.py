@@ -82,7 +82,7 @@ def _finish_all(url: str, sweep_id: str, rng: np.random.Generator) -> None:
     engine = sa.create_engine(url)
     table = Run.__table__
     with engine.begin() as connection:
-        keys = connection.execute(sa.text("SELECT run_key FROM sweep_runs WHERE sweep_id = :s"),
+        keys = connection.execute(sa.text("SELECT run_key FROM hs_sweep_runs WHERE sweep_id = :s"),
                                   {"s": sweep_id}).scalars().all()
         connection.execute(
             table.update().where(table.c.run_key == sa.bindparam("key")).values(

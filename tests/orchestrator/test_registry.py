@@ -29,7 +29,7 @@ from orchestrator.grid import expand, parse_grid
 from orchestrator.registry import ORPHAN_ERROR, NotFound, Registry, RunStatus, upgrade
 from orchestrator.registry import db as registry_db
 from orchestrator.registry import results as registry_results
-from orchestrator.registry.schema import Base
+from orchestrator.registry.schema import VERSION_TABLE, Base
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_URL = os.environ.get("HEADSWEEP_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -90,7 +90,7 @@ def _sql(url: str, statement: str, **params):
 
 def _age_heartbeat(url: str, run_key: str, seconds: float) -> None:
     then = registry_db.now() - timedelta(seconds=seconds)
-    _sql(url, "UPDATE runs SET heartbeat_at = :t WHERE run_key = :k", t=then, k=run_key)
+    _sql(url, "UPDATE hs_runs SET heartbeat_at = :t WHERE run_key = :k", t=then, k=run_key)
 
 
 # --------------------------------------------------------------------------- submit
@@ -103,8 +103,8 @@ def test_same_grid_twice_adds_no_runs(registry, registry_url):
     second, counts = _submit(registry, configs)
     assert counts == {"total": 6, "new": 0, "finished": 0, "requeued": 0, "other": 6}
     assert first != second
-    assert _sql(registry_url, "SELECT count(*) FROM runs") == [(6,)]
-    assert _sql(registry_url, "SELECT count(*) FROM sweep_runs") == [(12,)]
+    assert _sql(registry_url, "SELECT count(*) FROM hs_runs") == [(6,)]
+    assert _sql(registry_url, "SELECT count(*) FROM hs_sweep_runs") == [(12,)]
 
 
 def test_overlapping_grid_adds_only_new_cells(registry):
@@ -124,7 +124,7 @@ def test_configs_may_be_an_iterator(registry):
 def test_plan_writes_nothing(registry, registry_url):
     configs = _configs()
     assert registry.plan(configs) == {"total": 6, "new": 6, "finished": 0, "other": 0, "dag": NO_DAG}
-    assert _sql(registry_url, "SELECT count(*) FROM runs") == [(0,)]
+    assert _sql(registry_url, "SELECT count(*) FROM hs_runs") == [(0,)]
     _submit(registry, configs[:4])
     key = configs[0].run_key
     registry.claim(key, "w")
@@ -152,7 +152,7 @@ def test_finished_runs_are_never_rerun_without_force(registry, registry_url):
     assert (run["status"], run["attempts"], run["metrics"], run["mlflow_run_id"]) == ("pending", 0, None, None)
     assert registry.results(sweep_id)["has_gates"].sum() == 0
     assert registry.sweep_map_names(sweep_id) == []  # its maps went with its result
-    assert _sql(registry_url, "SELECT count(*) FROM run_maps") == [(0,)]
+    assert _sql(registry_url, "SELECT count(*) FROM hs_run_maps") == [(0,)]
 
 
 def test_rerun_failed_requeues_failed_and_cancelled(registry):
@@ -365,7 +365,7 @@ def test_failures_and_eta(registry, registry_url):
         registry.finish(key, {}, maps=_maps())
     # two runs took 10 s in all: 6 pending -> about 30 s left
     sweep = registry.get_sweep(sweep_id)
-    _sql(registry_url, "UPDATE runs SET started_at = :s, finished_at = :f WHERE status = 'finished'",
+    _sql(registry_url, "UPDATE hs_runs SET started_at = :s, finished_at = :f WHERE status = 'finished'",
          s=sweep["created_at"], f=sweep["created_at"] + timedelta(seconds=10))
     assert registry.sweep_counts(sweep_id)["pending"] == 6
     assert registry.eta_seconds(sweep_id) == pytest.approx(30.0)
@@ -523,7 +523,7 @@ def test_each_map_is_one_query_with_nan_rows_and_padding(registry):
 
 def test_maps_are_stored_compressed_one_row_per_run_and_name(registry, registry_url):
     sweep_id, configs, _ = _mixed_sweep(registry)
-    rows = _sql(registry_url, "SELECT run_key, name, kind, rows, cols, length(data) FROM run_maps "
+    rows = _sql(registry_url, "SELECT run_key, name, kind, rows, cols, length(data) FROM hs_run_maps "
                 "ORDER BY run_key, name")
     assert len(rows) == 5 and {(name, kind) for _, name, kind, *_ in rows} == {
         ("heads.gate", "heads"), ("heads.log_alpha", "heads"), ("neurons.predictivity", "neurons")}
@@ -597,7 +597,7 @@ def test_upgrade_keeps_existing_rows(registry_url):
     with Registry(registry_url) as registry:  # opening again runs `upgrade head` again
         assert registry.sweep_counts(sweep_id)["pending"] == 6
     head = registry_db.head_revision()
-    assert _sql(registry_url, "SELECT version_num FROM alembic_version") == [(head,)]
+    assert _sql(registry_url, "SELECT version_num FROM hs_alembic_version") == [(head,)]
 
 
 NO_DAG = {"upstream": 0, "dependants": 0, "upstream_methods": {}}
@@ -654,7 +654,7 @@ def test_a_registry_at_0001_upgrades_and_its_sweep_still_loads(registry_url):
 
     sweep_id, keys = _registry_at_0001(registry_url)
     with Registry(registry_url) as registry:  # opening upgrades to head: gates/scores -> run_maps
-        assert _sql(registry_url, "SELECT version_num FROM alembic_version") == [(registry_db.head_revision(),)]
+        assert _sql(registry_url, "SELECT version_num FROM hs_alembic_version") == [(registry_db.head_revision(),)]
         assert registry.sweep_counts(sweep_id) == {"finished": 3, "running": 1}
         assert [(m.name, m.count) for m in registry.sweep_map_names(sweep_id)] == [
             ("heads.gate", 2), ("heads.log_alpha", 1)]  # the finetune run's invented gates are gone
@@ -694,14 +694,72 @@ def _schema_diff(url: str) -> list:
 
     engine = sa.create_engine(url)
     with engine.connect() as connection:
-        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        context = MigrationContext.configure(connection, opts={"compare_type": True, "version_table": VERSION_TABLE})
         diff = compare_metadata(context, Base.metadata)
     engine.dispose()
     return diff
 
 
-def test_models_and_migrations_agree(registry, registry_url):
-    assert _schema_diff(registry_url) == []
+def _tables(url: str) -> set[str]:
+    engine = sa.create_engine(url)
+    try:
+        return set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+HS_TABLES = {"hs_alembic_version", "hs_sweeps", "hs_runs", "hs_sweep_runs", "hs_run_maps", "hs_run_deps",
+             "hs_sweep_events"}
+
+
+def test_models_and_migrations_agree(registry_url):
+    """A new registry gets today's tables from the models at once; one made at revision 0001 and taken
+    through every revision since gets the same tables, constraints and indexes."""
+    Registry(registry_url).close()
+    assert _tables(registry_url) == HS_TABLES and _schema_diff(registry_url) == []
+    registry_db.downgrade(registry_db.make_engine(registry_url), "0001")  # every revision down ...
+    assert _tables(registry_url) == {"alembic_version", "sweeps", "runs", "sweep_runs"}
+    Registry(registry_url).close()  # ... and up again
+    assert _tables(registry_url) == HS_TABLES and _schema_diff(registry_url) == []
+
+
+def test_a_registry_from_before_the_prefix_moves_into_it_and_back(registry_url):
+    """Revision 0006 on a registry with rows in every table: down at 0005 its tables are unprefixed
+    and its revision in ``alembic_version`` (as older code keeps them); opened again, it is upgraded
+    in place (rows, foreign keys and indexes renamed) and reads back the same."""
+    configs = expand(parse_grid({"name": "t", "axes": {"seed": [0, 1], "pipeline": ["dp", "sp"]}}))
+    with Registry(registry_url) as registry:
+        sweep_id, _ = _submit(registry, configs)
+        key = registry.unfinished(sweep_id)[0]
+        registry.claim(key, "w")
+        registry.finish(key, {"accuracy": 0.5}, maps=_maps())
+        registry.add_event(sweep_id, "resumed", {"driver": "d1", "auto": False})
+
+        def read(registry):
+            stack = registry.sweep_map(sweep_id, "heads.gate")
+            return (registry.get_sweep(sweep_id), registry.sweep_counts(sweep_id), registry.sweep_dag(sweep_id),
+                    registry.events(sweep_id), registry.get_run(key), stack.has.tolist(), stack.values[stack.has])
+
+        before = read(registry)
+    assert before[2] == {"upstream": 2, "dependants": 2} and before[3] and before[5].count(True) == 1
+    engine = registry_db.make_engine(registry_url)
+    registry_db.downgrade(engine, "0005")
+    assert _tables(registry_url) == {"alembic_version", "sweeps", "runs", "sweep_runs", "run_maps", "run_deps",
+                                     "sweep_events"}
+    assert _sql(registry_url, "SELECT version_num FROM alembic_version") == [("0005",)]
+    assert _sql(registry_url, "SELECT count(*) FROM runs") == [(6,)]
+    engine.dispose()
+    with Registry(registry_url) as registry:  # opening upgrades to head
+        after = read(registry)
+        assert after[:-1] == before[:-1]
+        np.testing.assert_array_equal(after[-1], before[-1])
+    engine = registry_db.make_engine(registry_url)  # foreign keys on, as the registry has them
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as connection:  # the renamed ones still hold
+        connection.execute(sa.text("INSERT INTO hs_run_maps (run_key, name, kind, rows, cols, data)"
+                                   " VALUES ('no-such-run', 'x', 'heads', 1, 1, :d)"), {"d": b""})
+    engine.dispose()
+    assert _tables(registry_url) == HS_TABLES and _schema_diff(registry_url) == []
+    assert _sql(registry_url, "SELECT version_num FROM hs_alembic_version") == [(registry_db.head_revision(),)]
 
 
 def test_concurrent_opens_migrate_once(registry_url):
@@ -719,7 +777,7 @@ def test_concurrent_opens_migrate_once(registry_url):
     for thread in threads:
         thread.join()
     assert errors == []
-    assert len(_sql(registry_url, "SELECT version_num FROM alembic_version")) == 1
+    assert len(_sql(registry_url, "SELECT version_num FROM hs_alembic_version")) == 1
 
 
 def test_sqlite_writer_waits_for_a_held_lock(tmp_path):
@@ -767,7 +825,7 @@ def test_a_registry_migrated_by_newer_code_is_refused_in_one_line(registry_url):
     Registry(registry_url).close()  # at this code's head
     engine = registry_db.make_engine(registry_url)
     with engine.begin() as connection:
-        connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+        connection.execute(text("UPDATE hs_alembic_version SET version_num = '9999'"))
     with pytest.raises(ConfigError, match="schema revision 9999, newer than this code knows") as info:
         Registry(registry_url)
     assert "\n" not in str(info.value)

@@ -12,8 +12,17 @@ from orchestrator import supervisor
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry import Registry, upgrade
 from orchestrator.registry import db as registry_db
-from orchestrator.registry.history import DRIVER_LOST, GAVE_UP, ORPHANED, RESUMED, WORKER_LOST
-from orchestrator.supervisor import Action, decide, history
+from orchestrator.registry.history import (
+    DRIVER_LOST,
+    GAVE_UP,
+    ORPHANED,
+    RESUMED,
+    WORKER_LOST,
+    Action,
+    clock,
+    decide,
+    history,
+)
 
 
 def _event(kind, **detail):
@@ -36,6 +45,8 @@ def _sweep(status="failed", events=(), auto_resumes=3, cancel=False):
     (_sweep("running"), "STOPPED", Action("lose")),
     (_sweep("running"), "SUCCEEDED", None),  # it wrote the final status itself
     (_sweep("running"), "UNKNOWN", None),  # not this cluster's job, or gone with its head
+    (_sweep("running", cancel=True), "RUNNING", None),  # cancelled: its driver stops it
+    (_sweep("running", cancel=True), "FAILED", Action("lose")),  # ... unless it died first
     (_sweep(events=[LOST]), None, Action("resume", 1, 3)),
     (_sweep(events=[LOST, AUTO[0], LOST]), None, Action("resume", 2, 3)),
     (_sweep(events=[LOST, AUTO[0], LOST, AUTO[1], LOST, AUTO[2], LOST]), None, Action("give_up", 3, 3)),
@@ -44,7 +55,10 @@ def _sweep(status="failed", events=(), auto_resumes=3, cancel=False):
     (_sweep(events=[LOST, AUTO[0], LOST], auto_resumes=1), None, Action("give_up", 1, 1)),
     (_sweep(events=[LOST, AUTO[0], LOST, _event(GAVE_UP, used=1, of=1)], auto_resumes=1), None, None),
     (_sweep(events=[LOST], auto_resumes=0), None, None),  # --no-auto-resume
-    (_sweep("running", auto_resumes=0), "FAILED", None),
+    # without automatic resumes: a dead driver is still recorded (no reader ever sees the sweep
+    # running), nothing reconciled or resumed
+    (_sweep("running", auto_resumes=0), "FAILED", Action("lose")),
+    (_sweep("running", auto_resumes=0), "RUNNING", None),
     (_sweep(events=[LOST], cancel=True), None, None),
     (_sweep(events=[_event(DRIVER_LOST, driver="d0", state="UNKNOWN")]), None, None),
     (_sweep(events=[]), None, None),  # failed by its own driver: runs failed, nothing to resume
@@ -56,38 +70,38 @@ def test_decide(sweep, state, expected):
 
 def test_history_lines_say_when_the_driver_died_and_what_followed():
     at = registry_db.now().replace(hour=9, minute=5)  # 09:05 UTC, shown in local time
-    clock = supervisor._clock(at)
+    hhmm = clock(at)
     lost = {"kind": DRIVER_LOST, "at": at, "detail": {"driver": "d0", "state": "FAILED"}}
     auto = {"kind": RESUMED, "at": at, "detail": {"driver": "d1", "auto": True, "attempt": 1, "of": 3}}
-    assert history(_sweep("running", events=[lost, auto])) == [f"driver failed at {clock}; resumed automatically (1/3)"]
-    assert history(_sweep(events=[lost])) == [f"driver failed at {clock}; the supervisor resumes it within seconds"]
+    assert history(_sweep("running", events=[lost, auto])) == [f"driver failed at {hhmm}; resumed automatically (1/3)"]
+    assert history(_sweep(events=[lost])) == [f"driver failed at {hhmm}; the supervisor resumes it within seconds"]
     assert history(_sweep(events=[lost], auto_resumes=0)) == [
-        f"driver failed at {clock}; `headsweep resume sw-1` runs what is left"]
+        f"driver failed at {hhmm}; `headsweep resume sw-1` runs what is left"]
     gave_up = {"kind": GAVE_UP, "at": at, "detail": {"used": 3, "of": 3}}
     (line,) = history(_sweep(events=[lost, gave_up]))
-    assert line.startswith(f"driver failed at {clock}; not resumed: its 3 automatic resumes are used up")
+    assert line.startswith(f"driver failed at {hhmm}; not resumed: its 3 automatic resumes are used up")
     assert "`headsweep resume sw-1`" in line
     by_hand = {"kind": RESUMED, "at": at, "detail": {"driver": "d2", "auto": False}}
-    assert history(_sweep("running", events=[by_hand])) == [f"resumed by hand at {clock}"]
+    assert history(_sweep("running", events=[by_hand])) == [f"resumed by hand at {hhmm}"]
 
 
 def test_history_names_orphans_and_lost_workers():
     at = registry_db.now().replace(hour=9, minute=5)
-    clock = supervisor._clock(at)
+    hhmm = clock(at)
     lost = {"kind": DRIVER_LOST, "at": at, "detail": {"driver": "d0", "state": "FAILED", "orphaned": 2}}
     auto = {"kind": RESUMED, "at": at, "detail": {"driver": "d1", "auto": True, "attempt": 1, "of": 3}}
     assert history(_sweep("running", events=[lost, auto])) == [
-        f"driver failed at {clock}; 2 runs orphaned; resumed automatically (1/3)"]
+        f"driver failed at {hhmm}; 2 runs orphaned; resumed automatically (1/3)"]
     retried = {"kind": WORKER_LOST, "at": at,
                "detail": {"run_key": "3f2a9c01d4e5ffff", "worker": "t1@h:9", "attempt": 1, "then": "retried"}}
     failed = {"kind": WORKER_LOST, "at": at,
               "detail": {"run_key": "aa2a9c01d4e5ffff", "worker": "t2@h:9", "attempt": 2, "then": "failed"}}
     orphaned = {"kind": ORPHANED, "at": at, "detail": {"run_keys": ["bb2a9c01d4e5ffff"]}}
     lines = history(_sweep("running", events=[retried, failed, orphaned]))
-    assert lines[0] == f"worker of run 3f2a9c01d4e5 died at {clock} (attempt 1): Tune retried it"
-    assert lines[1].startswith(f"worker of run aa2a9c01d4e5 died at {clock} (attempt 2): no retry left")
+    assert lines[0] == f"worker of run 3f2a9c01d4e5 died at {hhmm} (attempt 1): Tune retried it"
+    assert lines[1].startswith(f"worker of run aa2a9c01d4e5 died at {hhmm} (attempt 2): no retry left")
     assert "--rerun-failed" in lines[1]
-    assert lines[2] == f"1 run orphaned at {clock} (worker stopped heartbeating): back to pending (bb2a9c01d4e5)"
+    assert lines[2] == f"1 run orphaned at {hhmm} (worker stopped heartbeating): back to pending (bb2a9c01d4e5)"
 
 
 @pytest.mark.parametrize("counts, cancel_requested, expected", [
@@ -144,7 +158,7 @@ def test_tick_resumes_a_dead_driver_three_times_then_gives_up(registry_url):
         sweep_id = _register(registry)
         off = _register(registry, auto_resumes=0, driver="x0")  # --no-auto-resume
         fake.states.update(d0="RUNNING", x0="FAILED")
-        assert supervisor.tick(registry, head, fake.job, fake.start) == []
+        assert supervisor.tick(registry, head, fake.job, fake.start) == [f"{off}: driver x0 failed"]
         for attempt in (1, 2, 3):
             fake.states[registry.get_sweep(sweep_id)["driver"]] = "FAILED"
             did = supervisor.tick(registry, head, fake.job, fake.start)
@@ -160,8 +174,11 @@ def test_tick_resumes_a_dead_driver_three_times_then_gives_up(registry_url):
         assert [line.split("; ", 1)[1] for line in lines[:3]] == [f"resumed automatically ({i}/3)" for i in (1, 2, 3)]
         assert lines[3].startswith("driver stopped at") and "automatic resumes are used up" in lines[3]
         assert supervisor.tick(registry, head, fake.job, fake.start) == []  # nothing more to do
-        # the sweep without auto-resume is no business of the supervisor's: status marks it
-        assert registry.get_sweep(off)["status"] == "running" and registry.events(off) == []
+        # the sweep without auto-resume: its dead driver recorded (no reader sees it running), never resumed
+        assert registry.get_sweep(off)["status"] == "failed"
+        assert [e["kind"] for e in registry.events(off)] == [DRIVER_LOST]
+        assert history(registry.get_sweep(off) | {"events": registry.events(off)})[-1].endswith(
+            f"`headsweep resume {off}` runs what is left")
 
 
 def test_lose_driver_writes_once_and_only_for_the_current_driver(registry_url):
@@ -187,7 +204,7 @@ def test_tick_reconciles_orphans_while_the_driver_runs(registry_url):
         old = registry_db.now() - timedelta(seconds=supervisor.ORPHAN_AFTER_S + 5)
         engine = sa.create_engine(registry_url)
         with engine.begin() as connection:
-            connection.execute(sa.text("UPDATE runs SET heartbeat_at = :t WHERE run_key = :k"), {"t": old, "k": first})
+            connection.execute(sa.text("UPDATE hs_runs SET heartbeat_at = :t WHERE run_key = :k"), {"t": old, "k": first})
         engine.dispose()
         fake = Cluster()
         fake.states["d0"] = "RUNNING"
@@ -211,8 +228,10 @@ def test_a_registry_at_0004_upgrades_with_auto_resume_off_and_downgrades(registr
     with Registry(registry_url) as registry:  # opening upgrades to head
         sweep = registry.get_sweep("sw-old")
         assert sweep["auto_resumes"] == 0 and registry.events("sw-old") == []
-        assert registry.supervised_sweeps() == []  # a sweep from before never resumes by itself
+        (old,) = registry.supervised_sweeps()  # watched: its driver's death is recorded
+        assert old["id"] == "sw-old" and decide(old, "FAILED") == Action("lose")
         assert registry.lose_driver("sw-old", "d0", "FAILED")
+        assert registry.supervised_sweeps() == []  # a sweep from before never resumes by itself
     engine = registry_db.make_engine(registry_url)
     registry_db.downgrade(engine, "0004")
     with engine.connect() as connection:
