@@ -18,6 +18,7 @@ from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from experiments.core.context import RunContext
 from experiments.core.precision import autocast
@@ -104,21 +105,20 @@ def evaluate(encoder, decoder, split: Split, task, batch_size: int, device: str,
     return metrics
 
 
-def evaluate_all(state: RunState) -> dict[str, float]:
+def evaluate_all(state: RunState, encoder: nn.Module | None = None) -> dict[str, float]:
     """The task decoder's metrics with everything in eval mode (test-time gates): dev under plain
     names (``accuracy``, ``loss``), plus ``<metric>/<set>`` for every extra evaluation set of the
-    data (``accuracy/ood``, ``loss/ood``). Modes are restored afterwards."""
-    modes = {name: module.training for name, module in state.modules().items()}
-    state.train(False)
+    data (``accuracy/ood``, ``loss/ood``). Modes are restored afterwards. ``encoder``: what reads
+    the inputs when it is a view over the state's modules rather than ``state.encoder`` itself
+    (skill_neurons' backbone with its soft prompt)."""
+    encoder = state.encoder if encoder is None else encoder
     batch_size, device, precision = state.cfg.train.batch_size, state.device, state.precision
-    try:
-        metrics = evaluate(state.encoder, state.decoder, state.data.dev, state.task, batch_size, device, precision)
+    with state.evaluating():
+        encoder.eval()
+        metrics = evaluate(encoder, state.decoder, state.data.dev, state.task, batch_size, device, precision)
         for name, split in state.data.eval_sets.items():
-            scores = evaluate(state.encoder, state.decoder, split, state.task, batch_size, device, precision)
+            scores = evaluate(encoder, state.decoder, split, state.task, batch_size, device, precision)
             metrics |= {f"{metric}/{name}": value for metric, value in scores.items()}
-    finally:
-        for name, module in state.modules().items():
-            module.train(modes[name])
     return metrics
 
 

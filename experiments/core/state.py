@@ -16,7 +16,8 @@ trajectory, the evaluation steps). Two views of it leave the run:
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,18 @@ class RunState:
         """Training (or eval) mode for the encoder, every decoder and every intervention."""
         for module in self.modules().values():
             module.train(mode)
+
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """Every module in eval mode for the block (test-time gates, no dropout), then each back in
+        the mode it had, also on an error."""
+        modes = {name: module.training for name, module in self.modules().items()}
+        self.train(False)
+        try:
+            yield
+        finally:
+            for name, module in self.modules().items():
+                module.train(modes[name])
 
     # ----------------------------------------------------------------- checkpoints
 

@@ -66,9 +66,7 @@ def attach_head_gates(model: nn.Module, gate_source: Callable[[], torch.Tensor])
     Gradients flow to whatever produced the gates (e.g. ``gates.HeadGates``).
     A fixed 0/1 mask is ``attach_head_gates(model, lambda: mask)``.
     """
-    arch = architecture_of(model)
     num_layers, num_heads, head_dim = head_layout(model)
-    kept = kept_heads(model)
     handle = GateHandle()
 
     def draw(_module: nn.Module, _args: tuple) -> None:
@@ -81,19 +79,27 @@ def attach_head_gates(model: nn.Module, gate_source: Callable[[], torch.Tensor])
         handle.gates = gates
 
     handle.undo.append(model.register_forward_pre_hook(draw).remove)
-    for index, layer in enumerate(model.get_submodule(arch.layers)):
-        # None: every head still there, no gather needed on the hot path.
-        remaining = None if kept[index].all() else kept[index].nonzero().squeeze(-1)
-        hook = partial(_gate_heads, handle, index, remaining, head_dim)
-        handle.undo.append(layer.get_submodule(arch.attn_out).register_forward_pre_hook(hook).remove)
+    _hook_heads(model, handle, partial(_gate_heads, handle, head_dim))
     return handle
+
+
+def _hook_heads(model: nn.Module, handle: Handle, body: Callable) -> None:
+    """Put ``body(layer_index, remaining, module, args)`` on every layer's ``attn_out`` as a forward
+    pre-hook (its input holds the heads, concatenated), removed by ``handle``. ``remaining``: the
+    original indices of the layer's heads still there; None when all are (no gather on the hot path)."""
+    arch = architecture_of(model)
+    kept = kept_heads(model)
+    for index, layer in enumerate(model.get_submodule(arch.layers)):
+        remaining = None if kept[index].all() else kept[index].nonzero().squeeze(-1)
+        hook = partial(body, index, remaining)
+        handle.undo.append(layer.get_submodule(arch.attn_out).register_forward_pre_hook(hook).remove)
 
 
 def _gate_heads(
     handle: GateHandle,
+    head_dim: int,
     layer_index: int,
     remaining: torch.Tensor | None,
-    head_dim: int,
     _module: nn.Module,
     args: tuple,
 ) -> tuple | None:
@@ -140,31 +146,28 @@ def attach_token_gates(model: nn.Module, values: torch.Tensor) -> TokenGateHandl
     keep mask; on a physically pruned model the removed heads' gates act on nothing (their
     gradient is 0, and a layer with no head left gets a gate that is not in the graph).
     """
-    arch = architecture_of(model)
     num_layers, num_heads, head_dim = head_layout(model)
     if tuple(values.shape) != (num_layers, num_heads):
         raise ValueError(f"values must be (layers, heads) = ({num_layers}, {num_heads}), got {tuple(values.shape)}")
-    kept = kept_heads(model)
     handle = TokenGateHandle(gates=[None] * num_layers)
-    for index, layer in enumerate(model.get_submodule(arch.layers)):
-        remaining = None if kept[index].all() else kept[index].nonzero().squeeze(-1)
-        hook = partial(_gate_tokens, handle, index, values[index].detach().float(), remaining, head_dim)
-        handle.undo.append(layer.get_submodule(arch.attn_out).register_forward_pre_hook(hook).remove)
+    _hook_heads(model, handle, partial(_gate_tokens, handle, values.detach().float(), head_dim))
     return handle
 
 
 def _gate_tokens(
     handle: TokenGateHandle,
-    layer_index: int,
     values: torch.Tensor,
-    remaining: torch.Tensor | None,
     head_dim: int,
+    layer_index: int,
+    remaining: torch.Tensor | None,
     _module: nn.Module,
     args: tuple,
 ) -> tuple | None:
-    """Pre-hook body: a fresh (B, T, H) gate leaf, then scale the heads in ``args[0]`` (B, T, H * D)."""
+    """Pre-hook body: a fresh (B, T, H) gate leaf from ``values[layer_index]``, then scale the heads
+    in ``args[0]`` (B, T, H * D)."""
     heads = args[0]  # (B, T, H_kept * D)
-    xi = values.to(heads.device).expand(*heads.shape[:-1], -1).clone().requires_grad_(True)  # (B, T, H)
+    layer_values = values[layer_index].to(heads.device)  # (H,)
+    xi = layer_values.expand(*heads.shape[:-1], -1).clone().requires_grad_(True)  # (B, T, H)
     handle.gates[layer_index] = xi
     return _scale_heads(args, xi, remaining, head_dim)
 

@@ -229,18 +229,13 @@ def run(cfg, ctx: RunContext) -> RunResult:
                 "open_heads": _open_union(gate_sets)}
 
     def evaluate_tasks(state) -> dict[str, float]:
-        modes = {name: module.training for name, module in state.modules().items()}
-        state.train(False)  # test-time gates
-        try:
+        with state.evaluating():  # test-time gates
             metrics = _evaluate(state, tasks, active)
             for name, index in maps_of.items():
                 state.values["trajectory"][name].append(_test_gates(gate_sets[index]))
             if hp.pipeline == "per_task":
                 metrics |= {f"open_heads/{t.name}": float(open_heads(eval_gates(g.log_alpha)).sum())
                             for t, g in zip(tasks, gate_sets, strict=True)}
-        finally:
-            for name, module in state.modules().items():
-                module.train(modes[name])
         return metrics
 
     metrics = train_steps(state, ctx, total, step, evaluate_tasks, batch)

@@ -87,7 +87,14 @@ from pydantic import AfterValidator, Field, field_validator
 from torch import nn
 
 from experiments.core.context import RunContext
-from experiments.core.loop import evaluate, forward_logits, num_steps, train_steps, update
+from experiments.core.loop import (
+    evaluate,
+    evaluate_all,
+    forward_logits,
+    num_steps,
+    train_steps,
+    update,
+)
 from experiments.core.result import RunResult, UnitMap
 from experiments.core.sections import ConfigError, Section
 from experiments.core.seeding import derive_seed, generator
@@ -360,7 +367,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
         return {"loss": update(task_loss(logits, labels), optimizer, scaler=state.scaler)}
 
     total = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
-    metrics = train_steps(state, ctx, total, step, eval_fn=lambda state: _evaluate(state, model))
+    metrics = train_steps(state, ctx, total, step, eval_fn=lambda state: evaluate_all(state, model))
 
     state.train(False)
     found = find_skill_neurons(model, state)
@@ -417,23 +424,6 @@ def _pruned(model: PromptedEncoder, state: RunState, found: dict, hp: Config) ->
         lambda backbone: evaluate(PromptedEncoder(backbone, model.prompt), state.decoder, state.data.dev, state.task,
                                   batch_size, state.device, state.cfg.train.precision),
         keep, baseline, hp.prune_fold)
-
-
-def _evaluate(state: RunState, model: PromptedEncoder) -> dict[str, float]:
-    """``loop.evaluate_all`` through the prompted model: dev metrics plus ``<metric>/<set>``."""
-    modes = {name: module.training for name, module in state.modules().items()}
-    state.train(False)
-    model.eval()
-    batch_size, device, precision = state.cfg.train.batch_size, state.device, state.precision
-    try:
-        metrics = evaluate(model, state.decoder, state.data.dev, state.task, batch_size, device, precision)
-        for name, split in state.data.eval_sets.items():
-            scores = evaluate(model, state.decoder, split, state.task, batch_size, device, precision)
-            metrics |= {f"{metric}/{name}": value for metric, value in scores.items()}
-    finally:
-        for name, module in state.modules().items():
-            module.train(modes[name])
-    return metrics
 
 
 def _batches(split, batch_size: int, device: str):

@@ -58,7 +58,7 @@ from experiments.tasks._common import (
     classification_accuracy,
     encode_sentences,
 )
-from experiments.tasks.files import check_once, eval_set_names, file_task
+from experiments.tasks.files import eval_set_names, file_task
 from experiments.tasks.labels import read_labelled
 from experiments.tasks.sources import Source, as_label, file_sources, read_records, suggest
 
@@ -141,11 +141,6 @@ def _label_lines(examples: Examples):
     return zip(examples.labels, examples.lines, strict=True)
 
 
-def check_spec(s: Spec) -> None:
-    """Read and check every file of ``s`` unless the same spec over the same content passed before."""
-    check_once(s, s.sources, lambda: read_all(s))
-
-
 def load_spec(s: Spec, cfg, tokenizer) -> TaskData:
     """Read, check, subset (max_train / max_eval from data_seed) and tokenise every file of ``s``."""
     examples, values = read_all(s)
@@ -159,7 +154,7 @@ def load_spec(s: Spec, cfg, tokenizer) -> TaskData:
                            features)
 
 
-check, load, fingerprint = file_task(spec, check_spec, load_spec)  # pairs load as one sequence pair
+check, load, fingerprint = file_task(spec, read_all, load_spec)  # pairs load as one sequence pair
 
 
 build_decoder = ClassificationDecoder  # (hidden_size, num_labels) -> nn.Module

@@ -3,9 +3,9 @@
 A file task (``classification``, ``tagging``, and the built-ins over the shared data: ``sst2``,
 ``ud-pos``, ``ud-dep``) names its files as ``Source`` s (train, dev, then the evaluation sets);
 its checks run at submit and are cached by the files' content; its fingerprint is their content
-hash. A task described by a ``spec(cfg)`` (anything with ``.sources``) and its ``check_spec`` /
-``load_spec`` gets the ``check``, ``load`` and ``fingerprint`` of the task contract from
-:func:`file_task`, so a built-in task is its spec and one line.
+hash. A task described by a ``spec(cfg)`` (anything with ``.sources``), its ``read_all(spec)``
+(read and check every file) and ``load_spec`` gets the ``check``, ``load`` and ``fingerprint``
+of the task contract from :func:`file_task`, so a built-in task is its spec and one line.
 """
 
 from __future__ import annotations
@@ -45,15 +45,17 @@ def eval_set_names(sources: Sequence[Source]) -> list[str]:
 
 
 def file_task(
-    spec: Callable[[Any], Any], check_spec: Callable[[Any], None], load_spec: Callable[[Any, Any, Any], TaskData],
+    spec: Callable[[Any], Any], read_all: Callable[[Any], object], load_spec: Callable[[Any, Any, Any], TaskData],
 ) -> tuple[Callable[[Any], None], Callable[[Any, Any], TaskData], Callable[[Any], str]]:
     """The task contract's ``check``, ``load`` and ``fingerprint`` of a task whose config ``cfg``
-    reads the files ``spec(cfg).sources`` as ``check_spec(spec)`` / ``load_spec(spec, cfg,
-    tokenizer)`` do. ``spec`` fails first on a missing file."""
+    reads the files ``spec(cfg).sources``: ``read_all(spec)`` reads and checks them all (raising
+    on bad content), ``load_spec(spec, cfg, tokenizer)`` loads them. ``spec`` fails first on a
+    missing file."""
 
     def check(cfg) -> None:
         """Check the files, columns and labels of the config (cached by content); one-line ValueError."""
-        check_spec(spec(cfg))
+        s = spec(cfg)
+        check_once(s, s.sources, lambda: read_all(s))
 
     def load(cfg, tokenizer) -> TaskData:
         """Read, check, subset (max_train / max_eval, drawn from data_seed) and tokenise every file."""

@@ -33,7 +33,7 @@ def spec(cfg) -> classification.Spec:
     return classification.Spec(sources, ("sentence",), "label", labels=("0", "1"), names=LABEL_NAMES)
 
 
-check, load, fingerprint = file_task(spec, classification.check_spec, classification.load_spec)
+check, load, fingerprint = file_task(spec, classification.read_all, classification.load_spec)
 
 
 build_decoder = ClassificationDecoder  # (hidden_size, num_labels) -> nn.Module

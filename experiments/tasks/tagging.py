@@ -31,7 +31,7 @@ from experiments.tasks._common import (
     encode_words,
     tagging_accuracy,
 )
-from experiments.tasks.files import check_once, eval_set_names, file_task
+from experiments.tasks.files import eval_set_names, file_task
 from experiments.tasks.labels import read_labelled
 from experiments.tasks.sources import (
     CONLLU_COLUMNS,
@@ -142,11 +142,6 @@ def read_all(s: Spec) -> tuple[dict[str, Examples], tuple[str, ...]]:
     return read_labelled(s.sources, lambda source: read_examples(source, s), _tag_lines, s.labels)
 
 
-def check_spec(s: Spec) -> None:
-    """Read and check every file of ``s`` unless the same spec over the same content passed before."""
-    check_once(s, s.sources, lambda: read_all(s))
-
-
 def load_spec(s: Spec, cfg, tokenizer) -> TaskData:
     """Read, check, subset (max_train / max_eval sentences from data_seed) and tokenise."""
     examples, values = read_all(s)
@@ -158,7 +153,7 @@ def load_spec(s: Spec, cfg, tokenizer) -> TaskData:
     return build_task_data(cfg, tokenizer, read_split, encode_words, values, eval_set_names(s.sources))
 
 
-check, load, fingerprint = file_task(spec, check_spec, load_spec)  # the first subword carries the tag
+check, load, fingerprint = file_task(spec, read_all, load_spec)  # the first subword carries the tag
 
 
 build_decoder = TaggingDecoder  # (hidden_size, num_labels) -> nn.Module

@@ -35,7 +35,7 @@ def spec(cfg) -> tagging.Spec:
     return tagging.Spec(fixed_sources(cfg, _SUBDIR, _FILES, "conllu"), "upos", labels=LABEL_NAMES)
 
 
-check, load, fingerprint = file_task(spec, tagging.check_spec, tagging.load_spec)
+check, load, fingerprint = file_task(spec, tagging.read_all, tagging.load_spec)
 
 
 def read_upos(path) -> tuple[list[list[str]], list[list[int]]]:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config
-from experiments.core.loop import forward_logits, update
+from experiments.core.loop import evaluate_all, forward_logits, update
 from experiments.core.sections import ConfigError
 from experiments.core.seeding import derive_seed
 from experiments.core.tracking import MemoryTracker
@@ -124,7 +124,7 @@ def test_noise_changes_only_the_chosen_neurons_and_no_neurons_change_nothing():
         model(ids, mask)
         torch.testing.assert_close(capture.take(), clean[:, 1:3])
     # the perturbation check's evaluation: no neurons, or zero noise, is the plain accuracy
-    plain = skill_neurons._evaluate(state, model)["accuracy"]
+    plain = evaluate_all(state, model)["accuracy"]
     assert skill_neurons.noisy_accuracy(model, state, {}, 0.5) == plain
     assert skill_neurons.noisy_accuracy(model, state, {0: torch.tensor([]), 1: torch.tensor([], dtype=torch.long)},
                                         0.5) == plain

@@ -35,6 +35,16 @@ def test_set_up_is_seeded_and_builds_one_task_decoder():
     assert not torch.equal(_logits(a), _logits(c))
 
 
+def test_evaluating_puts_every_module_in_eval_mode_and_back_in_its_own_also_on_an_error():
+    state = _state()
+    state.train(True)
+    state.decoder.train(False)  # modes differ: each comes back to its own
+    with pytest.raises(RuntimeError), state.evaluating():
+        assert not any(module.training for module in state.modules().values())
+        raise RuntimeError("inside the block")
+    assert state.encoder.training and not state.decoder.training
+
+
 def test_weights_round_trip_into_another_run():
     source, target = _state(0), _state(1)
     weights = source.weights()
