@@ -186,12 +186,12 @@ def test_ten_thousand_cells():
         },
     )
     assert spec.cell_count() == 10_000
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU time: other work on the machine does not count
     configs = expand(spec)
-    seconds = time.perf_counter() - start
+    seconds = time.process_time() - start
     assert len(configs) == 10_000
     assert len({c.run_key for c in configs}) == 10_000
-    assert seconds < 5, f"expand took {seconds:.2f} s (benchmark target < 1 s; this bound is lenient)"
+    assert seconds < 5, f"expand took {seconds:.2f} s of CPU (benchmark target < 1 s; this bound is lenient)"
 
 
 # --------------------------------------------------------------------------- loading
