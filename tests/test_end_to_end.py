@@ -1,5 +1,10 @@
 """End to end: a small real sweep (tiny model, 2 synthetic tasks x 3 seeds) through the orchestrator
-on a real local Ray, then every analysis CLI command and every HTTP endpoint on a real Serve server."""
+on a real local Ray, then every analysis CLI command and every HTTP endpoint on a real Serve server.
+
+``iou`` and ``transfer`` need runs of their own methods (mask_train's stored masks, prompt_transfer's
+pairs): on the head_gates sweep the default run checks they name what is missing; the slow set runs
+a second real sweep of those methods (``mask_and_transfer_sweeps``) and checks their answers, by CLI
+and through Serve."""
 
 import json
 import os
@@ -10,12 +15,13 @@ import pytest
 import ray
 import yaml
 
+from analysis.report import sweep_report
 from orchestrator import tracking
 from orchestrator.cli import main as headsweep
 from orchestrator.driver import execute_sweep
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry import Registry
-from orchestrator.report import log_sweep_figures
+from orchestrator.report import log_sweep_report
 
 pytestmark = pytest.mark.ray
 
@@ -62,7 +68,7 @@ def finished_sweep(tmp_path_factory):
 
 
 def test_figures_are_logged_to_the_sweeps_parent_run(finished_sweep):
-    logged = log_sweep_figures(finished_sweep["sweep"])
+    logged = log_sweep_report(finished_sweep["sweep"], sweep_report)
     assert logged and all(path.endswith(".png") for path in logged)
     mlflow = tracking.client()
     names = {a.path for a in mlflow.list_artifacts(finished_sweep["parent"], "figures")}
@@ -87,10 +93,58 @@ def test_every_cli_command(finished_sweep, tmp_path, capsys):
     assert headsweep(["figures", sweep, "--out", str(tmp_path / "figs")]) == 0
     figures = list((tmp_path / "figs").glob("*.png"))
     assert len(figures) >= 4
+    assert set(capsys.readouterr().out.split()) == {str(path) for path in figures}  # it names what it wrote
+    assert headsweep(["compare-maps", sweep, "heads.gate", "heads.log_alpha", "--n-perm", "20", "--format", "json"]) == 0
+    (pair,) = json.loads(capsys.readouterr().out)["pairs"]
+    assert pair["rho"] > 0.5  # gates are the scores thresholded: the two maps rank the heads alike
+    assert headsweep(["compare-maps", sweep, "heads.log_alpha", "--across", "task", "--n-perm", "20",
+                      "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["labels"] == ["synthetic-cls", "synthetic-tag"]
+    # the weight-mask and prompt-transfer analyses, on a sweep without such runs: one line saying so
+    assert headsweep(["iou", sweep, "--across", "seed"]) == 2
+    assert "unknown map 'heads.mask_density'" in capsys.readouterr().err  # what weight-mask methods report
+    assert headsweep(["transfer", sweep]) == 2
+    assert "no finished prompt_transfer run" in capsys.readouterr().err
     assert headsweep(["agreement", sweep, "--across", "sead"]) == 2  # any config key is an axis: checked on the data
     assert "unknown across 'sead'; did you mean 'seed'?" in capsys.readouterr().err
     assert headsweep(["results", sweep, "--metric", "acuracy"]) == 2  # ours: one line naming it, exit 2
     assert "did you mean 'accuracy'?" in capsys.readouterr().err
+
+
+# after the tests above: they read `last`, the e2e sweep
+SMALL = {"model": "tiny-bert", "task": {"num_train": 64, "num_eval": 24, "max_length": 24},
+         "train": {"max_steps": 8, "batch_size": 8, "eval_every": 4, "lr": 1e-3}}
+MASKS = {"name": "e2e-masks", "base": {**SMALL, "method": "mask_train", "task": {**SMALL["task"], "name": "synthetic-cls"}},
+         "axes": {"seed": [0, 1, 2]}}
+TRANSFER = {"name": "e2e-transfer", "base": {**SMALL, "method": "prompt_transfer"},
+            "axes": {"seed": [0, 1], "task": ["synthetic-cls", "synthetic-shortcut"],
+                     "source_task": ["synthetic-cls", "synthetic-shortcut"]}}
+
+
+@pytest.fixture(scope="module")
+def mask_and_transfer_sweeps(finished_sweep):
+    """Two more real sweeps in the same registry, on the same Ray (~1 min on 2 cores): mask_train x 3
+    seeds (each run's masks.npz in the home's checkpoint store), and prompt_transfer over 2 tasks x 2
+    source tasks x 2 seeds (8 pairs, from 4 skill_neurons runs). {"masks": id, "transfer": id}."""
+    registry = Registry(finished_sweep["url"])
+    sweeps = {}
+    for key, grid in (("masks", MASKS), ("transfer", TRANSFER)):
+        configs = expand(parse_grid(grid))
+        sweeps[key], _ = registry.create_sweep(grid["name"], yaml.safe_dump(grid), configs, {"cpus": 1}, 2, 0)
+        assert execute_sweep(sweeps[key], registry_url=finished_sweep["url"], track=False) == {
+            "finished": {"masks": 3, "transfer": 12}[key]}
+    return sweeps
+
+
+@pytest.mark.slow  # in CI (make test-slow): two more sweeps; the default run checks these commands' errors
+def test_iou_and_transfer_on_runs_of_their_methods(mask_and_transfer_sweeps, capsys):
+    assert headsweep(["iou", mask_and_transfer_sweeps["masks"], "--across", "seed", "--format", "json"]) == 0
+    iou = json.loads(capsys.readouterr().out)
+    assert (iou["pairs"], iou["runs"], iou["notes"]) == (3, 3, []) and 0 < iou["chance"] < 1 and 0 < iou["iou"] <= 1
+    assert headsweep(["transfer", mask_and_transfer_sweeps["transfer"], "--n-perm", "20", "--format", "json"]) == 0
+    transfer = json.loads(capsys.readouterr().out)
+    assert transfer["tasks"] == ["synthetic-cls", "synthetic-shortcut"] and transfer["runs"] == 8
+    assert transfer["model"] == "tiny-bert" and transfer["tables"]
 
 
 def _free_port() -> int:
@@ -100,7 +154,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
-def test_every_endpoint_through_serve(finished_sweep):
+def test_every_endpoint_through_serve(finished_sweep, mask_and_transfer_sweeps):
     from ray import serve
 
     from analysis.service import serve_app
@@ -119,8 +173,15 @@ def test_every_endpoint_through_serve(finished_sweep):
             assert http.get(f"/sweeps/{sweep}/agreement", params={"across": "seed"}).status_code == 200
             spearman = http.get(f"/sweeps/{sweep}/spearman", params={"a": "task:synthetic-cls", "b": "task:synthetic-tag"})
             assert spearman.status_code == 200
+            maps = http.get(f"/sweeps/{sweep}/compare-maps", params={"maps": "heads.gate,heads.log_alpha", "n_perm": 20})
+            assert maps.status_code == 200 and maps.json()["pairs"][0]["rho"] > 0.5
+            masks = mask_and_transfer_sweeps["masks"]
+            iou = http.get(f"/sweeps/{masks}/mask-iou", params={"across": "seed"})  # masks from the home's store
+            assert iou.status_code == 200 and (iou.json()["pairs"], iou.json()["runs"]) == (3, 3)
+            listed = http.get(f"/sweeps/{sweep}/figures").json()["figures"]
+            assert {"grey", "agreement", "curves"} <= {f["kind"] for f in listed}
             for kind in ("grey", "agreement", "curves"):
-                figure = http.get(f"/sweeps/{sweep}/figures/{kind}.png")
+                figure = http.get(next(f["url"] for f in listed if f["kind"] == kind))
                 assert figure.status_code == 200 and figure.content[:4] == b"\x89PNG", kind
             assert http.get("/openapi.json").json()["openapi"].startswith("3.")
             assert http.get("/sweeps/sw-nope").status_code == 404

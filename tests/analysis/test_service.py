@@ -1,4 +1,5 @@
-"""The analysis service: every endpoint through a real HTTP server on Ray Serve, and a
+"""The analysis service: every endpoint through a real HTTP server on Ray Serve (``served``; the
+answers of /compare-maps, /mask-iou and /figures there are also those of the in-process app), and a
 schemathesis fuzz of its OpenAPI document against the ASGI app (no 5xx, ever)."""
 
 from __future__ import annotations
@@ -30,17 +31,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+MASK_NAMES = [f"layer.{layer}.{role}" for layer in range(2) for role in ("query", "key", "value", "attn_out")]
+
+
+def _mask_sweep(url: str, store: str) -> str:
+    """A mask_train sweep (3 seeds) in the registry at ``url``, each run's ``masks.npz`` in the checkpoint
+    store ``store``; the seeds share 80 % of a base mask (so their IoU is well above chance)."""
+    from experiments.common.mask_format import pack_masks
+    from experiments.core.config import parse_config
+    from orchestrator.checkpoints import CheckpointStore
+
+    rng = np.random.default_rng(0)
+    base = {name: rng.random((8, 8)) < 0.5 for name in MASK_NAMES}
+    configs = [parse_config({"model": "tiny-bert", "method": "mask_train", "seed": seed}, check_files=False)
+               for seed in range(3)]
+    with Registry(url) as registry:
+        sweep_id, _ = registry.create_sweep("masks", "name: masks\n", configs, {"cpus": 1.0}, None, 1)
+        for cfg in configs:
+            masks = {name: np.where(rng.random((8, 8)) < 0.8, kept, rng.random((8, 8)) < 0.5)
+                     for name, kept in base.items()}
+            CheckpointStore(store).put(cfg.run_key, "masks.npz", pack_masks(masks))
+            assert registry.claim(cfg.run_key, "w") is not None
+            assert registry.finish(cfg.run_key, {"accuracy": 0.9}, maps={"heads.mask_density": rng.random((2, 4))})
+    return sweep_id
+
+
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, sweep_builder):
-    """(base URL, its own sweep) of the app on a private local Ray Serve, 127.0.0.1, a free port."""
+def served_store(tmp_path_factory) -> str:
+    """The checkpoint store (URI) the served app reads masks from."""
+    return tmp_path_factory.mktemp("served-store").as_uri()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, sweep_builder, served_store):
+    """(a client of the app on a private local Ray Serve, 127.0.0.1, a free port; its own sweep). The
+    Serve replica reads masks from ``served_store`` (HEADSWEEP_CHECKPOINTS, set before Ray starts its
+    workers)."""
     import ray
     from ray import serve
 
     from analysis.service import serve_app
 
     sweep = sweep_builder(tmp_path_factory.mktemp("served"))
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+    with pytest.MonkeyPatch.context() as env:  # Ray's processes keep it, the Serve replica's included
+        env.setenv("HEADSWEEP_CHECKPOINTS", served_store)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
     try:
         url = serve_app(sweep.url, "127.0.0.1", _free_port())
         with httpx.Client(base_url=url, timeout=60) as client:
@@ -71,8 +107,10 @@ def test_sweep_detail_lists_axes_and_metrics(served):
 
 @pytest.mark.ray
 def test_a_sweep_whose_driver_died_is_failed_with_its_history(served):
-    """As `status` says it: a running sweep whose driver job no cluster knows is failed, never
-    "running", with its orphaned runs, and the workers that died are named."""
+    """The service only reads: a running sweep whose driver job no cluster knows stays as recorded
+    (nothing written) until the orchestrator records the loss (the supervisor, or `status` as
+    here); then it is failed, with its orphaned runs, and the workers that died are named."""
+    from orchestrator.drivers import driver_gone
     from orchestrator.grid import expand, parse_grid
     from orchestrator.registry.history import WORKER_LOST
 
@@ -84,6 +122,11 @@ def test_a_sweep_whose_driver_died_is_failed_with_its_history(served):
     registry.claim(first, "t0@host:1")
     registry.add_event(lost, WORKER_LOST, {"run_key": first, "worker": "t9@host:2", "attempt": 1, "then": "retried"})
     registry.set_sweep(lost, driver="d-that-no-cluster-knows", status="running")
+    before = registry.get_sweep(lost)
+    assert client.get(f"/sweeps/{lost}").json()["status"] == "running"
+    assert [s["status"] for s in client.get("/sweeps").json() if s["id"] == lost] == ["running"]
+    assert registry.get_sweep(lost) == before and len(registry.events(lost)) == 1  # read, never written
+    assert driver_gone(registry, before)  # what `headsweep status` (and the supervisor) records
     body = client.get(f"/sweeps/{lost}").json()
     assert body["status"] == "failed"
     worker, driver = body["history"]
@@ -187,6 +230,36 @@ def test_openapi_document(served):
                           "/sweeps/{sweep_id}/aggregate", "/sweeps/{sweep_id}/agreement",
                           "/sweeps/{sweep_id}/spearman", "/sweeps/{sweep_id}/mask-iou", "/sweeps/{sweep_id}/compare-maps",
                           "/sweeps/{sweep_id}/figures", "/sweeps/{sweep_id}/figures/{kind}.png"}
+
+
+@pytest.mark.ray
+def test_compare_maps_mask_iou_and_figures_through_serve(served, served_store):
+    """The three endpoints the other served tests leave out, through the real server: each answer is
+    the in-process app's (the same registry and store), and says what it should of this sweep."""
+    from fastapi.testclient import TestClient
+
+    client, sweep = served
+    mask_sweep_id = _mask_sweep(sweep.url, served_store)  # in the served registry
+    s = f"/sweeps/{sweep.sweep_id}"
+    requests = [(f"{s}/compare-maps", {"maps": "heads.gate,heads.log_alpha", "n_perm": 20}),
+                (f"{s}/compare-maps", {"maps": "heads.log_alpha", "across": "task", "n_perm": 20}),
+                (f"/sweeps/{mask_sweep_id}/mask-iou", {"across": "seed"}),
+                (f"{s}/figures", {})]
+    answers = [client.get(path, params=params) for path, params in requests]
+    assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+    with pytest.MonkeyPatch.context() as env, TestClient(build_app(sweep.url)) as local:
+        env.setenv("HEADSWEEP_CHECKPOINTS", served_store)
+        assert [a.json() for a in answers] == [local.get(path, params=params).json() for path, params in requests]
+    maps, tasks, masks, figures = (a.json() for a in answers)
+    # gates are scores thresholded, so the two maps rank the heads alike; the tasks keep different heads
+    (pair,) = maps["pairs"]
+    assert pair["rho"] > 0.8 and {pair["a"], pair["b"]} == {"heads.gate", "heads.log_alpha"}
+    assert tasks["labels"] == [CLS, TAG] and tasks["pairs"][0]["rho"] < pair["rho"]
+    assert masks["pairs"] == 3 and masks["runs"] == 3 and masks["iou"] > masks["chance"] + 0.3
+    listed = {f["kind"] for f in figures["figures"]}
+    assert figures["sweep"] == sweep.sweep_id and {"grey", "rgb", "agreement"} <= listed
+    first = client.get(figures["figures"][0]["url"])  # a listed URL answers, through the server too
+    assert first.status_code == 200 and first.content[:8] == PNG_MAGIC
 
 
 @pytest.mark.ray
