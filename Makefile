@@ -8,11 +8,11 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: venv demo test test-slow bench real lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch is pinned to 2.13.0: pip takes the CPU wheel from the machine's find-links (/opt/wheels),
-	# never the multi-GB CUDA build.
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	# constraints.txt pins torch to 2.13.0 here: pip takes the CPU wheel from the machine's find-links
+	# (/opt/wheels), never the multi-GB CUDA build; the package itself accepts any torch >= 2.4.
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

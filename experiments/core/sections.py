@@ -70,6 +70,16 @@ class TaskConfig(_Frozen):
     column: str | None = Field(
         None, description="tagging: the tag column: upos (default), xpos, deprel (CoNLL-U), or an hf column (None = tags)."
     )
+    columns: tuple[str, ...] | None = Field(
+        None, description="File tasks, tsv/csv without a header row (GLUE's test files, AG News): the columns' "
+        "names in order, e.g. [label, text]; None = the first row names them."
+    )
+    hf: str | None = Field(
+        None, description="File tasks: a Hugging Face dataset by name (glue) or a dataset folder "
+        "datasets.load_dataset reads; task.train, task.dev and eval_sets are then split names "
+        "(train, validation). Cached by datasets; loads offline only from its cache."
+    )
+    hf_config: str | None = Field(None, description="The configuration of the task.hf dataset (sst2 of glue).")
 
     @model_validator(mode="before")
     @classmethod
@@ -79,6 +89,9 @@ class TaskConfig(_Frozen):
         if not isinstance(data, dict):
             return data
         base = Path(data["data_dir"]).expanduser() if isinstance(data.get("data_dir"), str) else Path(".")
+        if isinstance(data.get("hf"), str):  # train/dev/eval_sets are split names; hf a name or a local folder
+            local = base / Path(data["hf"]).expanduser()
+            return data | {"hf": os.path.abspath(local)} if local.is_dir() else data
         absolute = lambda p: os.path.abspath(base / Path(p).expanduser()) if isinstance(p, str) else p  # noqa: E731
         out = {k: absolute(v) if k in ("train", "dev") else v for k, v in data.items()}
         if isinstance(out.get("eval_sets"), dict):
@@ -106,6 +119,13 @@ class TaskConfig(_Frozen):
         """Labels as the data's strings: 1 -> '1', true -> 'true' (as JSON writes them)."""
         if isinstance(value, list | tuple):
             return tuple(v if isinstance(v, str) else json.dumps(v) for v in value)
+        return value
+
+    @field_validator("columns")
+    @classmethod
+    def _distinct_columns(cls, value: Any) -> Any:
+        if value is not None and (not value or len(set(value)) != len(value)):
+            raise ValueError(f"name each column once, got {list(value)}")
         return value
 
     @field_validator("text")

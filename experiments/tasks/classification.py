@@ -116,9 +116,11 @@ def read_examples(source: Source, text: tuple[str, ...], label: str) -> Examples
         raise ValueError(f"task.{source.role}: {source.path} has no examples")
     for key, column in [("text", c) for c in text] + [("label", label)]:
         if column not in records.columns:
+            headerless = ("; if its first row is an example, not a header, name the columns with "
+                          "task.columns, e.g. [label, text]") if source.format in ("tsv", "csv") and source.columns is None else ""
             raise ValueError(
                 f"task.{key}: no column '{column}' in {source.path} (its columns: "
-                f"{', '.join(records.columns)}){suggest(column, records.columns)}"
+                f"{', '.join(records.columns)}){suggest(column, records.columns)}{headerless}"
             )
     texts, labels = [], []
     for row, line in zip(records.rows, records.lines, strict=True):

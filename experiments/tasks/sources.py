@@ -45,11 +45,19 @@ CONLLU_COLUMNS = ("id", "form", "lemma", "upos", "xpos", "feats", "head", "depre
 
 @dataclass(frozen=True)
 class Source:
-    """One file a task reads: its role (``train``, ``dev``, ``eval_sets.ood``), absolute path, format."""
+    """One file a task reads: its role (``train``, ``dev``, ``eval_sets.ood``), absolute path, format.
+
+    ``columns``: the column names of a tsv/csv file without a header row (``task.columns``).
+    A Hugging Face dataset by name (``task.hf``) is format ``hub``: ``path`` is its name (or a
+    local dataset folder ``datasets.load_dataset`` reads), ``config`` its configuration and
+    ``split`` the split this role reads (``train``, ``validation``)."""
 
     role: str
     path: str
     format: str
+    columns: tuple[str, ...] | None = None
+    config: str | None = None
+    split: str | None = None
 
 
 # --------------------------------------------------------------------------- paths and formats
@@ -93,7 +101,10 @@ def file_format(role: str, path: str, declared: str | None, allowed: tuple[str, 
 
 
 def require(source: Source) -> None:
-    """ValueError naming the key and the path when a source is not there."""
+    """ValueError naming the key and the path when a source is not there (a hub dataset is
+    checked when it loads)."""
+    if source.format == "hub":
+        return
     exists = os.path.isdir(source.path) if source.format == "hf" else os.path.isfile(source.path)
     if not exists:
         kind = "folder" if source.format == "hf" else "file"
@@ -107,16 +118,30 @@ def eval_set_items(cfg) -> list[tuple[str, str]]:
 
 
 def file_sources(cfg, task: str, formats: tuple[str, ...]) -> tuple[Source, ...]:
-    """Train, dev and evaluation-set sources of a file task's config, paths made absolute."""
+    """Train, dev and evaluation-set sources of a file task's config: files (paths made absolute),
+    or the splits of a Hugging Face dataset named by ``task.hf``."""
+    hub = getattr(cfg, "hf", None)
     roles = [("train", cfg.train), ("dev", cfg.dev)]
     for role, path in roles:
         if path is None:
-            raise ValueError(f"task.{role}: the {task} task needs task.train and task.dev (paths to your files)")
+            what = "split names, e.g. train and validation" if hub else "paths to your files"
+            raise ValueError(f"task.{role}: the {task} task needs task.train and task.dev ({what})")
     roles += [(f"eval_sets.{name}", path) for name, path in eval_set_items(cfg)]
+    columns = getattr(cfg, "columns", None)
+    if hub:
+        if columns is not None or cfg.format is not None:
+            key = "columns" if columns is not None else "format"
+            raise ValueError(f"task.{key}: a dataset named by task.hf has its own columns and format; drop task.{key}")
+        return tuple(Source(role, hub, "hub", config=getattr(cfg, "hf_config", None), split=split)
+                     for role, split in roles)
     sources = []
     for role, path in roles:
         absolute = resolve_path(path, cfg.data_dir)
-        sources.append(Source(role, absolute, file_format(role, absolute, cfg.format, formats, task)))
+        fmt = file_format(role, absolute, cfg.format, formats, task)
+        if columns is not None and fmt not in ("tsv", "csv"):
+            raise ValueError(f"task.columns: names the columns of tsv/csv files without a header row; "
+                             f"task.{role} is {fmt}")
+        sources.append(Source(role, absolute, fmt, columns=columns))
     return tuple(sources)
 
 
@@ -140,8 +165,11 @@ def file_digest(path: str) -> str:
 
 
 def source_digest(source: Source) -> str:
-    """Digest of a file, or of every file under an ``hf`` folder (relative names included)."""
+    """Digest of a file, of every file under an ``hf`` folder (relative names included), or a hub
+    dataset's own content fingerprint (``datasets``' cache key of the loaded split)."""
     require(source)
+    if source.format == "hub":
+        return _load_hub(source)._fingerprint
     if source.format != "hf":
         return file_digest(source.path)
     root = Path(source.path)
@@ -185,6 +213,8 @@ def read_records(source: Source) -> Records:
     require(source)
     if source.format == "hf":
         return _read_hf(source)
+    if source.format == "hub":
+        return _records_of(_load_hub(source))
     text = read_text(source.role, source.path)
     if source.format == "jsonl":
         return _read_jsonl(source, text)
@@ -192,7 +222,8 @@ def read_records(source: Source) -> Records:
         reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
     else:
         reader = csv.reader(io.StringIO(text, newline=""))
-    columns = tuple(next(reader, ()))
+    columns = source.columns if source.columns is not None else tuple(next(reader, ()))
+    named = "task.columns names" if source.columns is not None else "its header has"
     rows, lines = [], []
     for fields in reader:
         if not fields:  # a blank line
@@ -200,7 +231,7 @@ def read_records(source: Source) -> Records:
         if len(fields) != len(columns):
             raise ValueError(
                 f"task.{source.role}: {source.path} line {reader.line_num} has {len(fields)} fields, "
-                f"its header has {len(columns)}"
+                f"{named} {len(columns)}"
             )
         rows.append(dict(zip(columns, fields, strict=True)))
         lines.append(reader.line_num)
@@ -223,21 +254,54 @@ def _read_jsonl(source: Source, text: str) -> Records:
     return Records(tuple(rows[0]) if rows else (), rows, lines)
 
 
-def _read_hf(source: Source) -> Records:
+def _datasets(source: Source):
     try:
         import datasets
     except ImportError:
         raise ValueError(
-            f"task.{source.role}: reading the hf folder {source.path} needs the 'datasets' package"
+            f"task.{source.role}: reading {source.path} needs the 'datasets' package (pip install datasets)"
         ) from None
+    return datasets
+
+
+def _read_hf(source: Source) -> Records:
+    datasets = _datasets(source)
     data = datasets.load_from_disk(source.path)
     if isinstance(data, datasets.DatasetDict):
         raise ValueError(
             f"task.{source.role}: {source.path} holds a DatasetDict (splits: {', '.join(data)}); "
             f"point at one split's folder, e.g. {source.path}/{next(iter(data), 'train')}"
         )
+    return _records_of(data)
+
+
+_HUB: dict[Source, Any] = {}
+"""Loaded hub splits by source: a grid's cells check and fingerprint each split once."""
+
+
+def _load_hub(source: Source):
+    """One split of a dataset named by ``task.hf`` (``datasets.load_dataset``, cached on disk by
+    ``datasets``); ValueError naming the key and why it could not load (offline, unknown name,
+    config or split)."""
+    if source not in _HUB:
+        datasets = _datasets(source)
+        what = f"'{source.path}'" + (f" (config '{source.config}')" if source.config else "")
+        try:
+            _HUB[source] = datasets.load_dataset(source.path, source.config, split=source.split)
+        except Exception as err:  # noqa: BLE001 (datasets raises many kinds; the message says which)
+            reason = " ".join(str(err).split()) or type(err).__name__
+            offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+            hint = (" (HF_HUB_OFFLINE is set: only datasets already in the cache load; unset it where "
+                    "the hub is reachable, or point task.train/dev at files)") if offline else ""
+            raise ValueError(f"task.{source.role}: cannot load split '{source.split}' of the dataset "
+                             f"{what}: {reason[:300]}{hint}") from None
+    return _HUB[source]
+
+
+def _records_of(data) -> Records:
+    """A ``datasets.Dataset``'s rows, ``ClassLabel`` ids read as their names (also inside sequences)."""
     rows = data.to_list()
-    for name, feature in data.features.items():  # ClassLabel ids -> names, also inside sequences
+    for name, feature in data.features.items():
         names = getattr(feature, "names", None) or getattr(getattr(feature, "feature", None), "names", None)
         if names:
             for row in rows:

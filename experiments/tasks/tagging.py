@@ -80,14 +80,14 @@ def spec(cfg) -> Spec:
     if len(formats) > 1:
         raise ValueError(f"task.format: the files of a tagging task need one format, got {', '.join(formats)}")
     fmt, column = formats[0], cfg.column
-    if fmt != "hf" and cfg.text is not None:
-        raise ValueError(f"task.text: {fmt} files have a fixed word column; task.text is for hf folders")
+    if fmt not in ("hf", "hub") and cfg.text is not None:
+        raise ValueError(f"task.text: {fmt} files have a fixed word column; task.text is for hf datasets")
     labels = tuple(cfg.labels) if cfg.labels is not None else None
     if fmt == "bio":
         if column is not None:
             raise ValueError("task.column: BIO files have one tag column (the last field); leave task.column unset")
         return Spec(sources, None, labels=labels)
-    if fmt == "hf":
+    if fmt in ("hf", "hub"):
         tokens = cfg.text if cfg.text is not None else DEFAULT_HF_TOKENS
         if not isinstance(tokens, str):
             raise ValueError(f"task.text: the tagging task reads one tokens column, got {list(tokens)}")
