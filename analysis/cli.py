@@ -9,67 +9,35 @@ main CLI prints as one line with exit status 2.
 from __future__ import annotations
 
 import argparse
-import csv
-import functools
-import io
 import json
 import math
 import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich import box
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from analysis import compare_cli, transfer_cli
+from analysis.cli_common import (
+    AGREEMENT_FORMATS,
+    SWEEP_HELP,
+    bad_input_is_config_error,
+    fmt3,
+    load,
+    null_cells,
+    out,
+    signed,
+    write_rows,
+)
 from experiments.common.naming import suggest
 from experiments.common.units import OPEN_THRESHOLD
 from experiments.core.sections import ConfigError
 
 FORMATS = ("table", "csv", "parquet", "json")
-AGREEMENT_FORMATS = ("table", "csv", "json")
-SWEEP_HELP = "a sweep id, or 'last' (the newest sweep)"
-# A terminal wraps tables at its width; a pipe or a file gets them whole (rich's default there is
-# 80 columns, which folds a run x run matrix into unreadable pieces).
-out = Console(width=None if sys.stdout.isatty() else 100_000)
-
-
-def _registry(args: argparse.Namespace):
-    from orchestrator import settings
-    from orchestrator.registry import Registry
-
-    return Registry(args.db or settings.registry_url())
-
-
-def _load(args: argparse.Namespace):
-    """(the sweep's SweepData, the --where filters)."""
-    from analysis import select
-    from analysis.loading import load_sweep
-    from orchestrator.registry import NotFound
-
-    registry = _registry(args)
-    try:
-        data = load_sweep(registry, args.sweep)
-    except NotFound:
-        known = [s["id"] for s in registry.list_sweeps()]
-        raise ConfigError(f"unknown sweep '{args.sweep}'{suggest(args.sweep, known)}") from None
-    return data, select.parse_filter(args.where or "")
-
-
-def _bad_input_is_config_error(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    @functools.wraps(handler)
-    def wrapper(args: argparse.Namespace) -> int:
-        from analysis.select import QueryError
-
-        try:
-            return handler(args)
-        except QueryError as err:
-            raise ConfigError(str(err)) from None
-
-    return wrapper
 
 
 def _fmt(value: Any) -> str:
@@ -83,28 +51,7 @@ def _fmt(value: Any) -> str:
 # --------------------------------------------------------------------------- results
 
 
-def _write_rows(rows: list[dict[str, Any]], fmt: str, path: str | None) -> None:
-    if fmt == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pq.write_table(pa.Table.from_pylist(rows), path)
-        return
-    if fmt == "json":
-        text = json.dumps(rows, indent=1) + "\n"
-    else:
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else [], lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        text = buf.getvalue()
-    if path:
-        Path(path).write_text(text)
-    else:
-        sys.stdout.write(text)
-
-
-@_bad_input_is_config_error
+@bad_input_is_config_error
 def cmd_results(args: argparse.Namespace) -> int:
     """Mean, std, n and 95 % CI of a metric per group."""
     from analysis import queries, select
@@ -113,7 +60,7 @@ def cmd_results(args: argparse.Namespace) -> int:
         raise ConfigError(f"--format: unknown format '{args.format}'{suggest(args.format, FORMATS)}")
     if args.format == "parquet" and not args.out:
         raise ConfigError("--format parquet writes a binary file: give --out FILE.parquet")
-    data, where = _load(args)
+    data, where = load(args)
     group_by = [a.strip() for a in (args.group_by or "").split(",") if a.strip()]
     metric = args.metric or select.default_metric(data)
     rows = queries.aggregate(data, group_by, metric, where)
@@ -121,7 +68,7 @@ def cmd_results(args: argparse.Namespace) -> int:
         expected = queries.aggregate(data, group_by, "expected_open_heads", where)  # the same groups, in order
         rows = [row | {"expected_open": e["mean"]} for row, e in zip(rows, expected, strict=True)]
     if args.format != "table":
-        _write_rows(rows, args.format, args.out)
+        write_rows(rows, args.format, args.out)
         if args.out:
             out.print(f"{len(rows)} rows -> {args.out}")
         return 0
@@ -158,18 +105,18 @@ def _results_table(rows: list[dict[str, Any]], title: str) -> Table:
 # --------------------------------------------------------------------------- agreement
 
 
-@_bad_input_is_config_error
+@bad_input_is_config_error
 def cmd_agreement(args: argparse.Namespace) -> int:
     """The agreement matrix and two tested statistics, each against both permutation nulls."""
     from analysis import figure_plan, queries
 
-    data, where = _load(args)
+    data, where = load(args)
     pool = [a.strip() for a in (args.pool or "").split(",") if a.strip()]
     result = queries.agreement(data, args.across, where, n_perm=args.n_perm, map_name=args.map, pool=pool)
     if args.format == "json":
         print(json.dumps(queries.agreement_json(result), indent=2))
     elif args.format == "csv":
-        _write_rows(_matrix_rows(result), "csv", None)
+        write_rows(_matrix_rows(result), "csv", None)
     else:
         _print_agreement(result, args.sweep)
     if args.png:
@@ -187,9 +134,10 @@ def _matrix_rows(result) -> list[dict[str, Any]]:
 
 
 def _print_agreement(result, sweep: str) -> None:
-    from analysis import queries, select
+    from analysis import queries, select, statistics
 
-    table = Table(title=f"{result.map_name}: Pearson r across {result.across} ({sweep})", box=box.SIMPLE)
+    matrix = statistics.STATISTICS[queries.MATRIX]
+    table = Table(title=f"{result.map_name}: {matrix.computes} across {result.across} ({sweep})", box=box.SIMPLE)
     table.add_column(result.across, overflow="fold")
     for label in result.labels:
         table.add_column(label, justify="right", overflow="fold")
@@ -214,36 +162,35 @@ def _print_agreement(result, sweep: str) -> None:
                             ("chance", "right"), ("95% of chance", "right"), ("excess", "right"),
                             ("p", "right")):
         tests.add_column(column, justify=justify, no_wrap=True)
-    short = f"{result.across} r"
-    for name, t in ((short, result.mean_offdiag), ("stem cell", result.stem_cell),
-                    ("stem cell (paper)", result.stem_cell_paper)):
-        nulls = queries.null_summaries(t)
+    asked = statistics.asked("agreement")
+    names = {stat.name: f"{result.across} {stat.label}" if stat is matrix else stat.label for stat in asked}
+    for stat in asked:
+        tested = result.statistics[stat.name]
+        nulls = queries.null_summaries(tested)
         if not nulls:
-            tests.add_row(name, _fmt3(t.observed), "-", "-", "-", "-", "-")
+            tests.add_row(names[stat.name], stat.text(tested.observed), "-", "-", "-", "-", "-")
         for i, null in enumerate(nulls):
-            where = "in layers" if null["null"] == "within_layers" else "all units"
-            tests.add_row(name if i == 0 else "", _fmt3(t.observed) if i == 0 else "", where,
-                          _fmt3(null["null_mean"]), f"{_fmt3(null['band_lo'])}..{_fmt3(null['band_hi'])}",
-                          _signed(null["excess"]), null["p_text"])
+            tests.add_row(names[stat.name] if i == 0 else "", stat.text(tested.observed) if i == 0 else "",
+                          *null_cells(null))
     out.print(tests)
-    out.print(f"{short}: Pearson r between {across}, {result.mean_offdiag.pooled}")
-    out.print(f"stem cell: He & Choi's multiple correlation of 3 seeds, {result.stem_cell.pooled}")
-    out.print(f"stem cell (paper): He & Choi's single fit z3 ~ z1 + z2, {result.stem_cell_paper.pooled}")
+    for stat in asked:
+        between = f" between {across}" if stat.shape == "pairs" else ""
+        out.print(escape(f"{names[stat.name]}: {stat.computes}{between}, {result.statistics[stat.name].pooled}"))
 
 
-@_bad_input_is_config_error
+@bad_input_is_config_error
 def cmd_iou(args: argparse.Namespace) -> int:
     """Mask IoU of kept weights between runs that differ in one axis, beside chance."""
     from analysis import masks
 
-    data, where = _load(args)
+    data, where = load(args)
     pool = [a.strip() for a in (args.pool or "").split(",") if a.strip()]
     result = masks.mask_iou(data, args.across, masks.stored_masks(), where, pool)
     if args.format == "json":
         print(json.dumps(result, indent=2))
         return 0
     if args.format == "csv":
-        _write_rows([{args.across: label, **dict(zip(result["labels"], row, strict=True))}
+        write_rows([{args.across: label, **dict(zip(result["labels"], row, strict=True))}
                      for label, row in zip(result["labels"], result["matrix"], strict=True)], "csv", None)
         return 0
     table = Table(title=f"weight masks: IoU of kept weights across {args.across} ({args.sweep})", box=box.SIMPLE)
@@ -251,19 +198,19 @@ def cmd_iou(args: argparse.Namespace) -> int:
     for label in result["labels"]:
         table.add_column(label, justify="right", overflow="fold")
     for label, row in zip(result["labels"], result["matrix"], strict=True):
-        table.add_row(label, *(_fmt3(v) for v in row))
+        table.add_row(label, *(fmt3(v) for v in row))
     out.print(table)
     roles = Table(title="mean IoU per matrix (rows: layers)", box=box.SIMPLE)
     roles.add_column("layer", justify="right")
     for role in result["per_role"]:
         roles.add_column(role, justify="right")
     for layer in range(len(next(iter(result["per_role"].values()), []))):
-        roles.add_row(str(layer), *(_fmt3(values[layer]) for values in result["per_role"].values()))
+        roles.add_row(str(layer), *(fmt3(values[layer]) for values in result["per_role"].values()))
     out.print(roles)
     for note in result["notes"]:
         out.print(f"note: {note}")
-    out.print(f"IoU {_fmt3(result['iou'])}, chance {_fmt3(result['chance'])} (random masks of the same "
-              f"density per matrix), excess {_signed(result['excess'])}: {result['pooled']}; "
+    out.print(f"IoU {fmt3(result['iou'])}, chance {fmt3(result['chance'])} (random masks of the same "
+              f"density per matrix), excess {signed(result['excess'])}: {result['pooled']}; "
               f"compared only runs equal on: {', '.join(result['matched_on'])}")
     out.print(f"the density maps against their permutation nulls: headsweep agreement {args.sweep} "
               f"--map heads.mask_density --across {args.across}")
@@ -275,23 +222,15 @@ def _fmt2(value: float | None) -> str:
     return "-" if value is None or not math.isfinite(value) else f"{value:.2g}"
 
 
-def _fmt3(value: float | None) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{value:.3f}"
-
-
-def _signed(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.3f}"
-
-
 # --------------------------------------------------------------------------- figures
 
 
-@_bad_input_is_config_error
+@bad_input_is_config_error
 def cmd_figures(args: argparse.Namespace) -> int:
     """Every figure of the sweep as PNG files under --out; prints their paths."""
     from analysis import figure_plan, select
 
-    data, where = _load(args)
+    data, where = load(args)
     data = select.select(data, where)
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -362,8 +301,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--where", help=where_help)
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_agreement)
-
-    from analysis import compare_cli, transfer_cli  # they import this module: registered here
 
     compare_cli.register(subparsers, db_help, where_help)
     transfer_cli.register(subparsers, db_help, where_help)

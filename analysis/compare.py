@@ -1,7 +1,8 @@
 """Do different maps rank the units alike? ``headsweep compare-maps``, across methods and across tasks.
 
 Two questions, one answer: a matrix over labels and, per pair of labels, a tested Spearman rho
-beside the top-k overlap and its chance level.
+beside the top-k overlap and its chance level, and every other statistic compare-maps asks
+(``statistics.asked("compare_maps")``: RBO, ...) tested against the same relabellings.
 
 - Several maps (``heads.log_alpha heads.importance -heads.ablation_delta``), one label per map.
   For each pair of maps (A, B): Spearman rho between A and B over the units (flattened), per
@@ -37,9 +38,17 @@ from typing import Any
 
 import numpy as np
 
-from analysis import stats
+from analysis import statistics, stats
 from analysis.loading import SweepData
-from analysis.queries import Tested, _joint_codes, check_across, null_summaries, strata
+from analysis.queries import (
+    MAX_PAIR_WORK,
+    Tested,
+    _joint_codes,
+    check_across,
+    null_summaries,
+    strata,
+    tested_json,
+)
 from analysis.select import (
     COMPANIONS,
     Filters,
@@ -55,7 +64,11 @@ from analysis.select import (
     value_label,
     varying_config,
 )
+from analysis.statistics import STATISTICS, spearman
+from analysis.statistics.base import Statistic
 
+MATRIX = "rho"
+"""The statistic of compare-maps' matrix (``statistics.STATISTICS``): Spearman rho."""
 DEFAULT_TOP = 0.1
 """Top-k overlap of the top 10 % of units by default."""
 _CROSS_ELEMENTS = 16_000_000
@@ -104,11 +117,24 @@ class PairResult:
     """Pairs of runs compared (several maps), or settings of the other axes (``across``)."""
     n_same_run: int
     """Of those, pairs that are one run with both maps."""
-    rho: Tested
-    """Mean Spearman rho over the pairs, against the nulls (empty when n_perm = 0)."""
-    overlap: float
-    """Mean over the pairs of |top-k of a & top-k of b| / k (NaN without pairs)."""
-    jaccard: float
+    statistics: dict[str, Tested]
+    """Each pairwise statistic of ``statistics.asked("compare_maps")`` by name (``rho``: Spearman,
+    the matrix's): its mean over the pairs, against the nulls (empty when n_perm = 0)."""
+    top_k: dict[str, float]
+    """Each top-k statistic by name (``overlap``: |top-k of a & top-k of b| / k, ``jaccard``): its
+    mean over the pairs (NaN without pairs)."""
+
+    @property
+    def rho(self) -> Tested:
+        """Mean Spearman rho over the pairs, against the nulls."""
+        return self.statistics[MATRIX]
+
+    def __getattr__(self, name: str) -> Any:
+        """``pair.overlap``, ``pair.rbo``: the statistic of that name."""
+        for table in (self.__dict__.get("statistics", {}), self.__dict__.get("top_k", {})):
+            if name in table:
+                return table[name]
+        raise AttributeError(f"{type(self).__name__!r} has no attribute or statistic {name!r}")
 
 
 @dataclass(frozen=True)
@@ -127,19 +153,34 @@ class Comparison:
     n_runs: list[int]
     """Runs behind each label."""
     pairs: list[PairResult]
-    mean_offdiag: Tested
-    """Mean over the compared pairs of labels of their rho, against the same relabellings."""
+    statistics: dict[str, Tested]
+    """Each pairwise statistic by name: the mean over the compared pairs of labels of its value,
+    against the same relabellings; the matrix's (rho) is ``mean_offdiag``."""
     top: float
     k: int
-    chance_overlap: float
-    """k / P: expected overlap of two independent random top-k sets (the hypergeometric mean)."""
-    chance_jaccard: float
+    chance: dict[str, float]
+    """Each top-k statistic's value for two independent random top-k sets (``overlap``: k / P, the
+    hypergeometric mean); also ``result.chance_<name>``."""
     models: list[str]
     tasks: list[str]
     matched_on: list[str]
     """Config keys every compared pair of runs agrees on."""
     pooled_axes: list[str]
     notes: list[str]
+
+    @property
+    def mean_offdiag(self) -> Tested:
+        """Mean over the compared pairs of labels of their rho, against the same relabellings."""
+        return self.statistics[MATRIX]
+
+    def __getattr__(self, name: str) -> Any:
+        """``result.rbo``: a pairwise statistic's mean; ``result.chance_overlap``: a top-k statistic's chance."""
+        tested, chance = self.__dict__.get("statistics", {}), self.__dict__.get("chance", {})
+        if name in tested:
+            return tested[name]
+        if name.startswith("chance_") and name[len("chance_"):] in chance:
+            return chance[name[len("chance_"):]]
+        raise AttributeError(f"{type(self).__name__!r} has no attribute or statistic {name!r}")
 
 
 @dataclass(frozen=True)
@@ -205,61 +246,97 @@ def _relabelled(u1: np.ndarray, u2: np.ndarray, sigma: np.ndarray, cross: np.nda
     return out
 
 
-def _tested(compared: _Rows, n_perm: int, seed: int, top: float) -> dict[str, Any]:
-    """Spearman, nulls and top-k overlap of each pair of labels of ``compared``.
+def _relabelled_pairs(stat: Statistic, r1: np.ndarray, r2: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """``(c,)`` mean over rows of ``stat.pairs(r1_q, r2_q[sigma])`` for each relabelling ``sigma``
+    (``(c, P)``): any pairwise statistic on the relabelled maps, a chunk of relabellings at a time."""
+    q, p = r1.shape
+    out = np.empty(len(sigma))
+    step = max(1, _CHUNK_ELEMENTS // max(q * p, 1))
+    for start in range(0, len(sigma), step):
+        part = sigma[start:start + step]  # (c, P)
+        relabelled = r2[:, part].transpose(1, 0, 2).reshape(-1, p)  # (c * Q, P): copy-major
+        same = np.broadcast_to(r1, (len(part), q, p)).reshape(-1, p)
+        out[start:start + len(part)] = stat.pairs(same, relabelled).reshape(len(part), q).mean(axis=1)
+    return out
 
-    Returns ``{"by_pair": {(a, b): (n, n_same_run, rho, nulls, overlap, jaccard)}, "offdiag": (rho,
-    nulls), "k", "chance", "undefined"}`` (pairs with a constant map are left out, counted in ``undefined``).
+
+def _tested(compared: _Rows, n_perm: int, seed: int, top: float) -> dict[str, Any]:
+    """Every statistic compare-maps asks (``statistics.asked("compare_maps")``), with its nulls, for
+    each pair of labels of ``compared``: the pairwise ones (``rho``, the matrix's, through its
+    standardised ranks; the others through their ``pairs``) tested against the same relabellings,
+    the top-k ones beside their chance.
+
+    Returns ``{"by_pair": {(a, b): (n, n_same_run, {name: (value, nulls)}, {top-k name: value})},
+    "offdiag": {name: (value, nulls)}, "k", "chance": {top-k name: chance}, "undefined", "left_out"}``
+    (pairs with a constant map are left out, counted in ``undefined``; ``left_out``: the pairwise
+    statistics too costly for this question, ``MAX_PAIR_WORK``).
     """
     rows, label, pairs, n_labels = compared.rows, compared.label, compared.pairs, len(compared.labels)
     layers, units = rows.shape[1:]
     p = layers * units
-    ranks = stats.rank_rows(rows.reshape(len(rows), p))  # (R, P)
-    centred = ranks - (p + 1) / 2.0
-    norm = np.sqrt(np.einsum("ij,ij->i", centred, centred))
-    defined = norm > 0  # a constant map ranks every unit alike: its correlation is undefined
-    u = centred / np.where(defined, norm, 1.0)[:, None]
+    flat = rows.reshape(len(rows), p)  # (R, P)
+    ranks, u, defined = spearman.standardised_ranks(flat)  # a constant map's correlation is undefined
     ok = defined[pairs[:, 0]] & defined[pairs[:, 1]]
     undefined, pairs, same = int((~ok).sum()), pairs[ok], compared.same_run[ok]
     k = min(p, max(1, math.ceil(top * p - 1e-9)))  # the tolerance keeps 0.1 * 30 from becoming 4
-    # ties broken at random, as stats.topk_overlap: distinct average ranks differ by 1 or more, so
+    # ties broken at random, as topk.topk_overlap: distinct average ranks differ by 1 or more, so
     # noise below 0.5 reorders tied units only
     key = ranks + 0.5 * np.random.default_rng([seed, 7]).random(ranks.shape)
     in_top = np.zeros(ranks.shape, dtype=bool)
     np.put_along_axis(in_top, np.argpartition(-key, k - 1, axis=-1)[:, :k], True, axis=-1)
     shared = (in_top[pairs[:, 0]] & in_top[pairs[:, 1]]).sum(axis=1)
-    rho = np.einsum("qp,qp->q", u[pairs[:, 0]], u[pairs[:, 1]])
+    asked = statistics.asked("compare_maps")
+    work = len(pairs) * p * (1 + len(stats.NULLS) * n_perm)
+    others = [stat for stat in asked if stat.shape == "pairs" and stat.name != MATRIX]
+    left_out = [stat.name for stat in others if work > MAX_PAIR_WORK]
+    others = [stat for stat in others if stat.name not in left_out]
+    values = {MATRIX: np.einsum("qp,qp->q", u[pairs[:, 0]], u[pairs[:, 1]]),
+              **{stat.name: stat.pairs(flat[pairs[:, 0]], flat[pairs[:, 1]]) for stat in others}}
     which = label[pairs[:, 0]] * n_labels + label[pairs[:, 1]]
     groups = {(int(c) // n_labels, int(c) % n_labels): np.flatnonzero(which == c) for c in np.unique(which)}
     nulls_asked = [name for name in stats.NULLS if n_perm and not (name == "within_layers" and units == 1)]
     sides = {key: (u[pairs[idx, 0]], u[pairs[idx, 1]]) for key, idx in groups.items()}
     cross = {key: u1.T @ u2 / len(u1) for key, (u1, u2) in sides.items()} \
         if len(groups) * p * p <= _CROSS_ELEMENTS else {}  # (P, P) each: the null in P operations per draw
-    nulls: dict[tuple[int, int], dict[str, np.ndarray]] = {key: {} for key in groups}
+    nulls: dict[str, dict[tuple[int, int], dict[str, np.ndarray]]] = {name: {key: {} for key in groups}
+                                                                      for name in values}
     rng = np.random.default_rng(seed)
     step = max(1, _CHUNK_ELEMENTS // (n_labels * p))
-    for name in nulls_asked:
-        values = {key: np.empty(n_perm) for key in groups}
+    for null in nulls_asked:
+        drawn = {name: {key: np.empty(n_perm) for key in groups} for name in values}
         for start in range(0, n_perm, step):
-            perms = _null_perms(rng, min(step, n_perm - start), n_labels, layers, units, name)  # (c, labels, P)
+            perms = _null_perms(rng, min(step, n_perm - start), n_labels, layers, units, null)  # (c, labels, P)
             inverse = {a: _inverse(perms[:, a]) for a in {a for a, _ in groups if a}}
+            done = slice(start, start + len(perms))
             for (a, b), (u1, u2) in sides.items():
                 # relabelling a by pi_a and b by pi_b = comparing a with b relabelled by pi_b o pi_a^-1
                 sigma = perms[:, b] if a == 0 else np.take_along_axis(perms[:, b], inverse[a], axis=-1)
-                values[(a, b)][start:start + len(perms)] = _relabelled(u1, u2, sigma, cross.get((a, b)))
-        for key in groups:
-            nulls[key][name] = values[key]
+                drawn[MATRIX][(a, b)][done] = _relabelled(u1, u2, sigma, cross.get((a, b)))
+                idx = groups[(a, b)]
+                for stat in others:
+                    drawn[stat.name][(a, b)][done] = _relabelled_pairs(stat, flat[pairs[idx, 0]], flat[pairs[idx, 1]],
+                                                                       sigma)
+        for name in values:
+            for key in groups:
+                nulls[name][key][null] = drawn[name][key]
+    top_k = [stat for stat in asked if stat.shape == "top_k"]
     by_pair = {}
     for key, idx in groups.items():
-        observed = float(rho[idx].mean())
-        by_pair[key] = (len(idx), int(same[idx].sum()), observed, {name: stats.null_result(observed, null, name)
-                                             for name, null in nulls[key].items()},
-                        float(shared[idx].mean() / k), float((shared[idx] / (2 * k - shared[idx])).mean()))
-    mean = float(np.mean([v[2] for v in by_pair.values()])) if by_pair else math.nan
-    offdiag = {name: stats.null_result(mean, np.mean([nulls[key][name] for key in groups], axis=0), name)
-               for name in nulls_asked if groups}
-    return {"by_pair": by_pair, "offdiag": (mean, offdiag), "k": k, "chance": stats.topk_chance(p, k),
-            "undefined": undefined}
+        tested = {}
+        for name, value in values.items():
+            observed = float(value[idx].mean())
+            tested[name] = (observed, {null: stats.null_result(observed, null_values, null)
+                                       for null, null_values in nulls[name][key].items()})
+        by_pair[key] = (len(idx), int(same[idx].sum()), tested,
+                        {stat.name: float(np.mean(stat.top_k(shared[idx], k))) for stat in top_k})
+    offdiag = {}
+    for name in values:
+        mean = float(np.mean([v[2][name][0] for v in by_pair.values()])) if by_pair else math.nan
+        offdiag[name] = (mean, {null: stats.null_result(mean, np.mean([nulls[name][key][null] for key in groups],
+                                                                      axis=0), null)
+                                for null in nulls_asked if groups})
+    return {"by_pair": by_pair, "offdiag": offdiag, "k": k, "chance": {stat.name: stat.chance(p, k) for stat in top_k},
+            "undefined": undefined, "left_out": (left_out, work)}
 
 
 # --------------------------------------------------------------------------- matching runs
@@ -364,9 +441,14 @@ def compare_maps(data: SweepData, maps: Sequence[str], filters: Filters | None =
     if tested["undefined"]:
         notes.append(f"{tested['undefined']} pairs left out: a map constant in a run (every unit equal) "
                      f"has no ranking")
+    left_out, work = tested["left_out"]
+    if left_out:
+        notes.append(f"{', '.join(left_out)} left out: {work:,} pairs x units x copies is more than "
+                     f"{MAX_PAIR_WORK:,}; filter the runs or lower n_perm")
     matrix = np.full((len(labels), len(labels)), np.nan)
     results = []
-    for (a, b), (n, n_same, rho, nulls, overlap, jaccard) in sorted(tested["by_pair"].items()):
+    for (a, b), (n, n_same, values, top_k) in sorted(tested["by_pair"].items()):
+        rho, nulls = values[MATRIX]
         matrix[a, b] = matrix[b, a] = rho
         matrix[a, a] = matrix[b, b] = 1.0
         if across is not None:
@@ -375,24 +457,29 @@ def compare_maps(data: SweepData, maps: Sequence[str], filters: Filters | None =
             pooled = f"mean over {n} runs that have both maps"
         else:
             pooled = f"mean over {n} pairs of matched runs" + (f" ({n_same} of them one run)" if n_same else "")
-        results.append(PairResult(labels[a], labels[b], n, n_same, Tested(rho, nulls, pooled), overlap, jaccard))
+        results.append(PairResult(labels[a], labels[b], n, n_same, _all_tested(values, left_out, pooled), top_k))
         all_units = nulls.get("all_units")
         if across is None and all_units is not None and all_units.observed < all_units.band_lo:
             notes.append(f"{labels[a]} and {labels[b]} rank the units in opposite orders (rho {rho:.2f}, below "
                          f"chance): if one map's important units are its smallest values, flip it with a "
                          f"leading '-'")
-    mean, offdiag = tested["offdiag"]
     shape = (int(compared.rows.shape[1]), int(compared.rows.shape[2]))
+    over = f"mean over {len(results)} pairs of {'maps' if across is None else across + ' values'}"
     return Comparison(
         sweep_id=data.sweep_id, maps=[s.text for s in specs], across=across, kind=specs[0].kind, shape=shape,
         labels=labels, matrix=matrix, n_runs=compared.n_runs, pairs=results,
-        mean_offdiag=Tested(mean, offdiag, f"mean over {len(results)} pairs of "
-                                           f"{'maps' if across is None else across + ' values'}"),
-        top=float(top), k=tested["k"], chance_overlap=tested["chance"]["chance_overlap"],
-        chance_jaccard=tested["chance"]["chance_jaccard"],
-        models=[str(m) for m in axis_values(compared.runs, "model")],
+        statistics=_all_tested(tested["offdiag"], left_out, over), top=float(top), k=tested["k"],
+        chance=tested["chance"], models=[str(m) for m in axis_values(compared.runs, "model")],
         tasks=[str(t) for t in axis_values(compared.runs, "task")], matched_on=compared.matched_on,
         pooled_axes=compared.pooled_axes, notes=notes)
+
+
+def _all_tested(values: dict[str, tuple[float, dict]], left_out: list[str], pooled: str) -> dict[str, Tested]:
+    """Every pairwise statistic of compare-maps, in order: ``values`` ``{name: (value, nulls)}``
+    tested, those ``left_out`` NaN (``pooled`` says why)."""
+    return {stat.name: Tested(*values[stat.name], pooled) if stat.name in values
+            else Tested(math.nan, {}, "left out: too many pairs x units x permutations (see notes)")
+            for stat in statistics.asked("compare_maps") if stat.shape == "pairs"}
 
 
 def _between_maps(sel: SweepData, specs: Sequence[MapSpec], notes: list[str]) -> _Rows:
@@ -468,32 +555,45 @@ def _across_axis(sel: SweepData, spec: MapSpec, across: str, pool: Sequence[str]
 
 
 def compare_json(result: Comparison) -> dict[str, Any]:
-    """A ``Comparison`` as plain JSON values (the CLI's --format json and the service share it)."""
+    """A ``Comparison`` as plain JSON values (the CLI's --format json and the service share it): per
+    pair the matrix's rho (with ``pooled`` and ``nulls``), every other pairwise statistic tested
+    under its name and every top-k one's value; overall ``mean_offdiag`` (rho's), the other pairwise
+    statistics' means under their names and each top-k one's ``chance_<name>``."""
+    others = [name for name in result.statistics if name != MATRIX]
+
+    def pair_json(p: PairResult) -> dict[str, Any]:
+        return {"a": p.a, "b": p.b, "n_pairs": p.n_pairs, "n_same_run": p.n_same_run, "rho": py(p.rho.observed),
+                "pooled": p.rho.pooled, "nulls": null_summaries(p.rho),
+                **{name: py(value) for name, value in p.top_k.items()},
+                **{name: tested_json(p.statistics[name]) for name in others}}
+
     return {
         "sweep": result.sweep_id, "maps": result.maps, "across": result.across, "kind": result.kind,
         "shape": list(result.shape), "labels": result.labels,
         "matrix": [[py(v) for v in row] for row in result.matrix], "n_runs": result.n_runs,
-        "pairs": [{"a": p.a, "b": p.b, "n_pairs": p.n_pairs, "n_same_run": p.n_same_run, "rho": py(p.rho.observed),
-                   "pooled": p.rho.pooled, "nulls": null_summaries(p.rho), "overlap": py(p.overlap),
-                   "jaccard": py(p.jaccard)} for p in result.pairs],
-        "mean_offdiag": {"observed": py(result.mean_offdiag.observed), "pooled": result.mean_offdiag.pooled,
-                         "nulls": null_summaries(result.mean_offdiag)},
-        "top": result.top, "k": result.k, "chance_overlap": result.chance_overlap,
-        "chance_jaccard": result.chance_jaccard, "models": result.models, "tasks": result.tasks,
+        "pairs": [pair_json(p) for p in result.pairs], "mean_offdiag": tested_json(result.mean_offdiag),
+        **{name: tested_json(result.statistics[name]) for name in others},
+        "top": result.top, "k": result.k, **{f"chance_{name}": value for name, value in result.chance.items()},
+        "models": result.models, "tasks": result.tasks,
         "matched_on": result.matched_on, "pooled_axes": result.pooled_axes, "notes": result.notes,
     }
 
 
 def compare_rows(result: Comparison) -> list[dict[str, Any]]:
-    """One flat row per pair of labels (the CLI's --format csv): rho, each null, top-k."""
+    """One flat row per pair of labels (the CLI's --format csv): each pairwise statistic and its
+    nulls (rho's unprefixed), then top-k and each top-k statistic beside its chance."""
     rows = []
     for p in result.pairs:
-        row = {"a": p.a, "b": p.b, "n_pairs": p.n_pairs, "rho": py(p.rho.observed)}
-        for null in null_summaries(p.rho):
-            row.update({f"{key}_{null['null']}": null[key] for key in ("null_mean", "band_lo", "band_hi", "excess",
-                                                                       "p_value")})
-        row.update(top_k=result.k, overlap=py(p.overlap), chance_overlap=result.chance_overlap,
-                   jaccard=py(p.jaccard), chance_jaccard=result.chance_jaccard)
+        row = {"a": p.a, "b": p.b, "n_pairs": p.n_pairs}
+        for name, tested in p.statistics.items():
+            prefix = "" if name == MATRIX else f"{name}_"
+            row[name] = py(tested.observed)
+            for null in null_summaries(tested):
+                row.update({f"{prefix}{key}_{null['null']}": null[key]
+                            for key in ("null_mean", "band_lo", "band_hi", "excess", "p_value")})
+        row["top_k"] = result.k
+        for name, value in p.top_k.items():
+            row.update({name: py(value), f"chance_{name}": result.chance[name]})
         rows.append(row)
     return rows
 
@@ -539,13 +639,17 @@ def title(result: Comparison, filters: Filters | None = None) -> str:
         what = f"{result.kind} maps, mean over matched runs"
     else:
         what = f"{result.maps[0]} across {result.across} (seed-mean maps)"
+    rho = STATISTICS[MATRIX].computes
     null = _shown_null(result)
     if null is None:
-        return f"{head}\n{what}\nSpearman rho (no permutation test)"
+        return f"{head}\n{what}\n{rho} (no permutation test)"
     means = [p.rho.nulls[null].null_mean for p in result.pairs if null in p.rho.nulls]
     chance = f"{means[0]:.2f}" if len(means) == 1 else f"{min(means):.2f} to {max(means):.2f}"
     shuffled = "units shuffled within layers" if null == "within_layers" else "units shuffled"
-    return f"{head}\n{what}\nSpearman rho (null mean {chance}, {shuffled}; p in each cell)"
+    others = "".join(f"\nmean {STATISTICS[name].label} {t.observed:.2f} (null mean {t.nulls[null].null_mean:.2f}, "
+                     f"{t.nulls[null].p_text})" for name, t in result.statistics.items()
+                     if name != MATRIX and null in t.nulls)
+    return f"{head}\n{what}\n{rho} (null mean {chance}, {shuffled}; p in each cell){others}"
 
 
 def compare_png(result: Comparison, filters: Filters | None = None) -> bytes:
@@ -559,4 +663,4 @@ def compare_png(result: Comparison, filters: Filters | None = None) -> bytes:
         if null is not None and null in p.rho.nulls:
             notes[at[p.a], at[p.b]] = notes[at[p.b], at[p.a]] = p.rho.nulls[null].p_text.replace(" ", "")
     return figures.annotated_matrix(result.matrix, result.labels, notes.tolist(), title(result, filters),
-                                    "Spearman rho")
+                                    STATISTICS[MATRIX].computes)

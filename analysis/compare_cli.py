@@ -8,11 +8,13 @@ import sys
 from pathlib import Path
 
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
-from analysis import cli
+from analysis import cli_common, statistics
 from analysis.compare import (
     DEFAULT_TOP,
+    MATRIX,
     Comparison,
     compare_json,
     compare_maps,
@@ -55,16 +57,16 @@ def _maps_may_start_with_minus(parser: argparse.ArgumentParser) -> None:
     parser._parse_optional = parse
 
 
-@cli._bad_input_is_config_error
+@cli_common.bad_input_is_config_error
 def cmd_compare_maps(args: argparse.Namespace) -> int:
     """The table (or csv / json) of every pair of maps, and the matrix figure with --out."""
-    data, where = cli._load(args)
+    data, where = cli_common.load(args)
     pool = [a.strip() for a in (args.pool or "").split(",") if a.strip()]
     result = compare_maps(data, args.maps, where, across=args.across, top=args.top, n_perm=args.n_perm, pool=pool)
     if args.format == "json":
         print(json.dumps(compare_json(result), indent=2))
     elif args.format == "csv":
-        cli._write_rows(compare_rows(result), "csv", None)
+        cli_common.write_rows(compare_rows(result), "csv", None)
     else:
         _print(result, args.sweep)
     if args.out:
@@ -74,49 +76,53 @@ def cmd_compare_maps(args: argparse.Namespace) -> int:
 
 
 def _print(result: Comparison, sweep: str) -> None:
+    """A table per pairwise statistic (rho's with the top-k statistics beside it), each pair's value
+    against both nulls, and each one's mean over the pairs."""
     what = "maps" if result.across is None else f"{result.maps[0]} across {result.across}"
     n_perm = next((n["n_perm"] for p in result.pairs for n in null_summaries(p.rho)), 0)
-    table = Table(
-        title=f"{what}: Spearman rho and top {result.k} of {result.shape[0] * result.shape[1]} units ({sweep}; "
-              + (f"{n_perm} permutations per null)" if n_perm else "no permutation test)"),
-        box=box.SIMPLE, pad_edge=False,
-        caption="pairs: " + ("pairs of runs (one run when it has both maps)" if result.across is None else
-                             "settings of the other axes") + "; shuffled: units relabelled at random within each "
-                "layer or across all units, one relabelling per " + ("map" if result.across is None else "value")
-                + " shared by its runs; chance = the null's mean; "
-                "excess = rho - chance; p one-sided, never below 1/(permutations + 1); top-k: mean share of the "
-                "k largest units both maps have, chance k/P")
-    for column, justify in (("a", "left"), ("b", "left"), ("pairs", "right"), ("rho", "right"),
-                            ("shuffled", "left"), ("chance", "right"), ("95% of chance", "right"),
-                            ("excess", "right"), ("p", "right"), ("top-k", "right"), ("chance top-k", "right")):
-        table.add_column(column, justify=justify, no_wrap=True)
-    for pair in result.pairs:
-        nulls = null_summaries(pair.rho) or [None]
-        for i, null in enumerate(nulls):
-            first = i == 0
-            cells = [pair.a if first else "", pair.b if first else "", str(pair.n_pairs) if first else "",
-                     cli._fmt3(py(pair.rho.observed)) if first else ""]
-            if null is None:
-                cells += ["-", "-", "-", "-", "-"]
-            else:
-                cells += ["in layers" if null["null"] == "within_layers" else "all units", cli._fmt3(null["null_mean"]),
-                          f"{cli._fmt3(null['band_lo'])}..{cli._fmt3(null['band_hi'])}", cli._signed(null["excess"]),
-                          null["p_text"]]
-            cells += [cli._fmt3(pair.overlap), cli._fmt3(result.chance_overlap)] if first else ["", ""]
-            table.add_row(*cells)
-    cli.out.print(table)
-    if len(result.pairs) > 1:
-        nulls = null_summaries(result.mean_offdiag)
-        within = ", ".join(f"chance {cli._fmt3(n['null_mean'])} ({'in layers' if n['null'] == 'within_layers' else 'all units'}) "
-                           f"{n['p_text']}" for n in nulls)
-        cli.out.print(f"mean rho over the {len(result.pairs)} pairs: {cli._fmt3(py(result.mean_offdiag.observed))}"
-                      + (f"; {within}" if within else ""))
+    units = result.shape[0] * result.shape[1]
+    asked = statistics.asked("compare_maps")
+    top_k = [stat for stat in asked if stat.shape == "top_k"]
+    tests = f"{n_perm} permutations per null)" if n_perm else "no permutation test)"
+    caption = ("pairs: " + ("pairs of runs (one run when it has both maps)" if result.across is None else
+                            "settings of the other axes") + "; shuffled: units relabelled at random within each "
+               "layer or across all units, one relabelling per " + ("map" if result.across is None else "value")
+               + " shared by its runs; chance = the null's mean; excess = observed - chance; p one-sided, never "
+               "below 1/(permutations + 1)")
+    for stat in (stat for stat in asked if stat.shape == "pairs"):
+        first = stat.name == MATRIX
+        title = escape((f"{what}: {stat.computes} and top {result.k} of {units} units ({sweep}; " if first
+                        else f"{what}: {stat.computes} ({sweep}; ") + tests)
+        beside = [label for s in top_k for label in (s.label, f"chance {s.label}")] if first else []
+        table = Table(title=title, box=box.SIMPLE, pad_edge=False, caption=escape(caption + "".join(
+            f"; {s.label}: {s.computes} (mean over the pairs), chance = {s.null}" for s in top_k if first)))
+        for column, justify in (("a", "left"), ("b", "left"), ("pairs", "right"), (stat.label, "right"),
+                                ("shuffled", "left"), ("chance", "right"), ("95% of chance", "right"),
+                                ("excess", "right"), ("p", "right"), *((label, "right") for label in beside)):
+            table.add_column(column, justify=justify, no_wrap=True)
+        for pair in result.pairs:
+            tested = pair.statistics[stat.name]
+            for i, null in enumerate(null_summaries(tested) or [None]):
+                head = i == 0
+                cells = [pair.a, pair.b, str(pair.n_pairs), stat.text(py(tested.observed))] if head else [""] * 4
+                cells += ["-"] * 5 if null is None else cli_common.null_cells(null)
+                cells += [v for s in top_k for v in (s.text(pair.top_k[s.name]), s.text(result.chance[s.name]))] \
+                    if head and first else [""] * len(beside)
+                table.add_row(*cells)
+        cli_common.out.print(table)
+        if len(result.pairs) > 1:
+            mean = result.statistics[stat.name]
+            within = ", ".join(f"chance {cli_common.fmt3(n['null_mean'])} "
+                               f"({'in layers' if n['null'] == 'within_layers' else 'all units'}) {n['p_text']}"
+                               for n in null_summaries(mean))
+            cli_common.out.print(f"mean {stat.label} over the {len(result.pairs)} pairs: "
+                                 f"{stat.text(py(mean.observed))}" + (f"; {within}" if within else ""))
     for note in result.notes:
-        cli.out.print(f"note: {note}")
+        cli_common.out.print(f"note: {note}")
     if result.matched_on:
-        cli.out.print(f"compared only runs equal on: {', '.join(result.matched_on)}")
+        cli_common.out.print(f"compared only runs equal on: {', '.join(result.matched_on)}")
     if result.pooled_axes:
-        cli.out.print(f"pooled (averaged over) on request: {', '.join(result.pooled_axes)}")
+        cli_common.out.print(f"pooled (averaged over) on request: {', '.join(result.pooled_axes)}")
 
 
 def register(subparsers: argparse._SubParsersAction, db_help: str, where_help: str) -> None:
@@ -124,7 +130,7 @@ def register(subparsers: argparse._SubParsersAction, db_help: str, where_help: s
     p = subparsers.add_parser("compare-maps", help="do methods or tasks rank the units alike? Spearman, top-k, nulls",
                               description=HELP, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _maps_may_start_with_minus(p)
-    p.add_argument("sweep", help=cli.SWEEP_HELP)
+    p.add_argument("sweep", help=cli_common.SWEEP_HELP)
     p.add_argument("maps", nargs="+", metavar="MAP",
                    help="unit maps of one kind, e.g. heads.log_alpha heads.importance; a leading '-' flips a map "
                         "(-heads.ablation_delta: larger = more important); one map with --across")
@@ -136,7 +142,7 @@ def register(subparsers: argparse._SubParsersAction, db_help: str, where_help: s
                    help="relabellings of each null (units within layers, and across all units); default 1000, "
                         "0 = no test")
     p.add_argument("--pool", help="with --across: comma-separated axes to average over instead of matching on them")
-    p.add_argument("--format", default="table", choices=cli.AGREEMENT_FORMATS,
+    p.add_argument("--format", default="table", choices=cli_common.AGREEMENT_FORMATS,
                    help="table (default), csv (one row per pair of maps) or json (everything)")
     p.add_argument("--out", help="also write the annotated matrix to this PNG file")
     p.add_argument("--where", help=where_help)

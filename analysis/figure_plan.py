@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis import compare, figures, neurons, pruning
+from analysis import compare, figures, neurons, pruning, statistics
 from analysis.loading import SweepData
 from analysis.queries import Agreement, agreement
 from analysis.select import (
@@ -137,15 +137,14 @@ def _grey(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP)
 
 
 def agreement_png(result: Agreement, filters: Filters | None = None) -> bytes:
-    """``result`` as an annotated heat map; the title gives the mean off-diagonal r (and, across
-    seeds, the stem cell statistic), each with its chance level under the within-layer null."""
+    """``result`` as an annotated heat map; the title gives the mean off-diagonal r and each other
+    pairwise statistic (and, across seeds, the cells statistics: stem cell), each with its chance
+    level under the within-layer null."""
     text = f"{result.map_name} r across {result.across}\n{describe(filters)}"
-    lines = [("mean r", result.mean_offdiag)]
-    if result.across == "seed":
-        lines += [("stem cell r", result.stem_cell), ("paper's single fit", result.stem_cell_paper)]
-    for name, tested in lines:  # short lines: the heat map of 2 labels is ~4 inches wide
-        if math.isfinite(tested.observed):
-            text += f"\n{name} = {tested.observed:.2f}"
+    for stat in statistics.asked("agreement"):  # short lines: the heat map of 2 labels is ~4 inches wide
+        tested = result.statistics[stat.name]
+        if math.isfinite(tested.observed) and (stat.shape == "pairs" or result.across == "seed"):
+            text += f"\n{'mean ' if stat.shape == 'pairs' else ''}{stat.label} = {tested.observed:.2f}"
             within = tested.nulls.get("within_layers")
             if within is not None:
                 text += f"\nchance {within.null_mean:.2f} (in layers), {within.p_text}"

@@ -12,7 +12,6 @@ read); axes are labelled "head" and "layer", both counted from 1.
 
 from __future__ import annotations
 
-import io
 import textwrap
 
 import matplotlib
@@ -20,6 +19,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+
+from experiments.common.png import figure_png
 
 DPI = 100
 _CELL_INCHES = 0.42  # side of one head's cell
@@ -39,10 +40,8 @@ _SEED_MAP_LEGEND = (
 
 
 def _png(fig: Figure) -> bytes:
-    """Render at ``DPI`` (no tight bbox, so the figure's own transforms map to pixels)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
-    return buf.getvalue()
+    """Render at ``DPI`` through the one PNG encoder (``experiments.common.png``)."""
+    return figure_png(fig, DPI)
 
 
 def _grid_figure(layers: int, heads: int, extra_width: float = 0.0) -> tuple[Figure, Axes]:

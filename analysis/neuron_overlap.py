@@ -4,7 +4,7 @@ Wang et al. 2022 (``../shared/PAPERS.md``) predict prompt transferability from
 the overlap of the top 20 % skill neurons of two tasks' prompts. Given two
 ``(L, I)`` predictivity maps (``neurons.predictivity``), ``top_neuron_overlap``
 takes each map's top ``k = ceil(k_frac * L * I)`` neurons over the whole map
-(ties broken at random, as ``stats.topk_overlap``) and reports
+(ties broken at random, as ``statistics.topk.topk_overlap``) and reports
 ``overlap = |A & B| / k`` against two chances:
 
 - ``all_units``: B's top set a random k-set of all ``L * I`` neurons:
@@ -76,7 +76,7 @@ def top_neuron_overlap(a: np.ndarray, b: np.ndarray, k_frac: float = 0.2,
     rng = np.random.default_rng(0) if rng is None else rng
     num_layers, inner = a.shape
     p = num_layers * inner
-    k = min(p, max(1, math.ceil(k_frac * p - 1e-9)))  # as stats.topk_overlap: 0.1 * 30 stays 3
+    k = min(p, max(1, math.ceil(k_frac * p - 1e-9)))  # as topk.topk_overlap: 0.1 * 30 stays 3
     top_a, top_b = _top_mask(a, k, rng), _top_mask(b, k, rng)
     shared = int((top_a & top_b).sum())
     per_a, per_b = top_a.sum(axis=1), top_b.sum(axis=1)  # (L,) top units per layer

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis import stats
+from analysis import statistics, stats
 from analysis.loading import AXES, SweepData
 from analysis.select import (
     DEFAULT_MAP,
@@ -43,8 +43,17 @@ from analysis.select import (
     value_label,
     varying_config,
 )
+from analysis.statistics import pearson, spearman, topk
+from analysis.statistics.base import Statistic, pair_matrix, pair_stack
 
 ACROSS = ("seed", "task", "pipeline", "model", "run")
+MATRIX = "r"
+"""The statistic of agreement's matrix (``statistics.STATISTICS``): Pearson r."""
+MAX_PAIR_WORK = 50_000_000
+"""Largest work of a pairwise statistic beside the matrix's, in compared pairs x units x copies (the
+maps and ``len(stats.NULLS) * n_perm`` shuffles): larger questions leave it out. Pearson's matrix
+is one product per copy; RBO sorts every map of every pair, ~0.2 us per pair and unit (seconds at
+this bound)."""
 
 
 def runs(data: SweepData, filters: Filters | None = None, offset: int = 0,
@@ -105,7 +114,7 @@ class Tested:
 
 @dataclass(frozen=True)
 class Agreement:
-    """Agreement of a selection's unit maps: a matrix over labels, and two tested statistics."""
+    """Agreement of a selection's unit maps: a Pearson matrix over labels, and the tested statistics."""
 
     across: str
     map_name: str
@@ -116,15 +125,13 @@ class Agreement:
     """``(K, K)`` Pearson r between the labels' maps (see ``agreement``)."""
     n_runs: list[int]
     """Runs behind each label."""
-    mean_offdiag: Tested
-    """Mean off-diagonal entry of ``matrix``."""
-    stem_cell: Tested
-    """He & Choi's statistic: mean over cells (3+ seeds) of the mean over every triple of the
-    cell's seeds of the multiple correlation (``stats.stem_cell``); NaN when not asked for or when
-    no cell has 3 seeds."""
-    stem_cell_paper: Tested
-    """The paper's single fit beside it: each triple's last seed as response, ``z3 ~ z1 + z2``
-    (``stats.stem_cell(response="last")``), averaged the same way; what He & Choi report."""
+    statistics: dict[str, Tested]
+    """Every statistic agreement asks (``statistics.asked("agreement")``) by name, tested; also
+    ``result.<name>``. The matrix's (``MATRIX``, r) is the mean off-diagonal entry of ``matrix``; a
+    pairwise one the same mean of its own matrix; a cells one (``stem_cell``: He & Choi's multiple
+    correlation, ``stem_cell_paper``: their single fit, the triple's last seed as response) the
+    mean over the cells with enough seeds. Not computed (not asked for, no cell with enough seeds,
+    too many pairs): NaN, and ``pooled`` says why."""
     n_cells: int
     """Cells (group keys) with at least 3 seeds behind ``stem_cell``."""
     matched_on: list[str] = field(default_factory=list)
@@ -134,6 +141,18 @@ class Agreement:
     """Axes that vary in the selection but were pooled (averaged over) on request."""
     notes: list[str] = field(default_factory=list)
     """One-line remarks a reader must see (a map switched, runs left out)."""
+
+    @property
+    def mean_offdiag(self) -> Tested:
+        """The matrix's statistic: the mean off-diagonal entry of ``matrix``, tested."""
+        return self.statistics[MATRIX]
+
+    def __getattr__(self, name: str) -> Tested:
+        """``result.stem_cell``, ``result.rbo``: the statistic of that name."""
+        tested = self.__dict__.get("statistics", {})
+        if name in tested:
+            return tested[name]
+        raise AttributeError(f"{type(self).__name__!r} has no attribute or statistic {name!r}")
 
 
 def _offdiag_mean(matrix: np.ndarray) -> float:
@@ -149,10 +168,10 @@ def _offdiag_mean(matrix: np.ndarray) -> float:
         return float(np.nanmean(matrix[~np.eye(k, dtype=bool)]))
 
 
-def _label_matrix(z: np.ndarray, at: np.ndarray, blocks: list[np.ndarray], k: int) -> np.ndarray:
+def _label_matrix(stat: Statistic, z: np.ndarray, at: np.ndarray, blocks: list[np.ndarray], k: int) -> np.ndarray:
     """``(k, k)``: for each block of rows of ``z`` (runs or label means that may be compared),
-    the Pearson r among the block's rows placed at their label positions ``at``, averaged
-    over blocks. Blocks of one size are computed together (``stats.pearson_stack``)."""
+    ``stat`` among the block's rows placed at their label positions ``at``, averaged over
+    blocks. Blocks of one size are computed together (``pair_stack``)."""
     total = np.zeros((k, k))
     count = np.zeros_like(total)
     flat = z.reshape(len(z), -1)
@@ -161,7 +180,7 @@ def _label_matrix(z: np.ndarray, at: np.ndarray, blocks: list[np.ndarray], k: in
         by_size.setdefault(len(idx), []).append(idx)
     for members in by_size.values():
         idx = np.stack(members)  # (C, n)
-        r = stats.pearson_stack(flat[idx])  # (C, n, n)
+        r = pair_stack(stat, flat[idx])  # (C, n, n)
         pos = at[idx]  # (C, n)
         rows, cols = pos[:, :, None], pos[:, None, :]
         ok = ~np.isnan(r)
@@ -242,7 +261,7 @@ def _decided_by(codes: np.ndarray, by: np.ndarray) -> bool:
 
 
 def agreement(data: SweepData, across: str, filters: Filters | None = None, n_perm: int = 1000,
-              seed: int = 0, stem_cell: bool = True, max_run_perms: int | None = None,
+              seed: int = 0, asked: Sequence[str] | None = None, max_run_perms: int | None = None,
               map_name: str = DEFAULT_MAP, pool: Sequence[str] = ()) -> Agreement:
     """How much the selected runs agree on which units (heads, neurons) they keep.
 
@@ -254,16 +273,20 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
         task-to-task agreement), computed only between runs equal on every other
         axis of the selection (``strata``) and averaged over those strata; the
         axes matched on, tied to ``across`` and pooled on request are reported;
-      - ``run``: run x run Pearson r (``stats.pearson_matrix``, float32).
+      - ``run``: run x run Pearson r (``pearson_matrix``, float32).
 
-    Every statistic is tested against both nulls of ``stats.NULLS`` (units
-    shuffled within layers / across all units) with ``n_perm`` permutations
-    each (0 = none). ``stem_cell=False`` skips the stem cell statistic (NaN).
-    ``max_run_perms`` refuses questions above that many (runs x permutations).
+    Beside the matrix, every statistic of ``statistics.asked("agreement")``: a pairwise one
+    between the same labels, averaged the same way; a cells one over the cells (seeds of one
+    setting) with enough seeds. ``asked``: the names of those to compute (default: all; the
+    others are NaN, "not asked for"). Every statistic is tested against both nulls of
+    ``stats.NULLS`` (units shuffled within layers / across all units) with ``n_perm``
+    permutations each (0 = none). ``max_run_perms`` refuses questions above that many (runs x
+    permutations).
     """
     if n_perm < 0:
         raise QueryError(f"n_perm must be >= 0, got {n_perm}")
     check_across(across, data)
+    wanted = _asked_statistics(asked)
     sel, x, notes, map_used = map_runs(select(data, filters), map_name)
     if len(sel) == 0:
         raise QueryError(f"no finished run with map {map_name} in the selection")
@@ -274,7 +297,7 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
     cells = group_indices(sel, ["group_key"])
     seeded = [idx for idx in cells if len(idx) >= 2]
     # seed order within a cell: the paper's single fit takes the triple's last seed as response
-    triples = [idx[np.argsort(sel.seed[idx], kind="stable")] for idx in cells if len(idx) >= 3]
+    in_seed_order = [idx[np.argsort(sel.seed[idx], kind="stable")] for idx in cells]
     matched, pooled_axes = [], []
 
     if across == "seed":
@@ -284,19 +307,25 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
         pos = {s: i for i, s in enumerate(labels)}
         at = np.array([pos.get(s, 0) for s in sel.seed.tolist()])
 
-        def matrix_of(z: np.ndarray) -> np.ndarray:
-            return _label_matrix(z, at, seeded, len(labels))
+        def matrix_of(stat: Statistic, z: np.ndarray) -> np.ndarray:
+            return _label_matrix(stat, z, at, seeded, len(labels))
 
         n_runs = [int(sum((sel.seed[idx] == s).sum() for idx in seeded)) for s in labels]
-        stat_x, pooled = x, f"mean over {len(seeded)} cells of their seeds' pairwise r"
+        stat_x, compared = x, seeded
+
+        def pooled_for(stat: Statistic) -> str:
+            return f"mean over {len(seeded)} cells of their seeds' pairwise {stat.label}"
     elif across == "run":
         x = x.astype(np.float32)  # ~1e-7 error: 10,000 runs give a 400 MB matrix instead of 800 MB
         labels, n_runs = sel.run_key.tolist(), [1] * len(sel)
 
-        def matrix_of(z: np.ndarray) -> np.ndarray:
-            return stats.pearson_matrix(z)
+        def matrix_of(stat: Statistic, z: np.ndarray) -> np.ndarray:
+            return pair_matrix(stat, z.reshape(len(z), -1))
 
-        stat_x, pooled = x, f"every pair of {len(sel)} runs"
+        stat_x, compared = x, [np.arange(len(sel))]
+
+        def pooled_for(stat: Statistic) -> str:
+            return f"every pair of {len(sel)} runs"
     else:
         across_col = column(sel, across)
         labels = axis_values(sel, across)
@@ -326,27 +355,55 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
         stat_x = np.stack(means)  # (M, L, K): one mean map per (stratum, label)
         n_runs = [int((codes == c).sum()) for c in label_codes]
 
-        def matrix_of(z: np.ndarray) -> np.ndarray:
-            return _label_matrix(z, at, groups, len(labels))
+        def matrix_of(stat: Statistic, z: np.ndarray) -> np.ndarray:
+            return _label_matrix(stat, z, at, groups, len(labels))
 
+        compared = groups
         pooled = (f"mean over {len(groups)} settings of {', '.join(matched)}" if matched
                   else "one setting") + f" of the seed-mean maps of each {across}"
 
-    matrix = matrix_of(stat_x)
-    mean_offdiag = _test(lambda z: _offdiag_mean(matrix_of(z)), stat_x, n_perm, seed, pooled)
-    if stem_cell and triples:
-        sizes = "/".join(map(str, sorted({len(idx) for idx in triples})))
-        stem = _test(lambda z: stats.stem_cell(z, triples), x, n_perm, seed + 1,
-                     f"mean over {len(triples)} cells of {sizes} seeds of the mean over their triples "
-                     f"of the three choices of response")
-        stem_paper = _test(lambda z: stats.stem_cell(z, triples, response="last"), x, n_perm, seed + 1,
-                           f"mean over {len(triples)} cells of {sizes} seeds of the mean over their triples "
-                           f"of one fit, the triple's last seed as response (the paper's)")
-    else:
-        why = "not asked for" if not stem_cell else "no cell has 3 finished seeds"
-        stem = stem_paper = Tested(math.nan, {}, why)
-    return Agreement(across, map_used, [value_label(v) for v in labels], matrix, n_runs, mean_offdiag, stem,
-                     stem_paper, len(triples), matched, pooled_axes, notes)
+        def pooled_for(stat: Statistic) -> str:
+            return pooled
+
+    matrix = matrix_of(statistics.STATISTICS[MATRIX], stat_x)
+    # compared pairs x units x copies (the maps and every shuffle): what a pairwise statistic costs
+    work = sum(len(idx) * (len(idx) - 1) // 2 for idx in compared) * x[0].size * (1 + len(stats.NULLS) * n_perm)
+    tested = {}
+    for stat in statistics.asked("agreement"):
+        if stat.name != MATRIX and stat.name not in wanted:
+            tested[stat.name] = Tested(math.nan, {}, "not asked for")
+        elif stat.shape == "pairs" and stat.name != MATRIX and work > MAX_PAIR_WORK:
+            tested[stat.name] = Tested(math.nan, {}, f"left out: {work:,} pairs x units x copies is more than "
+                                                      f"{MAX_PAIR_WORK:,}; filter the runs or lower n_perm")
+        elif stat.shape == "pairs":
+            tested[stat.name] = _test(lambda z, stat=stat: _offdiag_mean(matrix_of(stat, z)), stat_x, n_perm, seed,
+                                      pooled_for(stat))
+        elif stat.shape == "cells":
+            tested[stat.name] = _cells_test(stat, x, [idx for idx in in_seed_order if len(idx) >= stat.min_runs],
+                                            n_perm, seed + 1)
+    n_cells = sum(len(idx) >= 3 for idx in cells)
+    return Agreement(across, map_used, [value_label(v) for v in labels], matrix, n_runs, tested, n_cells,
+                     matched, pooled_axes, notes)
+
+
+def _asked_statistics(asked: Sequence[str] | None) -> set[str]:
+    """The names of agreement's statistics in ``asked`` (all of them for None); QueryError for another name."""
+    names = [stat.name for stat in statistics.asked("agreement")]
+    if asked is None:
+        return set(names)
+    for name in asked:
+        if name not in names:
+            raise QueryError(f"unknown statistic '{name}'{did_you_mean(name, names)} (one of {list_choices(names)})")
+    return set(asked)
+
+
+def _cells_test(stat: Statistic, x: np.ndarray, cells: list[np.ndarray], n_perm: int, seed: int) -> Tested:
+    """``stat`` (a cells statistic) over ``cells`` of the runs ``x``, tested; NaN when there are none."""
+    if not cells:
+        return Tested(math.nan, {}, f"no cell has {stat.min_runs} finished seeds")
+    sizes = "/".join(map(str, sorted({len(idx) for idx in cells})))
+    return _test(lambda z: stat.cells(z, cells), x, n_perm, seed,
+                 f"mean over {len(cells)} cells of {sizes} seeds of {stat.per_cell}")
 
 
 def spearman_overlap(data: SweepData, a: Filters, b: Filters, map_name: str = DEFAULT_MAP,
@@ -355,12 +412,12 @@ def spearman_overlap(data: SweepData, a: Filters, b: Filters, map_name: str = DE
     """Do two groups of runs rank the units of ``map_name`` alike?
 
     ``spearman``: Spearman rho between the groups' mean maps
-    (``stats.spearman_groups``), tested against both nulls (each mean map's
+    (``spearman.spearman_rows`` of the two means), tested against both nulls (each mean map's
     units shuffled within layers / across all units): ``nulls`` holds each
     null's mean, excess, band and p; ``mean_pairwise``: mean rho over every
-    (run of a, run of b) pair (``stats.spearman_between``, lower: it also
+    (run of a, run of b) pair (``spearman.spearman_between``, lower: it also
     counts single-run noise); ``jaccard`` / ``overlap`` / ``k``: agreement of
-    the two mean maps' top ``k_frac`` units (``stats.topk_overlap``, ties broken
+    the two mean maps' top ``k_frac`` units (``topk.topk_overlap``, ties broken
     at random), beside ``chance_jaccard`` / ``chance_overlap``.
     """
     if not (isinstance(k_frac, int | float) and 0.0 < k_frac <= 1.0):
@@ -379,13 +436,13 @@ def spearman_overlap(data: SweepData, a: Filters, b: Filters, map_name: str = DE
         raise QueryError(f"groups a and b have different map shapes: {xa.shape[1:]} vs {xb.shape[1:]}")
     means = np.stack([xa.mean(axis=0), xb.mean(axis=0)])  # (2, L, K)
     # Spearman of the mean maps = Pearson of their ranks; ranks shuffle like the values they rank,
-    # and shuffling b's alone gives the same null as shuffling both (stats.pearson_to)
-    ranks = stats.rank_rows(means).reshape(means.shape)  # (2, L, K)
+    # and shuffling b's alone gives the same null as shuffling both (pearson.pearson_to)
+    ranks = spearman.rank_rows(means).reshape(means.shape)  # (2, L, K)
     with ThreadPoolExecutor(max_workers=1) as pool:  # ranking every run (sorts release the GIL) meanwhile
-        pairwise = pool.submit(stats.mean_spearman_between, xa, xb)
-        rho = _test(lambda m: stats.pearson_to(ranks[0], m)[0], ranks[1:], n_perm, seed,
-                    "the two groups' mean maps", batch_fn=lambda c: stats.pearson_to(ranks[0], c[:, 0]))
-        top = stats.topk_overlap(means[0], means[1], float(k_frac), np.random.default_rng([seed, 7]))
+        pairwise = pool.submit(spearman.mean_spearman_between, xa, xb)
+        rho = _test(lambda m: pearson.pearson_to(ranks[0], m)[0], ranks[1:], n_perm, seed,
+                    "the two groups' mean maps", batch_fn=lambda c: pearson.pearson_to(ranks[0], c[:, 0]))
+        top = topk.topk_overlap(means[0], means[1], float(k_frac), np.random.default_rng([seed, 7]))
         mean_pairwise = pairwise.result()
     return {"map": map_name, "n_a": len(xa), "n_b": len(xb), "spearman": py(rho.observed),
             "nulls": null_summaries(rho), "mean_pairwise": py(mean_pairwise),
@@ -400,15 +457,16 @@ def null_summaries(tested: Tested) -> list[dict[str, Any]]:
             for name, r in tested.nulls.items()]
 
 
+def tested_json(tested: Tested) -> dict[str, Any]:
+    """A ``Tested`` as plain JSON values: observed, what was pooled, each null (``null_summaries``)."""
+    return {"observed": py(tested.observed), "pooled": tested.pooled, "nulls": null_summaries(tested)}
+
+
 def agreement_json(result: Agreement) -> dict[str, Any]:
-    """An ``Agreement`` as plain JSON values (the CLI's --format json and the service share it)."""
-
-    def tested(t: Tested) -> dict[str, Any]:
-        return {"observed": py(t.observed), "pooled": t.pooled, "nulls": null_summaries(t)}
-
+    """An ``Agreement`` as plain JSON values (the CLI's --format json and the service share it): the
+    matrix's statistic as ``mean_offdiag``, every other one under its name."""
+    tested = {("mean_offdiag" if name == MATRIX else name): tested_json(t) for name, t in result.statistics.items()}
     return {"across": result.across, "map": result.map_name, "labels": result.labels,
-            "matrix": [[py(v) for v in row] for row in result.matrix], "n_runs": result.n_runs,
-            "mean_offdiag": tested(result.mean_offdiag), "stem_cell": tested(result.stem_cell),
-            "stem_cell_paper": tested(result.stem_cell_paper),
+            "matrix": [[py(v) for v in row] for row in result.matrix], "n_runs": result.n_runs, **tested,
             "n_cells": result.n_cells, "matched_on": result.matched_on, "pooled_axes": result.pooled_axes,
             "notes": result.notes}

@@ -29,9 +29,9 @@ from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from analysis import compare, figure_plan, masks, queries, select
+from analysis import compare, figure_plan, masks, queries, select, statistics
 from analysis.loading import AXES, SweepData, load_sweep
 from analysis.select import QueryError
 from experiments.common.naming import suggest
@@ -135,23 +135,40 @@ class TestedOut(BaseModel):
     nulls: list[NullOut] = Field(description="The statistic against each permutation null (empty: n_perm = 0).")
 
 
-class AgreementOut(BaseModel):
-    across: str
-    map: str = Field(description="The unit map compared (the continuous companion when the asked map is "
-                                 "constant in some run: see notes).")
-    labels: list[str]
-    matrix: list[list[float | None]]
-    n_runs: list[int]
-    mean_offdiag: TestedOut
-    stem_cell: TestedOut = Field(description="Mean over cells of the mean over triples of seeds of He & Choi's "
-                                             "multiple correlation.")
-    stem_cell_paper: TestedOut = Field(description="The paper's single fit per triple (the triple's last seed "
-                                                   "as response, z3 ~ z1 + z2), averaged the same way: "
-                                                   "the number He & Choi report.")
-    n_cells: int = Field(description="Cells with 3+ finished seeds behind stem_cell.")
-    matched_on: list[str] = Field(description="Axes every compared pair of runs agrees on.")
-    pooled_axes: list[str] = Field(description="Axes averaged over on request.")
-    notes: list[str]
+def _described(stat: statistics.Statistic) -> str:
+    return f"{stat.label}: {stat.computes}; chance: {stat.null}."
+
+
+def _tested_fields(question: str, matrix: str) -> dict[str, Any]:
+    """A ``TestedOut`` field per statistic of ``question`` (``statistics.asked``) but its matrix's
+    (and the top-k ones): the answers' fields come from the registry."""
+    return {stat.name: (TestedOut, Field(description=_described(stat))) for stat in statistics.asked(question)
+            if stat.name != matrix and stat.shape != "top_k"}
+
+
+def _top_k_fields(prefix: str = "") -> dict[str, Any]:
+    """A float field per top-k statistic of compare-maps (``prefix`` + its name)."""
+    return {prefix + stat.name: (float if prefix else float | None,
+                                 Field(description=("Chance of " if prefix else "") + _described(stat)))
+            for stat in statistics.asked("compare_maps") if stat.shape == "top_k"}
+
+
+AgreementOut = create_model(
+    "AgreementOut",
+    across=(str, ...),
+    map=(str, Field(description="The unit map compared (the continuous companion when the asked map is "
+                                "constant in some run: see notes).")),
+    labels=(list[str], ...),
+    matrix=(list[list[float | None]], ...),
+    n_runs=(list[int], ...),
+    mean_offdiag=(TestedOut, Field(description="Mean off-diagonal entry of the matrix: "
+                                               f"{_described(statistics.STATISTICS[queries.MATRIX])}")),
+    **_tested_fields("agreement", queries.MATRIX),
+    n_cells=(int, Field(description="Cells with 3+ finished seeds behind stem_cell.")),
+    matched_on=(list[str], Field(description="Axes every compared pair of runs agrees on.")),
+    pooled_axes=(list[str], Field(description="Axes averaged over on request.")),
+    notes=(list[str], ...),
+)
 
 
 class SpearmanOut(BaseModel):
@@ -172,40 +189,44 @@ class SpearmanOut(BaseModel):
     notes: list[str]
 
 
-class ComparedPairOut(BaseModel):
-    a: str
-    b: str
-    n_pairs: int = Field(description="Pairs of runs compared (one run when it has both maps), or settings of the "
-                                     "other axes (across).")
-    n_same_run: int
-    rho: float | None = Field(description="Mean Spearman rho over the pairs (signs as named: '-map' is flipped).")
-    pooled: str
-    nulls: list[NullOut] = Field(description="Units relabelled at random, one relabelling per map (or value) "
-                                             "shared by its runs: within layers, and across all units.")
-    overlap: float | None = Field(description="Mean share of the top-k units both have.")
-    jaccard: float | None
+ComparedPairOut = create_model(
+    "ComparedPairOut",
+    a=(str, ...),
+    b=(str, ...),
+    n_pairs=(int, Field(description="Pairs of runs compared (one run when it has both maps), or settings of the "
+                                    "other axes (across).")),
+    n_same_run=(int, ...),
+    rho=(float | None, Field(description="Mean Spearman rho over the pairs (signs as named: '-map' is flipped).")),
+    pooled=(str, ...),
+    nulls=(list[NullOut], Field(description="Units relabelled at random, one relabelling per map (or value) "
+                                            "shared by its runs: within layers, and across all units.")),
+    **_top_k_fields(),
+    **_tested_fields("compare_maps", compare.MATRIX),
+)
 
-
-class CompareMapsOut(BaseModel):
-    sweep: str
-    maps: list[str]
-    across: str | None
-    kind: str
-    shape: list[int]
-    labels: list[str]
-    matrix: list[list[float | None]] = Field(description="Mean Spearman rho between labels (maps or across values).")
-    n_runs: list[int]
-    pairs: list[ComparedPairOut]
-    mean_offdiag: TestedOut
-    top: float
-    k: int
-    chance_overlap: float = Field(description="k / P: expected top-k overlap of two independent random maps.")
-    chance_jaccard: float
-    models: list[str]
-    tasks: list[str]
-    matched_on: list[str] = Field(description="Config keys every compared pair of runs agrees on.")
-    pooled_axes: list[str]
-    notes: list[str]
+CompareMapsOut = create_model(
+    "CompareMapsOut",
+    sweep=(str, ...),
+    maps=(list[str], ...),
+    across=(str | None, ...),
+    kind=(str, ...),
+    shape=(list[int], ...),
+    labels=(list[str], ...),
+    matrix=(list[list[float | None]], Field(description="Mean Spearman rho between labels (maps or across values).")),
+    n_runs=(list[int], ...),
+    pairs=(list[ComparedPairOut], ...),
+    mean_offdiag=(TestedOut, ...),
+    **{name: (TestedOut, Field(description=f"Mean over the pairs of labels of {field.description}"))
+       for name, (_, field) in _tested_fields("compare_maps", compare.MATRIX).items()},
+    top=(float, ...),
+    k=(int, ...),
+    **_top_k_fields("chance_"),
+    models=(list[str], ...),
+    tasks=(list[str], ...),
+    matched_on=(list[str], Field(description="Config keys every compared pair of runs agrees on.")),
+    pooled_axes=(list[str], ...),
+    notes=(list[str], ...),
+)
 
 
 class MaskIouOut(BaseModel):

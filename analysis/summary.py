@@ -31,11 +31,12 @@ def summary_metrics(data: SweepData, n_perm: int = 200, max_cells: int = MAX_CEL
     - ``runs_finished``, ``runs_failed``;
     - ``<metric>/<cell>``: the mean over a cell's finished seeds (cells named as the figures name
       them), when the sweep has at most ``max_cells`` cells;
-    - per unit map that some cell has 2 finished seeds of, ``agreement/seed/<map>/r`` (Pearson r
-      between seeds, mean over cells) with ``.../r_chance`` (the within-layer null's mean: what
-      chance gives), ``.../r_p`` (its p at ``n_perm`` permutations), and the stem cell statistic
-      ``.../stem_cell`` with ``.../stem_cell_chance`` where a cell has 3 seeds, and the paper's
-      single fit (the triple's last seed as response) as ``.../stem_cell_paper`` with its chance.
+    - per unit map that some cell has 2 finished seeds of, each statistic of agreement across seeds
+      (``statistics.asked("agreement")``) where defined, ``agreement/seed/<map>/<statistic>``:
+      ``r`` (Pearson r between seeds, mean over cells), ``stem_cell`` and ``stem_cell_paper`` (He &
+      Choi's, where a cell has 3 seeds), ``rbo``, ..., each with ``.../<statistic>_chance`` (the
+      within-layer null's mean: what chance gives) and ``.../<statistic>_p`` (its p at ``n_perm``
+      permutations).
     """
     finished = data.subset(data.status == "finished")
     out = {"runs_finished": float(len(finished)), "runs_failed": float((data.status == "failed").sum())}
@@ -59,8 +60,7 @@ def summary_metrics(data: SweepData, n_perm: int = 200, max_cells: int = MAX_CEL
             continue
         done.add(result.map_name)
         prefix = metric_key(f"agreement/seed/{result.map_name}")
-        for name, tested in (("r", result.mean_offdiag), ("stem_cell", result.stem_cell),
-                             ("stem_cell_paper", result.stem_cell_paper)):
+        for name, tested in result.statistics.items():
             if math.isnan(tested.observed):
                 continue
             out[f"{prefix}/{name}"] = float(tested.observed)

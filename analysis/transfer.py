@@ -32,7 +32,6 @@ sweep would share a label: compare one at a time.
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass, field
 
@@ -289,6 +288,8 @@ def transfer_png(result: Transfer, filters: Filters | None = None) -> bytes:
     shared scale."""
     from matplotlib.figure import Figure
 
+    from experiments.common.png import figure_png
+
     n = len(result.tasks)
     side = max(3.6, 0.9 * n + 1.6)
     fig = Figure(figsize=(3 * side + 1.0, 2 * side + 1.4), dpi=100, layout="constrained")
@@ -304,9 +305,7 @@ def transfer_png(result: Transfer, filters: Filters | None = None) -> bytes:
     fig.suptitle(f"{result.sweep_id}{where}: prompt transfer between tasks, {result.model}\n"
                  f"rows = source task (its prompt, its skill neurons), columns = target task; "
                  f"seed means, {result.pooled}", fontsize="medium")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def _fmt(value: float) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from rich import box
 from rich.table import Table
 
-from analysis import cli
+from analysis import cli_common
 from analysis.transfer import (
     TABLES,
     TRANSFER,
@@ -40,14 +40,14 @@ examples:
 """
 
 
-@cli._bad_input_is_config_error
+@cli_common.bad_input_is_config_error
 def cmd_transfer(args: argparse.Namespace) -> int:
-    data, where = cli._load(args)
+    data, where = cli_common.load(args)
     result = transfer_tables(data, where, fraction=args.fraction, noise_std=args.noise_std, n_perm=args.n_perm)
     if args.format == "json":
         print(json.dumps(transfer_json(result), indent=2))
     elif args.format == "csv":
-        cli._write_rows(transfer_rows(result), "csv", None)
+        cli_common.write_rows(transfer_rows(result), "csv", None)
     else:
         _print(result)
     if args.png:
@@ -64,34 +64,34 @@ def _print(result: Transfer) -> None:
         for task in result.tasks:
             table.add_column(task, justify="right")
         for i, source in enumerate(result.tasks):
-            table.add_row(source, *(cli._fmt3(v) for v in result.tables[name][i]))
-        cli.out.print(table)
+            table.add_row(source, *(cli_common.fmt3(v) for v in result.tables[name][i]))
+        cli_common.out.print(table)
     for c in result.correlations:
-        line = f"Spearman({c.overlap}, {TRANSFER}) = {cli._fmt3(c.rho)}"
+        line = f"Spearman({c.overlap}, {TRANSFER}) = {cli_common.fmt3(c.rho)}"
         if c.tested is None:
             line += " (no permutation test)"
         else:
             t = c.tested
-            line += (f"; transfer shuffled among the pairs: chance {cli._fmt3(t.null_mean)}, 95 % "
-                     f"{cli._fmt3(t.band_lo)}..{cli._fmt3(t.band_hi)}, {t.p_text} ({t.n_perm} permutations)")
-        cli.out.print(line)
-    cli.out.print(f"pooled: {result.pooled}")
+            line += (f"; transfer shuffled among the pairs: chance {cli_common.fmt3(t.null_mean)}, 95 % "
+                     f"{cli_common.fmt3(t.band_lo)}..{cli_common.fmt3(t.band_hi)}, {t.p_text} ({t.n_perm} permutations)")
+        cli_common.out.print(line)
+    cli_common.out.print(f"pooled: {result.pooled}")
     for note in result.notes:
-        cli.out.print(f"note: {note}")
+        cli_common.out.print(f"note: {note}")
 
 
 def register(subparsers: argparse._SubParsersAction, db_help: str, where_help: str) -> None:
     """Add ``transfer`` to the main CLI."""
     p = subparsers.add_parser("transfer", help="prompt transfer between tasks: task x task tables, overlap vs transfer",
                               description=HELP, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("sweep", help=cli.SWEEP_HELP)
+    p.add_argument("sweep", help=cli_common.SWEEP_HELP)
     p.add_argument("--fraction", type=float,
                    help="the perturbed fraction of the neurons in the drop tables (default: the largest reported)")
     p.add_argument("--noise-std", type=float,
                    help="the runs at this prompt_transfer.noise_std (default: the value most runs have)")
     p.add_argument("--n-perm", type=int, default=1000,
                    help="shuffles of the transfer values among the pairs; default 1000, 0 = no test")
-    p.add_argument("--format", default="table", choices=cli.AGREEMENT_FORMATS,
+    p.add_argument("--format", default="table", choices=cli_common.AGREEMENT_FORMATS,
                    help="table (default), csv (one row per ordered pair) or json (everything)")
     p.add_argument("--png", help="also write the annotated tables to this PNG file")
     p.add_argument("--where", help=where_help)

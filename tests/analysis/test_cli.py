@@ -22,7 +22,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from analysis import cli
+from analysis import cli, statistics
 from experiments.core.sections import ConfigError
 from orchestrator import report
 from orchestrator.registry import Registry
@@ -124,7 +124,8 @@ def test_agreement_table_statistic_and_png(sweep, tmp_path, capsys):
     assert "heads.gate: Pearson r across seed" in text and "mean over 8 cells of 3 seeds" in text
     # both nulls, in words, with chance, excess and a p that is a bound (1 / 51: nothing reached it)
     assert "the same units beyond how many each layer keeps?" in text and "the same units at all?" in text
-    assert text.count("p < 0.02") == 6 and "50 permutations per null" in text  # 3 statistics x 2 nulls
+    # every statistic (statistics.asked("agreement"): r, stem cell, its paper's fit, RBO, ...) x 2 nulls
+    assert text.count("p < 0.02") == 2 * len(statistics.asked("agreement")) and "50 permutations per null" in text
     assert re.search(r"seed r \d\.\d{3} in layers -?\d\.\d{3} -?\d\.\d{3}\.\.-?\d\.\d{3} \+\d\.\d{3} p < 0\.02", text)
     assert re.search(r"stem cell \d\.\d{3} in layers .* all units .* p < 0\.02", text)
     assert re.search(r"stem cell \(paper\) \d\.\d{3} in layers", text)  # the paper's single fit beside ours

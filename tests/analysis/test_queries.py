@@ -12,6 +12,7 @@ import pytest
 from analysis import figure_plan, figures, queries, select, stats
 from analysis.loading import load_sweep
 from analysis.select import QueryError
+from analysis.statistics import pearson, spearman, stem_cell
 from orchestrator.registry import NotFound, Registry
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -186,7 +187,7 @@ def test_seeds_of_a_cell_agree_beyond_chance_under_both_nulls(data, sweep):
     np.testing.assert_allclose(np.diag(result.matrix), 1.0)
     assert (result.matrix > 0.6).all() and result.map_name == "heads.gate"
     stem, offdiag = result.stem_cell, result.mean_offdiag
-    expected = np.mean([stats.stem_cell(_cell_runs(sweep, t, p, lam))
+    expected = np.mean([stem_cell.stem_cell(_cell_runs(sweep, t, p, lam))
                         for t in (CLS, TAG) for p in ("dp", "sp") for lam in (0.01, 0.1)])
     assert stem.observed == pytest.approx(expected) and stem.observed > 0.7
     assert set(stem.nulls) == {"within_layers", "all_units"}
@@ -195,7 +196,7 @@ def test_seeds_of_a_cell_agree_beyond_chance_under_both_nulls(data, sweep):
         assert null.p_text == "p < 0.005" and null.excess == pytest.approx(null.observed - null.null_mean)
     again = queries.agreement(data, "seed", n_perm=200)
     assert again.stem_cell.nulls["within_layers"].band_lo == stem.nulls["within_layers"].band_lo  # fixed seed
-    paper = np.mean([stats.stem_cell(_cell_runs(sweep, t, p, lam), response="last")  # seed 2 on seeds 0 and 1
+    paper = np.mean([stem_cell.stem_cell(_cell_runs(sweep, t, p, lam), response="last")  # seed 2 on seeds 0 and 1
                      for t in (CLS, TAG) for p in ("dp", "sp") for lam in (0.01, 0.1)])
     assert result.stem_cell_paper.observed == pytest.approx(paper) and paper != pytest.approx(expected)
     assert set(result.stem_cell_paper.nulls) == {"within_layers", "all_units"}
@@ -219,14 +220,14 @@ def test_tasks_are_compared_only_within_equal_settings_of_the_other_axes(data, s
     for p in ("dp", "sp"):
         for lam in (0.01, 0.1):
             means = [_cell_runs(sweep, t, p, lam).mean(axis=0) for t in (CLS, TAG)]
-            per_setting.append(stats.task_correlation(np.stack(means))[0, 1])
+            per_setting.append(pearson.pearson_matrix(np.stack(means), dtype=np.float64)[0, 1])
     assert result.matrix[0, 1] == pytest.approx(np.mean(per_setting), abs=1e-6)
     assert "mean over 4 settings of head_gates.lambda, head_gates.pipeline" in result.mean_offdiag.pooled
     pooled = queries.agreement(data, "task", n_perm=0, pool=["lambda", "pipeline"])
     assert pooled.matched_on == []
     assert set(pooled.pooled_axes) == {"head_gates.lambda", "head_gates.pipeline", "init_from.method"}
     means = [np.mean([z for (t, *_), z in sweep.gates.items() if t == task], axis=0) for task in (CLS, TAG)]
-    assert pooled.matrix[0, 1] == pytest.approx(stats.task_correlation(np.stack(means))[0, 1], abs=1e-6)
+    assert pooled.matrix[0, 1] == pytest.approx(pearson.pearson_matrix(np.stack(means), dtype=np.float64)[0, 1], abs=1e-6)
     with pytest.raises(QueryError, match="pool: 'lamda' is not an axis that varies here; did you mean 'head_gates.lambda'"):
         queries.agreement(data, "task", n_perm=0, pool=["lamda"])
 
@@ -241,7 +242,7 @@ def test_pipelines_of_the_same_tasks_agree(data):
 def test_agreement_across_runs_and_with_filters(data):
     result = queries.agreement(data, "run", {"task": [CLS], "pipeline": ["dp"]}, n_perm=20)
     assert result.matrix.shape == (6, 6) and len(result.labels) == 6
-    expected = stats.pearson_matrix(
+    expected = pearson.pearson_matrix(
         select.select(data, {"task": [CLS], "pipeline": ["dp"], "status": ["finished"]}).gates, dtype=np.float64)
     np.testing.assert_allclose(result.matrix, expected, atol=1e-6)  # float32 matrix
 
@@ -301,8 +302,8 @@ def test_spearman_of_pipelines_is_high_with_full_top_k_overlap(data, sweep):
     result = queries.spearman_overlap(data, {"pipeline": ["dp"]}, {"pipeline": ["sp"]}, k_frac=0.2)
     a = np.stack([z for (_, p, *_), z in sweep.gates.items() if p == "dp"])
     b = np.stack([z for (_, p, *_), z in sweep.gates.items() if p == "sp"])
-    assert result["spearman"] == pytest.approx(stats.spearman_groups(a, b))
-    assert result["mean_pairwise"] == pytest.approx(float(stats.spearman_between(a, b).mean()))
+    assert result["spearman"] == pytest.approx(spearman.spearman_rows(a.mean(axis=0)[None], b.mean(axis=0)[None])[0])
+    assert result["mean_pairwise"] == pytest.approx(float(spearman.spearman_between(a, b).mean()))
     assert result["spearman"] > 0.8 and all(n["p_text"] == "p < 0.001" for n in result["nulls"])
     assert result["overlap"] > 3 * result["chance_overlap"]
 

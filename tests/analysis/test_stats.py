@@ -1,4 +1,5 @@
-"""analysis.stats against scipy / statsmodels / hand-computed values, and known answers on synthetic gates."""
+"""analysis.statistics (Pearson, Spearman, stem cell, top-k) and analysis.stats (nulls, CIs) against scipy /
+statsmodels / hand-computed values, and known answers on synthetic gates."""
 
 import math
 
@@ -8,10 +9,18 @@ import scipy.stats
 import statsmodels.api as sm
 
 from analysis import stats
+from analysis.statistics import pearson, spearman, stem_cell, topk
 
 
 def _rng(seed: int = 0) -> np.random.Generator:
     return np.random.default_rng(seed)
+
+
+def _mean_pairwise_r(runs: np.ndarray) -> float:
+    """Mean Pearson r over the distinct pairs of runs: a statistic to test the nulls with."""
+    r = pearson.pearson_matrix(runs, dtype=np.float64)
+    i, j = np.triu_indices(len(r), k=1)
+    return float(r[i, j].mean())
 
 
 def _shared_gates(rng, n_runs=3, layers=6, heads=12, flip=0.05):
@@ -26,7 +35,7 @@ def _shared_gates(rng, n_runs=3, layers=6, heads=12, flip=0.05):
 
 def test_pearson_matrix_matches_corrcoef():
     x = _rng().random((7, 20))
-    np.testing.assert_allclose(stats.pearson_matrix(x), np.corrcoef(x), atol=1e-12)
+    np.testing.assert_allclose(pearson.pearson_matrix(x), np.corrcoef(x), atol=1e-12)
 
 
 def test_pearson_matrix_hand_example():
@@ -34,23 +43,23 @@ def test_pearson_matrix_hand_example():
     # run 3 vs run 1: centred (-1, 0, 1) and (-4/3, -1/3, 5/3); r = 3 / (sqrt 2 * sqrt(42/9))
     r13 = 3.0 / (math.sqrt(2.0) * math.sqrt(42.0 / 9.0))
     expected = np.array([[1.0, -1.0, r13], [-1.0, 1.0, -r13], [r13, -r13, 1.0]])
-    np.testing.assert_allclose(stats.pearson_matrix(x), expected, atol=1e-12)
+    np.testing.assert_allclose(pearson.pearson_matrix(x), expected, atol=1e-12)
 
 
 def test_pearson_matrix_accepts_layer_head_stacks_and_keeps_float32():
     x = _rng(1).random((5, 6, 12)).astype(np.float32)
-    r = stats.pearson_matrix(x)
+    r = pearson.pearson_matrix(x)
     assert r.shape == (5, 5) and r.dtype == np.float32
     expected = np.corrcoef(x.reshape(5, -1).astype(np.float64))
     np.testing.assert_allclose(r, expected, atol=1e-6)
-    assert stats.pearson_matrix(x, dtype=np.float64).dtype == np.float64
-    assert stats.pearson_matrix(x.astype(np.float64)).dtype == np.float64
+    assert pearson.pearson_matrix(x, dtype=np.float64).dtype == np.float64
+    assert pearson.pearson_matrix(x.astype(np.float64)).dtype == np.float64
 
 
 def test_pearson_matrix_identical_runs_and_constant_rows():
     run = _rng(2).random(144)
     x = np.stack([run, run, np.ones(144), 1.0 - run])
-    r = stats.pearson_matrix(x)
+    r = pearson.pearson_matrix(x)
     assert r[0, 1] == pytest.approx(1.0) and r[0, 3] == pytest.approx(-1.0)
     assert np.isnan(r[2]).all() and np.isnan(r[:, 2]).all()  # every head open: undefined
     assert np.all(np.abs(r[~np.isnan(r)]) <= 1.0)
@@ -59,35 +68,36 @@ def test_pearson_matrix_identical_runs_and_constant_rows():
 
 def test_rank_rows_average_ties():
     x = np.array([[0.0, 1.0, 1.0, 0.5], [3.0, 3.0, 3.0, 3.0]])
-    np.testing.assert_array_equal(stats.rank_rows(x), [[1.0, 3.5, 3.5, 2.0], [2.5, 2.5, 2.5, 2.5]])
+    np.testing.assert_array_equal(spearman.rank_rows(x), [[1.0, 3.5, 3.5, 2.0], [2.5, 2.5, 2.5, 2.5]])
 
 
-def test_spearman_matrix_matches_scipy_with_ties():
+def test_spearman_rows_match_scipy_with_ties():
     # Gates rounded to 0 / 0.5 / 1: heavy ties, as real Hard Concrete gates have.
     x = np.round(_rng(3).random((6, 30)) * 2) / 2
-    expected = scipy.stats.spearmanr(x, axis=1).statistic
-    np.testing.assert_allclose(stats.spearman_matrix(x), expected, atol=1e-12)
+    expected = [scipy.stats.spearmanr(x[i], x[i + 1]).statistic for i in range(5)]
+    np.testing.assert_allclose(spearman.spearman_rows(x[:-1], x[1:]), expected, atol=1e-12)
+    assert np.isnan(spearman.spearman_rows(np.ones((1, 30)), x[:1])[0])  # a constant map ranks nothing
 
 
 def test_spearman_between_matches_scipy_block():
     rng = _rng(4)
     a, b = np.round(rng.random((4, 6, 12)), 1), np.round(rng.random((3, 6, 12)), 1)
     full = scipy.stats.spearmanr(np.vstack([a.reshape(4, -1), b.reshape(3, -1)]), axis=1).statistic
-    np.testing.assert_allclose(stats.spearman_between(a, b), full[:4, 4:], atol=1e-12)
+    np.testing.assert_allclose(spearman.spearman_between(a, b), full[:4, 4:], atol=1e-12)
 
 
 def test_spearman_between_rejects_different_head_counts():
     with pytest.raises(ValueError, match="different numbers of heads"):
-        stats.spearman_between(np.zeros((2, 10)), np.zeros((2, 12)))
+        spearman.spearman_between(np.zeros((2, 10)), np.zeros((2, 12)))
 
 
 def test_mean_spearman_between_is_the_mean_of_the_defined_pairs():
     rng = _rng(8)
     a, b = np.round(rng.random((7, 6, 12)), 1), np.round(rng.random((5, 6, 12)), 1)  # with ties
     a[2] = 0.5  # a constant run: its rhos are undefined and left out
-    expected = np.nanmean(stats.spearman_between(a, b, dtype=np.float64))
-    assert stats.mean_spearman_between(a, b) == pytest.approx(expected, abs=1e-12)
-    assert math.isnan(stats.mean_spearman_between(np.ones((2, 6, 12)), b))
+    expected = np.nanmean(spearman.spearman_between(a, b, dtype=np.float64))
+    assert spearman.mean_spearman_between(a, b) == pytest.approx(expected, abs=1e-12)
+    assert math.isnan(spearman.mean_spearman_between(np.ones((2, 6, 12)), b))
 
 
 def test_ranks_are_the_same_in_blocks_of_rows(monkeypatch):
@@ -95,26 +105,26 @@ def test_ranks_are_the_same_in_blocks_of_rows(monkeypatch):
     rng = _rng(10)
     a, b = np.round(rng.random((9, 6, 12)), 1), np.round(rng.random((7, 6, 12)), 1)
     a[4] = 0.3
-    whole_ranks, whole_mean = stats.rank_rows(a), stats.mean_spearman_between(a, b)
-    monkeypatch.setattr(stats, "_RANK_BLOCK_ELEMENTS", 2 * 72)  # 2 rows a block: 5 and 4 blocks
-    np.testing.assert_array_equal(stats.rank_rows(a), whole_ranks)
+    whole_ranks, whole_mean = spearman.rank_rows(a), spearman.mean_spearman_between(a, b)
+    monkeypatch.setattr(spearman, "_RANK_BLOCK_ELEMENTS", 2 * 72)  # 2 rows a block: 5 and 4 blocks
+    np.testing.assert_array_equal(spearman.rank_rows(a), whole_ranks)
     np.testing.assert_array_equal(whole_ranks, scipy.stats.rankdata(a.reshape(9, -1), axis=1))
-    assert stats.mean_spearman_between(a, b) == pytest.approx(whole_mean, abs=1e-12)
+    assert spearman.mean_spearman_between(a, b) == pytest.approx(whole_mean, abs=1e-12)
 
 
 def test_pearson_to_matches_pearson_matrix():
     rng = _rng(9)
     v, x = rng.random((6, 12)), rng.random((4, 6, 12))
-    expected = stats.pearson_matrix(np.concatenate([v[None], x]), dtype=np.float64)[0, 1:]
-    np.testing.assert_allclose(stats.pearson_to(v, x), expected, atol=1e-12)
+    expected = pearson.pearson_matrix(np.concatenate([v[None], x]), dtype=np.float64)[0, 1:]
+    np.testing.assert_allclose(pearson.pearson_to(v, x), expected, atol=1e-12)
 
 
-def test_spearman_groups_is_spearman_of_group_means():
-    a = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]])  # mean (1, .5, 0, .5)
-    b = np.array([[0.9, 0.6, 0.1, 0.2]])  # ranks (4, 3, 1, 2); a's mean ranks (4, 2.5, 1, 2.5)
+def test_spearman_rows_hand_example():
+    a = np.array([[1.0, 0.5, 0.0, 0.5]])  # ranks (4, 2.5, 1, 2.5)
+    b = np.array([[0.9, 0.6, 0.1, 0.2]])  # ranks (4, 3, 1, 2)
     expected = np.corrcoef([4.0, 2.5, 1.0, 2.5], [4.0, 3.0, 1.0, 2.0])[0, 1]
-    assert stats.spearman_groups(a, b) == pytest.approx(expected)
-    assert stats.spearman_groups(a, a) == pytest.approx(1.0)
+    assert spearman.spearman_rows(a, b)[0] == pytest.approx(expected)
+    assert spearman.spearman_rows(a, a)[0] == pytest.approx(1.0)
 
 
 # --- multiple correlation ("correlation across runs") ----------------------------------
@@ -132,19 +142,19 @@ def test_multiple_correlation_matches_statsmodels(n_runs):
     z = np.clip(_shared_gates(rng, n_runs, flip=0.2) + 0.3 * rng.random((n_runs, 6, 12)), 0, 1)
     z = z.reshape(n_runs, -1)
     expected = [_statsmodels_multiple_correlation(z, i) for i in range(n_runs)]
-    np.testing.assert_allclose(stats.multiple_correlation(z), expected, atol=1e-10)
+    np.testing.assert_allclose(stem_cell.multiple_correlation(z), expected, atol=1e-10)
 
 
 def test_multiple_correlation_for_three_runs_is_run3_on_run1_run2():
     z = np.clip(_shared_gates(_rng(5), 3, flip=0.15), 0, 1).reshape(3, -1)
     fit = sm.OLS(z[2], sm.add_constant(np.column_stack([z[0], z[1]]))).fit()
-    assert stats.multiple_correlation(z)[2] == pytest.approx(math.sqrt(fit.rsquared_adj), abs=1e-12)
+    assert stem_cell.multiple_correlation(z)[2] == pytest.approx(math.sqrt(fit.rsquared_adj), abs=1e-12)
 
 
 def test_multiple_correlation_identical_runs_is_one():
     run = _rng(6).random((6, 12))
-    np.testing.assert_allclose(stats.multiple_correlation(np.stack([run] * 3)), 1.0, atol=1e-12)
-    assert stats.multiple_correlation(np.stack([run] * 3)).mean() == pytest.approx(1.0)
+    np.testing.assert_allclose(stem_cell.multiple_correlation(np.stack([run] * 3)), 1.0, atol=1e-12)
+    assert stem_cell.multiple_correlation(np.stack([run] * 3)).mean() == pytest.approx(1.0)
 
 
 def test_multiple_correlation_clips_negative_adjusted_r2_to_zero():
@@ -155,28 +165,21 @@ def test_multiple_correlation_clips_negative_adjusted_r2_to_zero():
     y -= design @ np.linalg.lstsq(design, y, rcond=None)[0]  # orthogonal to run 1, run 2: R^2 = 0
     z = np.vstack([x, y])
     assert sm.OLS(z[2], sm.add_constant(z[:2].T)).fit().rsquared_adj < 0
-    assert stats.multiple_correlation(z)[2] == 0.0
+    assert stem_cell.multiple_correlation(z)[2] == 0.0
 
 
 def test_multiple_correlation_constant_response_is_nan_and_bad_shapes_raise():
     z = np.vstack([np.ones(20), _rng(8).random((2, 20))])
-    assert np.isnan(stats.multiple_correlation(z)[0])
+    assert np.isnan(stem_cell.multiple_correlation(z)[0])
     with pytest.raises(ValueError, match="at least 2"):
-        stats.multiple_correlation(np.ones((1, 20)))
+        stem_cell.multiple_correlation(np.ones((1, 20)))
     with pytest.raises(ValueError, match="more heads than runs"):
-        stats.multiple_correlation(np.ones((4, 4)))
+        stem_cell.multiple_correlation(np.ones((4, 4)))
 
 
 def test_independent_runs_have_low_multiple_correlation():
     z = (_rng(9).random((3, 6, 12)) < 0.5).astype(float)
-    assert stats.stem_cell(z) < 0.3
-
-
-def test_task_correlation_matches_corrcoef():
-    means = _rng(11).random((4, 6, 12))
-    np.testing.assert_allclose(
-        stats.task_correlation(means), np.corrcoef(means.reshape(4, -1)), atol=1e-12
-    )
+    assert stem_cell.stem_cell(z) < 0.3
 
 
 # --- top-k overlap ----------------------------------------------------------------------
@@ -185,20 +188,20 @@ def test_task_correlation_matches_corrcoef():
 def test_topk_overlap_hand_example():
     a = np.array([5.0, 4.0, 3.0, 2.0, 1.0, 0.0])  # top 3: {0, 1, 2}
     b = np.array([0.0, 4.0, 3.0, 5.0, 1.0, 2.0])  # top 3: {3, 1, 2}
-    result = stats.topk_overlap(a, b, 0.5, _rng())
+    result = topk.topk_overlap(a, b, 0.5, _rng())
     assert (result["jaccard"], result["overlap"], result["k"]) == (pytest.approx(2 / 4), pytest.approx(2 / 3), 3)
     assert result["chance_overlap"] == pytest.approx(3 / 6)
     # |A & B| ~ Hypergeom(6, 3, 3): P(0..3) = (1, 9, 9, 1) / 20; E[s / (6 - s)] by hand
     assert result["chance_jaccard"] == pytest.approx((9 * 1 / 5 + 9 * 2 / 4 + 1 * 1) / 20)
-    same = stats.topk_overlap(a, a, 0.2, _rng())  # k = ceil(1.2) = 2
+    same = topk.topk_overlap(a, a, 0.2, _rng())  # k = ceil(1.2) = 2
     assert (same["jaccard"], same["overlap"], same["k"]) == (1.0, 1.0, 2)
 
 
 def test_topk_overlap_k_is_ceil_without_float_noise():
     a = np.arange(30.0)
-    assert stats.topk_overlap(a, a, 0.1, _rng())["k"] == 3  # 0.1 * 30 = 3.0000000000000004
+    assert topk.topk_overlap(a, a, 0.1, _rng())["k"] == 3  # 0.1 * 30 = 3.0000000000000004
     with pytest.raises(ValueError):
-        stats.topk_overlap(a, a, 0.0, _rng())
+        topk.topk_overlap(a, a, 0.0, _rng())
 
 
 def test_topk_overlap_of_independent_binary_runs_is_at_chance_not_biased_by_ties():
@@ -210,7 +213,7 @@ def test_topk_overlap_of_independent_binary_runs_is_at_chance_not_biased_by_ties
         a, b = np.zeros(72), np.zeros(72)
         a[rng.choice(72, 8, replace=False)] = 1.0
         b[rng.choice(72, 8, replace=False)] = 1.0
-        result = stats.topk_overlap(a, b, 0.2, rng)
+        result = topk.topk_overlap(a, b, 0.2, rng)
         overlaps.append(result["overlap"])
     assert result["k"] == 15 and result["chance_overlap"] == pytest.approx(15 / 72)
     assert np.mean(overlaps) == pytest.approx(15 / 72, abs=0.03)
@@ -218,9 +221,9 @@ def test_topk_overlap_of_independent_binary_runs_is_at_chance_not_biased_by_ties
 
 def test_topk_ties_are_broken_at_random_but_reproducibly():
     ties = np.array([1.0, 1.0, 1.0, 0.0])
-    picks = {tuple(sorted(stats._top_k(ties, 2, _rng(seed)).tolist())) for seed in range(30)}
+    picks = {tuple(sorted(topk._top_k(ties, 2, _rng(seed)).tolist())) for seed in range(30)}
     assert picks == {(0, 1), (0, 2), (1, 2)}  # every tied pair comes up, never the 0-scored unit
-    assert stats.topk_overlap(ties, ties[::-1], 0.5, _rng(5)) == stats.topk_overlap(ties, ties[::-1], 0.5, _rng(5))
+    assert topk.topk_overlap(ties, ties[::-1], 0.5, _rng(5)) == topk.topk_overlap(ties, ties[::-1], 0.5, _rng(5))
 
 
 # --- permutation nulls ------------------------------------------------------------------
@@ -251,7 +254,7 @@ def test_shuffle_all_units_moves_values_between_layers_but_keeps_each_run():
 
 def test_permutation_null_shared_gates_are_significant_under_both_nulls():
     x = _shared_gates(_rng(14))
-    nulls = stats.both_nulls(stats.stem_cell, x, 1000, _rng(15))
+    nulls = stats.both_nulls(stem_cell.stem_cell, x, 1000, _rng(15))
     for result in nulls.values():
         assert result.observed > 0.6
         assert result.p_value == pytest.approx(1 / 1001) and result.at_floor
@@ -263,10 +266,10 @@ def test_permutation_null_shared_gates_are_significant_under_both_nulls():
 def test_p_text_never_prints_the_floor_as_an_exact_value():
     """Defect 9: p = 1 / (n_perm + 1) is a bound, not a value."""
     x = _shared_gates(_rng(14))
-    at_200 = stats.permutation_null(stats.mean_pairwise_pearson, x, 200, _rng(1))
+    at_200 = stats.permutation_null(_mean_pairwise_r, x, 200, _rng(1))
     assert at_200.p_text == "p < 0.005"
     indep = (_rng(2).random((3, 6, 12)) < 0.5).astype(float)
-    plain = stats.permutation_null(stats.mean_pairwise_pearson, indep, 200, _rng(3))
+    plain = stats.permutation_null(_mean_pairwise_r, indep, 200, _rng(3))
     assert not plain.at_floor and plain.p_text == f"p = {plain.p_value:.2g}"
 
 
@@ -277,7 +280,7 @@ def test_permutation_null_independent_gates_are_not():
     inside, small_p = 0, 0
     for _ in range(40):
         x = (rng.random((3, 6, 12)) < 0.5).astype(float)
-        result = stats.permutation_null(stats.mean_pairwise_pearson, x, 200, rng)
+        result = stats.permutation_null(_mean_pairwise_r, x, 200, rng)
         assert abs(result.observed) < 0.25  # near 0
         assert result.band_lo < 0 < result.band_hi
         inside += result.band_lo <= result.observed <= result.band_hi
@@ -288,15 +291,15 @@ def test_permutation_null_independent_gates_are_not():
 def test_permutation_null_p_value_counts_ties_and_is_reproducible():
     x = np.repeat(np.array([1.0, 0.0, 1.0, 0.0, 1.0, 0.0])[None, :, None], 12, axis=2)
     x = np.stack([x[0], x[0], x[0] * 0.5 + 0.2])  # every layer uniform: shuffling changes nothing
-    result = stats.permutation_null(stats.mean_pairwise_pearson, x, 200, _rng(18))
+    result = stats.permutation_null(_mean_pairwise_r, x, 200, _rng(18))
     assert result.p_value == 1.0  # (1 + 200) / (1 + 200), despite float noise in the reordering
     assert result.excess == pytest.approx(0.0, abs=1e-9)
-    again = stats.permutation_null(stats.mean_pairwise_pearson, x, 200, _rng(18))
+    again = stats.permutation_null(_mean_pairwise_r, x, 200, _rng(18))
     np.testing.assert_array_equal(result.null, again.null)
     with pytest.raises(ValueError, match="Generator"):
-        stats.permutation_null(stats.mean_pairwise_pearson, x, 10, None)
+        stats.permutation_null(_mean_pairwise_r, x, 10, None)
     with pytest.raises(ValueError, match=r"\(N, L, K\)"):
-        stats.permutation_null(stats.mean_pairwise_pearson, x.reshape(3, -1), 10, _rng())
+        stats.permutation_null(_mean_pairwise_r, x.reshape(3, -1), 10, _rng())
 
 
 # --- known answers: what the two nulls tell apart (defect 3) ------------------------------
@@ -316,7 +319,7 @@ def test_a_shared_layer_profile_alone_is_not_agreement_beyond_the_layer_profile(
     excess_within, excess_all, small_p = [], [], 0
     for _ in range(20):
         x = _same_layer_profile(rng)
-        nulls = stats.both_nulls(stats.mean_pairwise_pearson, x, 200, rng)
+        nulls = stats.both_nulls(_mean_pairwise_r, x, 200, rng)
         excess_within.append(nulls["within_layers"].excess)
         excess_all.append(nulls["all_units"].excess)
         small_p += nulls["within_layers"].p_value < 0.05
@@ -327,8 +330,7 @@ def test_a_shared_layer_profile_alone_is_not_agreement_beyond_the_layer_profile(
 
 def test_identical_runs_score_one():
     x = np.stack([(_rng(41).random((6, 12)) < 0.3).astype(float)] * 3)
-    assert stats.stem_cell(x) == pytest.approx(1.0)
-    assert stats.mean_pairwise_pearson(x) == pytest.approx(1.0)
+    assert stem_cell.stem_cell(x) == pytest.approx(1.0)
 
 
 def test_a_planted_shared_set_of_k_heads_grows_the_excess_with_k():
@@ -340,7 +342,7 @@ def test_a_planted_shared_set_of_k_heads_grows_the_excess_with_k():
             x = _same_layer_profile(rng).reshape(3, -1)
             planted = rng.choice(72, k, replace=False)
             x[:, planted] = 1.0  # the same k heads open in every run
-            nulls = stats.both_nulls(stats.stem_cell, x.reshape(3, 6, 12), 100, rng)
+            nulls = stats.both_nulls(stem_cell.stem_cell, x.reshape(3, 6, 12), 100, rng)
             values.append(nulls["within_layers"].excess)
         excess.append(np.mean(values))
     assert excess[0] == pytest.approx(0.0, abs=0.05)
@@ -362,8 +364,8 @@ def test_triple_statistic_matches_statsmodels_on_every_triple_of_five_runs():
     z[4] = _rng(44).random(72)  # one continuous, unrelated run
     expected = [np.mean([_ols_triple(z[i], z[j], z[k]), _ols_triple(z[j], z[i], z[k]),
                          _ols_triple(z[k], z[i], z[j])]) for i, j, k in combinations(range(5), 3)]
-    np.testing.assert_allclose(stats.triple_correlations(z), expected, atol=1e-10)
-    assert stats.stem_cell(z) == pytest.approx(np.mean(expected), abs=1e-10)
+    np.testing.assert_allclose(stem_cell.triple_correlations(z), expected, atol=1e-10)
+    assert stem_cell.stem_cell(z) == pytest.approx(np.mean(expected), abs=1e-10)
 
 
 def test_paper_single_fit_is_statsmodels_ols_of_the_last_run_on_the_first_two():
@@ -375,12 +377,12 @@ def test_paper_single_fit_is_statsmodels_ols_of_the_last_run_on_the_first_two():
     z = _shared_gates(_rng(45), n_runs=5, flip=0.2).reshape(5, -1)
     z[1] = 0.5 * z[1] + 0.5 * _rng(46).random(72)  # runs unlike each other: the choice of response matters
     expected = [_ols_triple(z[k], z[i], z[j]) for i, j, k in combinations(range(5), 3)]
-    np.testing.assert_allclose(stats.triple_correlations(z, response="last"), expected, atol=1e-10)
-    assert stats.stem_cell(z, response="last") == pytest.approx(np.mean(expected), abs=1e-10)
-    symmetric = stats.triple_correlations(z)
+    np.testing.assert_allclose(stem_cell.triple_correlations(z, response="last"), expected, atol=1e-10)
+    assert stem_cell.stem_cell(z, response="last") == pytest.approx(np.mean(expected), abs=1e-10)
+    symmetric = stem_cell.triple_correlations(z)
     assert not np.allclose(symmetric, expected, atol=1e-3)  # a different number from the default's
     with pytest.raises(ValueError, match="response must be one of"):
-        stats.stem_cell(z, response="first")
+        stem_cell.stem_cell(z, response="first")
 
 
 @pytest.mark.filterwarnings("ignore:The design matrix is rank-deficient")
@@ -389,11 +391,11 @@ def test_triple_statistic_with_collinear_and_constant_runs_matches_statsmodels()
     twin = np.stack([z[0], z[1], z[1]])  # predictors 1 and 2 identical in one fit
     expected = np.mean([_ols_triple(twin[0], twin[1], twin[2]), _ols_triple(twin[1], twin[0], twin[2]),
                         _ols_triple(twin[2], twin[0], twin[1])])
-    assert stats.triple_correlations(twin)[0] == pytest.approx(expected, abs=1e-10)
+    assert stem_cell.triple_correlations(twin)[0] == pytest.approx(expected, abs=1e-10)
     closed = np.stack([z[0], z[1], np.zeros(72)])  # a run with every gate closed
     expected = np.mean([_ols_triple(closed[0], closed[1], closed[2]),
                         _ols_triple(closed[1], closed[0], closed[2])])  # a constant response is undefined
-    assert stats.triple_correlations(closed)[0] == pytest.approx(expected, abs=1e-10)
+    assert stem_cell.triple_correlations(closed)[0] == pytest.approx(expected, abs=1e-10)
 
 
 def test_stem_cell_does_not_grow_with_the_number_of_seeds():
@@ -403,8 +405,8 @@ def test_stem_cell_does_not_grow_with_the_number_of_seeds():
     by_n = {}
     for n in (3, 5, 10, 20):
         runs = base + rng.normal(size=(n, 144)) * 1.2  # the same pairwise r for every n
-        by_n[n] = stats.stem_cell(runs)
-        joint = stats.multiple_correlation(runs).mean()
+        by_n[n] = stem_cell.stem_cell(runs)
+        joint = stem_cell.multiple_correlation(runs).mean()
         if n == 20:
             assert joint > by_n[3] + 0.1  # the old statistic grows ...
     assert max(by_n.values()) - min(by_n.values()) < 0.06  # ... the triple one does not
@@ -416,9 +418,9 @@ def test_stem_cell_weights_every_cell_once_and_skips_cells_under_three_runs():
     b = (rng.random((10, 6, 12)) < 0.4).astype(float)  # 10 unrelated seeds
     x = np.concatenate([a, b, b[:2]])
     cells = [np.arange(3), np.arange(3, 13), np.arange(13, 15)]
-    expected = np.mean([stats.stem_cell(a), stats.stem_cell(b)])
-    assert stats.stem_cell(x, cells) == pytest.approx(expected, abs=1e-12)
-    assert math.isnan(stats.stem_cell(x[:2]))
+    expected = np.mean([stem_cell.stem_cell(a), stem_cell.stem_cell(b)])
+    assert stem_cell.stem_cell(x, cells) == pytest.approx(expected, abs=1e-12)
+    assert math.isnan(stem_cell.stem_cell(x[:2]))
 
 
 # --- aggregate --------------------------------------------------------------------------

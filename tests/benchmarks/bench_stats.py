@@ -1,4 +1,4 @@
-"""Timings of analysis.stats at sweep scale; one JSON line per figure.
+"""Timings of analysis.statistics and analysis.stats at sweep scale; one JSON line per figure.
 
     .venv/bin/python tests/benchmarks/bench_stats.py
 
@@ -21,6 +21,7 @@ import numpy as np
 import scipy.stats
 
 from analysis import stats
+from analysis.statistics import pearson, rbo, spearman, stem_cell
 
 P = 144  # 6 layers x 12 heads (MiniLM)
 SCIPY_LIMIT_S = 30.0
@@ -51,19 +52,26 @@ def _gates(rng: np.random.Generator, n: int) -> np.ndarray:
     return np.clip(rng.normal(0.5, 0.6, size=(n, P)), 0.0, 1.0).astype(np.float32)
 
 
+def _mean_pairwise(pairs: Callable[[np.ndarray, np.ndarray], np.ndarray], z: np.ndarray) -> float:
+    """Mean of a pairwise statistic over the distinct pairs of runs ``z``."""
+    i, j = np.triu_indices(len(z), k=1)
+    flat = z.reshape(len(z), -1)
+    return float(pairs(flat[i], flat[j]).mean())
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
 
     x = _gates(rng, 10_000)
-    warm, cold = _time(lambda: stats.pearson_matrix(x))
+    warm, cold = _time(lambda: pearson.pearson_matrix(x))
     _emit("pearson_10000x144", warm, "< 1", cold_seconds=cold, dtype="float32")
-    warm, cold = _time(lambda: stats.pearson_matrix(x, dtype=np.float64), repeats=2)
+    warm, cold = _time(lambda: pearson.pearson_matrix(x, dtype=np.float64), repeats=2)
     _emit("pearson_10000x144_float64", warm, "< 1", cold_seconds=cold)
 
     a, b = _gates(rng, 5_000), _gates(rng, 5_000)
-    ours, cold = _time(lambda: stats.spearman_between(a, b))
+    ours, cold = _time(lambda: spearman.spearman_between(a, b))
     _emit("spearman_between_5000x5000", ours, "< 1", cold_seconds=cold, dtype="float32")
-    warm, cold = _time(lambda: stats.spearman_groups(a, b))
+    warm, cold = _time(lambda: spearman.spearman_rows(a.mean(axis=0)[None], b.mean(axis=0)[None]))
     _emit("spearman_groups_5000_vs_5000", warm, "< 1", cold_seconds=cold)
 
     # scipy computes the full (Na + Nb)^2 matrix; time it small first and only run the
@@ -72,7 +80,7 @@ def main() -> None:
     start = time.perf_counter()
     full_probe = scipy.stats.spearmanr(a[:probe], b[:probe], axis=1).statistic
     probe_s = time.perf_counter() - start
-    ours_probe = stats.spearman_between(a[:probe], b[:probe], dtype=np.float64)
+    ours_probe = spearman.spearman_between(a[:probe], b[:probe], dtype=np.float64)
     max_diff = float(np.nanmax(np.abs(ours_probe - full_probe[:probe, probe:])))
     predicted = probe_s * (len(a) / probe) ** 2
     if predicted < SCIPY_LIMIT_S:
@@ -87,7 +95,7 @@ def main() -> None:
             max_abs_diff_at_1000=max_diff,
         )
     else:
-        ours_probe_s, _ = _time(lambda: stats.spearman_between(a[:probe], b[:probe]))
+        ours_probe_s, _ = _time(lambda: spearman.spearman_between(a[:probe], b[:probe]))
         _emit(
             "scipy_spearmanr_1000_vs_1000",
             probe_s,
@@ -100,8 +108,9 @@ def main() -> None:
 
     z = (rng.random((3, 6, 12)) < 0.5).astype(np.float64)
     for name, fn in (
-        ("stem_cell", stats.stem_cell),
-        ("mean_pairwise_pearson", stats.mean_pairwise_pearson),
+        ("stem_cell", stem_cell.stem_cell),
+        ("mean_pairwise_pearson", lambda z: _mean_pairwise(pearson.pearson_rows, z)),
+        ("mean_pairwise_rbo", lambda z: _mean_pairwise(rbo.rbo_maps, z)),
     ):
         warm, cold = _time(
             lambda fn=fn: stats.permutation_null(fn, z, 1000, np.random.default_rng(1)), repeats=2
@@ -111,7 +120,7 @@ def main() -> None:
     # the stem cell null of a whole sweep: 1,000 cells x 3 seeds, every cell in one batched Pearson
     x = (rng.random((3_000, 6, 12)) < 0.5).astype(np.float64)
     cells = [np.arange(i, i + 3) for i in range(0, 3_000, 3)]
-    warm, cold = _time(lambda: stats.both_nulls(lambda z: stats.stem_cell(z, cells), x, 100,
+    warm, cold = _time(lambda: stats.both_nulls(lambda z: stem_cell.stem_cell(z, cells), x, 100,
                                                 np.random.default_rng(3)), repeats=2)
     _emit("stem_cell_both_nulls_100perm_1000cells_x3x144", warm, None, cold_seconds=cold,
           per_permutation_ms=1000 * warm / 200)

@@ -1,0 +1,104 @@
+"""What the analysis commands share (``analysis.cli``, ``compare_cli``, ``transfer_cli``): loading a
+sweep with its ``--where`` filters, bad input as a one-line ``ConfigError``, rows written as csv or
+json, the console and the number formats of their tables."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import io
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from experiments.common.naming import suggest
+from experiments.core.sections import ConfigError
+
+AGREEMENT_FORMATS = ("table", "csv", "json")
+SWEEP_HELP = "a sweep id, or 'last' (the newest sweep)"
+# A terminal wraps tables at its width; a pipe or a file gets them whole (rich's default there is
+# 80 columns, which folds a run x run matrix into unreadable pieces).
+out = Console(width=None if sys.stdout.isatty() else 100_000)
+
+
+def _registry(args: argparse.Namespace):
+    from orchestrator import settings
+    from orchestrator.registry import Registry
+
+    return Registry(args.db or settings.registry_url())
+
+
+def load(args: argparse.Namespace):
+    """(the sweep's SweepData, the --where filters)."""
+    from analysis import select
+    from analysis.loading import load_sweep
+    from orchestrator.registry import NotFound
+
+    registry = _registry(args)
+    try:
+        data = load_sweep(registry, args.sweep)
+    except NotFound:
+        known = [s["id"] for s in registry.list_sweeps()]
+        raise ConfigError(f"unknown sweep '{args.sweep}'{suggest(args.sweep, known)}") from None
+    return data, select.parse_filter(args.where or "")
+
+
+def bad_input_is_config_error(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """The handler with an analysis ``QueryError`` (bad input) raised as ``ConfigError``: the main CLI
+    prints it as one line, exit status 2."""
+
+    @functools.wraps(handler)
+    def wrapper(args: argparse.Namespace) -> int:
+        from analysis.select import QueryError
+
+        try:
+            return handler(args)
+        except QueryError as err:
+            raise ConfigError(str(err)) from None
+
+    return wrapper
+
+
+def write_rows(rows: list[dict[str, Any]], fmt: str, path: str | None) -> None:
+    """``rows`` as parquet (to ``path``), json or csv (to ``path``, or stdout without one)."""
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        return
+    if fmt == "json":
+        text = json.dumps(rows, indent=1) + "\n"
+    else:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else [], lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        text = buf.getvalue()
+    if path:
+        Path(path).write_text(text)
+    else:
+        sys.stdout.write(text)
+
+
+def fmt3(value: float | None) -> str:
+    """Three decimals; ``-`` for a missing or undefined value."""
+    return "-" if value is None or not math.isfinite(value) else f"{value:.3f}"
+
+
+def signed(value: float | None) -> str:
+    """Three decimals with their sign (an excess over chance); ``-`` for a missing value."""
+    return "-" if value is None else f"{value:+.3f}"
+
+
+def null_cells(null: dict[str, Any]) -> list[str]:
+    """One null of a tested statistic (``queries.null_summaries``) as table cells: how the units were
+    shuffled, chance (the null's mean), its 95 % band, the excess over it and p."""
+    return ["in layers" if null["null"] == "within_layers" else "all units", fmt3(null["null_mean"]),
+            f"{fmt3(null['band_lo'])}..{fmt3(null['band_hi'])}", signed(null["excess"]), null["p_text"]]
