@@ -61,11 +61,14 @@ PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 @pytest.fixture
-def fresh_pg_database():
-    """A new, empty PostgreSQL database on 127.0.0.1:5432; dropped afterwards. Yields its SQLAlchemy URL."""
+def fresh_pg_database(request):
+    """A new, empty PostgreSQL database on 127.0.0.1:5432; dropped afterwards. Yields its SQLAlchemy URL.
+    Only for tests marked ``postgres`` (``-m "not postgres"`` must leave out every test that needs it)."""
     import uuid
 
     import psycopg
+
+    assert request.node.get_closest_marker("postgres"), f"{request.node.nodeid} uses PostgreSQL: mark it postgres"
 
     name = f"hs_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:

@@ -88,37 +88,92 @@ import test_cluster
 cloudpickle.register_pickle_by_value(test_cluster)  # workers get the run function by value
 from orchestrator.driver import execute_sweep
 ray.init(address={address!r}, log_to_driver=False, logging_level="WARNING")
+{arrivals}
 counts = execute_sweep({sweep!r}, registry_url={url!r}, track=False,
-                       run_fn=functools.partial(test_cluster._where, seconds={seconds}))
+                       run_fn=functools.partial(test_cluster.{run_fn}, **{kwargs!r}))
 print(json.dumps(counts))
 """
 
 
-def _drive(sweep_id: str, home, seconds: float) -> dict:
-    """Run the sweep's driver in a process of its own, connected to the cluster, as a real driver is."""
+# the barrier of _packed's runs, held by their driver (it ends with it)
+ARRIVALS = 'arrivals = test_cluster.Arrivals.options(name="arrivals", namespace=test_cluster.NAMESPACE).remote()'
+
+
+def _drive(sweep_id: str, home, run_fn: str = "_where", timeout: float = 300, **kwargs) -> dict:
+    """Run the sweep's driver in a process of its own, connected to the cluster, as a real driver is:
+    each run is ``run_fn(cfg, ctx, **kwargs)`` (a function of this module)."""
     code = DRIVER.format(here=os.path.dirname(__file__), address=os.environ["RAY_ADDRESS"], sweep=sweep_id,
-                         url=f"sqlite:///{home}/registry.db", seconds=seconds)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+                         url=f"sqlite:///{home}/registry.db", run_fn=run_fn, kwargs=kwargs,
+                         arrivals=ARRIVALS if run_fn == "_packed" else "")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     counts = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(counts) == {"finished"}, done.stderr[:4000]
     return counts
 
 
+NAMESPACE = "headsweep-test-cluster"
+
+
+@ray.remote(num_cpus=0)
+class Arrivals:
+    """Which trials are inside their run now (in all and per logical GPU), the most seen at once, and
+    a barrier: ``full()`` once ``expected`` were inside together, or ``wait_s`` after the first
+    arrival (so packing that never reaches ``expected`` fails the test after one wait, not one per
+    wave). The driver of the sweep holds it; its calls run one at a time."""
+
+    def __init__(self, expected: int = 8, wait_s: float = 240.0) -> None:
+        self.expected, self.wait_s = expected, wait_s
+        self.inside: dict[str, int] = {}
+        self.peak = self.peak_per_gpu = 0
+        self.deadline: float | None = None
+
+    def arrive(self, gpu: str) -> None:
+        self.deadline = self.deadline or time.monotonic() + self.wait_s
+        self.inside[gpu] = self.inside.get(gpu, 0) + 1
+        self.peak = max(self.peak, sum(self.inside.values()))
+        self.peak_per_gpu = max(self.peak_per_gpu, self.inside[gpu])
+
+    def leave(self, gpu: str) -> tuple[int, int]:
+        self.inside[gpu] -= 1
+        return self.peak, self.peak_per_gpu
+
+    def full(self) -> bool:
+        return self.peak >= self.expected or time.monotonic() > self.deadline
+
+
+def _packed(cfg, ctx) -> RunResult:
+    """Arrives, waits at the barrier until 8 trials were inside at once (or the barrier gives up),
+    leaves: how many runs share a GPU is counted by the actor, never guessed from timestamps."""
+    import numpy as np
+
+    arrivals = ray.get_actor("arrivals", namespace=NAMESPACE)
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    ray.get(arrivals.arrive.remote(gpu))
+    while not ray.get(arrivals.full.remote()):
+        time.sleep(0.1)
+    peak, peak_per_gpu = ray.get(arrivals.leave.remote(gpu))
+    metrics = {"gpu": float(gpu or -1), "peak": peak, "peak_per_gpu": peak_per_gpu}
+    ones = np.ones((2, 4), dtype=np.float32)
+    return RunResult(cfg.run_key, cfg.group_key, metrics, {"heads.gate": UnitMap(ones, "heads", "test")}, steps=1)
+
+
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 def test_gpu_packing_half_a_gpu_per_run_gives_8_concurrent(home):
+    """Half a GPU per run on 4 logical GPUs (and a quarter CPU on 2): 8 runs at once, never more, never
+    more than 2 on a GPU, every GPU used, every run once. The runs wait for each other (``Arrivals``),
+    so reaching 8 is no race between the 8th run's start and the 1st one's end; broken packing (a
+    whole GPU per run: 4 at once) fails here after the barrier's wait (240 s): "at most 4 runs at once"."""
     grid = {**TRIVIAL, "axes": {"seed": list(range(16))}, "resources": {"cpus": 0.25, "gpus": 0.5}}
     registry, sweep_id = _register(grid)
-    counts = _drive(sweep_id, home, seconds=3.0)
-    assert counts == {"finished": 16}
-    metrics = registry.results(sweep_id)["metrics"]
-    assert {m["gpu"] for m in metrics} <= {0.0, 1.0, 2.0, 3.0} and len({m["gpu"] for m in metrics}) == 4
-    events = sorted([(m["start"], 1) for m in metrics] + [(m["end"], -1) for m in metrics])
-    running = peak = 0
-    for _, change in events:
-        running += change
-        peak = max(peak, running)
-    assert peak == 8
+    assert _drive(sweep_id, home, run_fn="_packed", timeout=500) == {"finished": 16}
+    results = registry.sweep_runs(sweep_id)
+    assert [registry.get_run(key)["attempts"] for key in results["run_key"]] == [1] * 16
+    metrics = results["metrics"]
+    assert {m["gpu"] for m in metrics} == {0.0, 1.0, 2.0, 3.0}
+    peak, peak_per_gpu = max(m["peak"] for m in metrics), max(m["peak_per_gpu"] for m in metrics)
+    assert peak == 8, f"at most {peak} runs at once"
+    assert peak_per_gpu == 2, f"{peak_per_gpu} runs at once on one GPU"
 
 
 SLOW_GRID = {
@@ -146,13 +201,13 @@ def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ra
     registry, until it is resumed by hand."""
     grid_file = tmp_path / "grid.yaml"
     grid_file.write_text(yaml.safe_dump(SLOW_GRID))
-    started = time.time()
     submitted = _cli("submit", str(grid_file), "--no-auto-resume")
     assert submitted.returncode == 0, submitted.stderr[-3000:]
-    assert time.time() - started < 60  # returns at once; the sweep runs on Ray
     registry = Registry(f"sqlite:///{home}/registry.db")
     (sweep,) = registry.list_sweeps()
     sweep_id = sweep["id"]
+    # submit returned before the sweep was done (it runs on Ray): no clock, both slow down with the machine
+    assert registry.sweep_counts(sweep_id).get("finished", 0) < 4
     assert sweep["auto_resumes"] == 0 and "supervisor" not in submitted.stdout
     monkeypatch.setenv("HEADSWEEP_SUPERVISOR_POLL_S", "1")
     watching = supervisor.ensure({"address": ray_cluster["address"], "dashboard": ray_cluster["dashboard"]})
@@ -182,7 +237,7 @@ def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ra
     mlflow = tracking.client()
     runs = mlflow.search_runs([registry.get_sweep(sweep_id)["mlflow_experiment_id"]])
     children = [r for r in runs if "run_key" in r.data.tags]
-    assert sorted(r.data.tags["run_key"] for r in children) == sorted(registry.results(sweep_id)["run_key"])
+    assert sorted(r.data.tags["run_key"] for r in children) == sorted(registry.sweep_runs(sweep_id)["run_key"])
     assert {r.info.status for r in runs} == {"FINISHED"}  # nothing left RUNNING, parent included
 
     status = _cli("status", sweep_id)
@@ -216,13 +271,14 @@ def test_a_sigkilled_driver_is_resumed_by_the_supervisor(home, ray_cluster, tmp_
     first_driver = registry.get_sweep(sweep_id)["driver"]
     os.kill(_driver_pid(sweep_id), signal.SIGKILL)
     killed = time.time()
+    # "within seconds" (it looks every 5 s; printed below): the deadline only tells a hang from a
+    # loaded machine
     while not any(e["kind"] == "resumed" for e in registry.events(sweep_id)):
-        assert time.time() - killed < 60, registry.events(sweep_id)
+        assert time.time() - killed < 180, registry.events(sweep_id)
         time.sleep(0.2)
     resumed_after_s = time.time() - killed
     assert registry.sweep_counts(sweep_id).get("finished", 0) < 4
     told = " ".join(_cli("status", sweep_id).stdout.split())
-    assert time.time() - killed < 60
     assert "resumed automatically (1/3)" in told and "driver failed at " in told, told
     lost, resumed = registry.events(sweep_id)
     orphaned = lost["detail"].pop("orphaned")  # its runs that were RUNNING when it died
@@ -251,7 +307,7 @@ def test_a_sigkilled_driver_is_resumed_by_the_supervisor(home, ray_cluster, tmp_
     mlflow = tracking.client()
     runs = mlflow.search_runs([registry.get_sweep(sweep_id)["mlflow_experiment_id"]])
     children = [r for r in runs if "run_key" in r.data.tags]
-    assert sorted(r.data.tags["run_key"] for r in children) == sorted(registry.results(sweep_id)["run_key"])  # no duplicates
+    assert sorted(r.data.tags["run_key"] for r in children) == sorted(registry.sweep_runs(sweep_id)["run_key"])  # no duplicates
     deadline = time.time() + 60  # the parent run is ended by the driver's last step
     while "RUNNING" in {r.info.status for r in mlflow.search_runs([sweep["mlflow_experiment_id"]])} and time.time() < deadline:
         time.sleep(1)
@@ -289,7 +345,7 @@ def test_a_sigkilled_worker_is_rerun_and_every_run_finishes_exactly_once(home, r
         now = registry.get_run(victim["run_key"])
         if now["attempts"] == 2 and now["status"] in ("running", "finished"):
             break
-        assert now["status"] != "failed" and time.time() - killed < 60, now
+        assert now["status"] != "failed" and time.time() - killed < 180, now  # a hang, not a slow machine
         time.sleep(0.2)
     rerun_after_s = time.time() - killed
     assert now["worker"] != victim["worker"] and now["mlflow_run_id"] == victim["mlflow_run_id"]
@@ -299,7 +355,7 @@ def test_a_sigkilled_worker_is_rerun_and_every_run_finishes_exactly_once(home, r
         time.sleep(1)
     finished_after_s = time.time() - killed
     assert registry.sweep_counts(sweep_id) == {"finished": 4}
-    attempts = {key: registry.get_run(key)["attempts"] for key in registry.results(sweep_id)["run_key"]}
+    attempts = {key: registry.get_run(key)["attempts"] for key in registry.sweep_runs(sweep_id)["run_key"]}
     assert attempts == {key: 2 if key == victim["run_key"] else 1 for key in attempts}  # only the victim ran twice
     # the driver lived: nothing lost, nothing resumed; the history names the worker's death
     assert [(e["kind"], e["detail"]["run_key"], e["detail"]["then"]) for e in registry.events(sweep_id)] == [
@@ -315,9 +371,40 @@ def test_a_sigkilled_worker_is_rerun_and_every_run_finishes_exactly_once(home, r
     status = _cli("status", sweep_id)
     assert "finished: 4 of 4 runs finished" in status.stdout, status.stdout
     assert f"worker of run {victim['run_key'][:12]} died at" in status.stdout, status.stdout
-    assert named_after_s < 60
+    assert named_after_s < 120  # Tune notices a dead worker within seconds (printed below)
     print(f"\nworker SIGKILL -> in the sweep's history {named_after_s:.1f} s, its run rerun {rerun_after_s:.1f} s; "
           f"the sweep finished {finished_after_s:.0f} s after the kill")
+
+
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
+def test_cancel_stops_a_detached_sweep_through_its_live_driver(home, ray_cluster, tmp_path):
+    """`headsweep cancel` while the sweep's driver (a Ray job) runs: pending runs are cancelled at once,
+    the running trials stop at their next check, and the driver ends by itself, the sweep cancelled
+    (the branch where the driver is gone is in test_cli_cancel.py)."""
+    grid_file = tmp_path / "grid.yaml"
+    endless = {**SLOW_GRID["base"]["train"], "max_steps": 100_000}  # hours: no run can finish before cancel
+    grid_file.write_text(yaml.safe_dump({**SLOW_GRID, "base": {**SLOW_GRID["base"], "train": endless}}))
+    submitted = _cli("submit", str(grid_file), "--no-auto-resume")
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    registry = Registry(f"sqlite:///{home}/registry.db")
+    (sweep,) = registry.list_sweeps()
+    deadline = time.time() + 180
+    while registry.sweep_counts(sweep["id"]).get("running", 0) == 0:
+        assert time.time() < deadline, registry.sweep_counts(sweep["id"])
+        time.sleep(0.5)
+    cancelled = _cli("cancel", sweep["id"])
+    assert cancelled.returncode == 0 and "cancel requested" in cancelled.stdout, cancelled.stderr[-3000:]
+    driver = registry.get_sweep(sweep["id"])["driver"]
+    deadline = time.time() + 180  # a hang, not a loaded machine: trials look every 2 s
+    while (state := cluster.driver_status(ray_cluster["dashboard"], driver)) in ("PENDING", "RUNNING"):
+        assert time.time() < deadline, registry.sweep_counts(sweep["id"])
+        time.sleep(0.5)
+    assert state == "SUCCEEDED"  # it ended by itself, not stopped
+    assert registry.sweep_counts(sweep["id"]) == {"cancelled": 4}
+    assert registry.get_sweep(sweep["id"])["status"] == "cancelled"
+    mlflow = tracking.client()
+    parent = mlflow.get_run(registry.get_sweep(sweep["id"])["mlflow_parent_run_id"])
+    assert parent.info.status == "KILLED"
 
 
 # last in the module: the second node stays until the module's cluster is torn down
@@ -337,7 +424,7 @@ def test_trials_land_on_both_nodes(home, ray_cluster, tmp_path):
     grid = {**TRIVIAL, "axes": {"seed": list(range(8))}, "resources": {"cpus": 1}, "max_concurrent": 4}
     registry, sweep_id = _register(grid)
     assert _drive(sweep_id, home, seconds=2.0) == {"finished": 8}
-    assert len({m["node"] for m in registry.results(sweep_id)["metrics"]}) == 2
+    assert len({m["node"] for m in registry.sweep_runs(sweep_id)["metrics"]}) == 2
 
 
 def test_cluster_yaml_is_valid_for_the_ray_launcher():
@@ -355,8 +442,8 @@ def test_trials_find_the_data_where_the_grid_was_validated(monkeypatch, shared_d
     """The shipped code lives in Ray's package cache, where ../shared/data is not beside it: the
     job's environment carries the data root resolved at submit (a built-in sst2 sweep failed
     with 'train.tsv not found in .../runtime_resources/py_modules_files/...' without it)."""
-    from orchestrator import cluster, sweeps
+    from orchestrator import cluster, drivers
 
     monkeypatch.delenv("HEADSWEEP_DATA", raising=False)
-    env = cluster.job_runtime_env(sweeps.driver_env({"address": "127.0.0.1:1"}, track=False))["env_vars"]
+    env = cluster.job_runtime_env(drivers.driver_env({"address": "127.0.0.1:1"}, track=False))["env_vars"]
     assert env["HEADSWEEP_DATA"] == str(shared_data.resolve()) and (shared_data / "sst2" / "train.tsv").exists()

@@ -11,7 +11,7 @@ from experiments.core.sections import flatten
 from orchestrator import tracking
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store(request, tmp_path, monkeypatch):
     monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
     if request.param == "sqlite":
