@@ -288,7 +288,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("agreement", help="do runs keep the same units? (across seeds, tasks, pipelines, ...)")
     p.add_argument("sweep", help=SWEEP_HELP)
     p.add_argument("--across", required=True,
-                   help="seed, run, task, pipeline, model, method, lambda, sparsity or any config key")
+                   help="seed, run, a label (task, model, method, pipeline, a method's short name) or any config key")
     p.add_argument("--map", default="heads.gate", help="the unit map to compare (default heads.gate; "
                                                        "e.g. heads.log_alpha)")
     p.add_argument("--pool", help="comma-separated axes to average over instead of matching on them")

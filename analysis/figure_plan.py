@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from analysis import compare, figures, neurons, pruning, statistics
-from analysis.loading import SweepData
+from analysis.loading import CELL_LABELS, SCALE_LABELS, SweepData
 from analysis.queries import Agreement, agreement
 from analysis.select import (
     _NOT_CURVE_METRICS,
@@ -39,9 +39,9 @@ from experiments.common.units import OPEN_THRESHOLD
 FIGURE_KINDS = ("rgb", "grey", "agreement", "curves", "compare_maps", "pruning", "layers", "perturbation",
                 "ffn_pruning")
 """Every kind ``figure`` draws and ``figure_plan`` plans: the CLI's ``figures`` writes them, the service serves them."""
-CELL_AXES = ("task", "model", "method", "pipeline", "sparsity", "lambda")
+CELL_AXES = CELL_LABELS
 """The labels that name a cell, seed aside (any other config key of a grid names it too)."""
-CURVE_X = ("sparsity", "lambda", "open_heads")
+CURVE_X = (*SCALE_LABELS, "open_heads")
 
 
 def _title(data: SweepData, filters: Filters | None) -> str:
@@ -77,9 +77,9 @@ def _open_counts(sel: SweepData, idx: np.ndarray, is_open: np.ndarray) -> str:
 
 
 def _cell_name(sel: SweepData, i: int, sep: str = " / ") -> str:
-    """The labels of run ``i``'s cell that it has (task, model, method, pipeline, sparsity, lambda)."""
+    """The labels of run ``i``'s cell that it has (``CELL_AXES``; a setting on a scale with its name)."""
     values = [column(sel, axis)[i] for axis in CELL_AXES]
-    return sep.join(f"{axis} {value}" if axis in ("sparsity", "lambda") else str(value)
+    return sep.join(f"{axis} {value}" if axis in SCALE_LABELS else str(value)
                     for axis, value in zip(CELL_AXES, values, strict=True) if value not in (None, "") and value == value)
 
 
@@ -167,7 +167,7 @@ def curve_points(data: SweepData, metric: str, x: str, filters: Filters | None =
     """``{line: (x, mean, std)}`` of ``metric``, over runs that have it: one line per pipeline,
     per method and pipeline when the selection holds several methods (``mask_train ft_then_prune``).
 
-    ``x = sparsity | lambda``: runs pooled per x value; ``x = open_heads``: one
+    ``x`` a label on a scale (``SCALE_LABELS``): runs pooled per x value; ``x = open_heads``: one
     point per cell at its seeds' mean number of open heads.
     """
     if x not in CURVE_X:
@@ -181,8 +181,9 @@ def curve_points(data: SweepData, metric: str, x: str, filters: Filters | None =
     sel, y, xs = sel.subset(ok), y[ok], xs[ok]
     several = len(axis_values(sel, "method")) > 1
     curves = {}
-    for method, pipeline in sorted({(str(m), str(p)) for m, p in zip(sel.method, sel.pipeline, strict=True)}):
-        in_p = (sel.method == method) & (sel.pipeline == pipeline)
+    pipelines = sel.axis("pipeline")
+    for method, pipeline in sorted({(str(m), str(p)) for m, p in zip(sel.method, pipelines, strict=True)}):
+        in_p = (sel.method == method) & (pipelines == pipeline)
         part = sel.subset(in_p)
         points = []
         for idx in group_indices(part, ["group_key" if x == "open_heads" else x]):
@@ -200,12 +201,12 @@ def _curves(data: SweepData, filters: Filters | None, metric: str | None, x: str
     metric = metric or default_metric(sel)
     x = x or _default_x(sel)
     curves = curve_points(data, metric, x, filters)
-    xlabel = {"open_heads": f"open heads (test-time gate > {OPEN_THRESHOLD:g})", "lambda": "lambda (L0 penalty)"}.get(x, x)
+    xlabel = {"open_heads": f"open heads (test-time gate > {OPEN_THRESHOLD:g})"}.get(x, x)
     return figures.metric_curves(curves, xlabel, metric, f"{metric} vs {xlabel}\n{_title(sel, filters)}")
 
 
 def _default_x(sel: SweepData) -> str:
-    for axis in ("sparsity", "lambda"):
+    for axis in SCALE_LABELS:
         if np.unique(sel.axis(axis)[~np.isnan(sel.axis(axis))]).size >= 2:
             return axis
     return "open_heads"
@@ -224,7 +225,7 @@ def figure(data: SweepData, kind: str, filters: Filters | None = None, across: s
     runs that keep each head open;
     ``agreement``: ``agreement(across)`` as an annotated heat map (title: the
     stem cell statistic and its null band); ``curves``: ``metric`` vs ``x``
-    (default: sparsity, else lambda, else open heads), mean line and std
+    (default: the first label on a scale that varies, else open heads), mean line and std
     band per pipeline. ``max_run_perms``: see ``agreement``. ``map_name``: the
     unit map of rgb, grey and agreement figures. ``compare_maps``: the annotated matrix of Spearman
     rho between ``maps`` (``analysis.compare``). ``pruning``:
@@ -302,7 +303,7 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
     done = data.subset(~np.isnan(_open_heads(data)) | (data.status == "finished"))
     for task in axis_values(done, "task") if len(done) else []:
         part = select(done, {"task": [task]})
-        xs = [a for a in ("sparsity", "lambda") if np.unique(part.axis(a)[~np.isnan(part.axis(a))]).size >= 2]
+        xs = [a for a in SCALE_LABELS if np.unique(part.axis(a)[~np.isnan(part.axis(a))]).size >= 2]
         if part.has_gates.any():  # open heads are a head-gating sweep's x, not a mask sweep's
             xs.append("open_heads")
         for metric in sorted(m for m in part.metrics

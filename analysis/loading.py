@@ -2,6 +2,8 @@
 
 ``load_sweep`` reads ``Registry.sweep_runs`` (ONE query over every run of the sweep:
 labels, metrics, stored configs; DESIGN.md decision 2) into a frozen :class:`SweepData`.
+Its labels are the registry's label columns by name (``orchestrator.registry.LABELS``:
+task, model, method, seed and the methods' short names that have a column), never listed here.
 Unit maps (``heads.gate``, ``heads.log_alpha``, ``neurons.predictivity``, ...) are loaded
 by name on first use, ONE query per map (``Registry.sweep_map``), and kept with the
 sweep. The stored configs become flattened columns (``data.config["train.lr"]``), so
@@ -34,15 +36,17 @@ from typing import Any
 import numpy as np
 from sqlalchemy.engine import make_url
 
-from orchestrator.registry import MapInfo, Registry, Version
+from analysis.errors import QueryError, did_you_mean
+from orchestrator.registry import LABELS, NUMBER_LABELS, MapInfo, Registry, Version
 from orchestrator.status import RunStatus
 
-AXES = ("task", "model", "method", "pipeline", "seed", "sparsity", "lambda",
-        "status", "group_key", "run_key")
-"""Per-run columns a query can filter or group by (``lambda`` is ``SweepData.lambda_``)."""
-STRING_AXES = frozenset({"task", "model", "method", "pipeline", "status", "group_key", "run_key"})
-_COLUMNS = ("run_key", "group_key", "status", "task", "model", "method", "pipeline", "seed", "sparsity", "lambda_")
-_LEGACY_MAPS = {"gates": "heads.gate", "scores": "heads.log_alpha"}
+AXES = (*LABELS, "status", "group_key", "run_key")
+"""Per-run columns a query can filter or group by: the registry's labels, the status, the keys."""
+CELL_LABELS = tuple(label for label in LABELS if label != "seed")
+"""The labels that tell a run's cell (its runs over seeds) apart: every label but the seed."""
+SCALE_LABELS = NUMBER_LABELS
+"""The labels that are settings on a scale (a curve's x): the registry's number labels."""
+_COLUMNS = ("run_key", "group_key", "status", "run_maps")
 
 _CACHE_SIZE = 8  # sweeps kept in memory (a 10,000-run sweep of 144 gates is ~6 MB; of 6 x 1536 neurons ~370 MB)
 
@@ -88,17 +92,10 @@ class _Runs:
     group_key: np.ndarray
     """``(N,)`` str; the run's cell without its seed (the unit of mean +- std over seeds)."""
     status: np.ndarray
-    task: np.ndarray
-    model: np.ndarray
-    method: np.ndarray
-    pipeline: np.ndarray
-    """``(N,)`` str; "" when the run has none."""
-    seed: np.ndarray
-    """``(N,)`` int64."""
-    sparsity: np.ndarray
-    """``(N,)`` float64, NaN = unset."""
-    lambda_: np.ndarray
-    """``(N,)`` float64, the method's penalty weight (``lambda``), NaN = unset."""
+    run_maps: np.ndarray = field(repr=False)
+    """``(N,)`` object: each run's stored map names, a tuple (empty until it finishes with maps)."""
+    labels: Mapping[str, np.ndarray] = field(repr=False)
+    """label (``LABELS``) -> ``(N,)`` column: str ("" where unset), int64 (seed) or float64 (NaN where unset)."""
     metrics: Mapping[str, np.ndarray] = field(repr=False)
     """name -> ``(N,)`` float64 final value, NaN where a run has none (yet)."""
     config: Mapping[str, np.ndarray] = field(default_factory=lambda: MappingProxyType({}), repr=False)
@@ -111,6 +108,11 @@ class _Runs:
     """Indexes of these runs in the loaded sweep (None: all of it, in order)."""
     _overrides: Mapping[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=lambda: MappingProxyType({}), repr=False)
     """Maps given in place of the stored ones (``replace(data, gates=...)``)."""
+
+
+def _label(name: str) -> property:
+    """``data.<name>``: the ``(N,)`` column of label ``name``."""
+    return property(lambda self: self.labels[name], doc=f"``(N,)``: each run's {name} (label ``{name}``).")
 
 
 class SweepData(_Runs):
@@ -143,7 +145,13 @@ class SweepData(_Runs):
 
     def axis(self, name: str) -> np.ndarray:
         """The ``(N,)`` column of axis ``name`` (one of ``AXES``)."""
-        return self.lambda_ if name == "lambda" else getattr(self, name)
+        return self.labels[name] if name in self.labels else getattr(self, name)
+
+    # the labels every run has (experiments.core.sections.SharedConfig's), by name
+    task = _label("task")
+    model = _label("model")
+    method = _label("method")
+    seed = _label("seed")
 
     @property
     def maps(self) -> list[str]:
@@ -196,6 +204,7 @@ class SweepData(_Runs):
         index = np.arange(len(self))[mask]
         return replace(
             self, **{name: getattr(self, name)[index] for name in _COLUMNS},
+            labels=MappingProxyType({k: v[index] for k, v in self.labels.items()}),
             metrics=MappingProxyType({k: v[index] for k, v in self.metrics.items()}),
             config=MappingProxyType({k: v[index] for k, v in self.config.items()}),
             _rows=index if self._rows is None else self._rows[index],
@@ -208,9 +217,7 @@ def _rows_without_nan(values: np.ndarray) -> np.ndarray:
 
 
 def _unknown_map(name: str, known: list[str]) -> Exception:
-    """The query layer's one-line error (imported here: analysis.select imports this module)."""
-    from analysis.select import QueryError, did_you_mean
-
+    """The query layer's one-line error."""
     if not known:
         return QueryError(f"unknown map '{name}': no run of this sweep has stored a map yet")
     return QueryError(f"unknown map '{name}'{did_you_mean(name, known)} (maps: {', '.join(known)})")
@@ -270,11 +277,15 @@ def config_columns(configs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
 
 def from_runs(runs: dict[str, Any], source: _MapSource | None, version: Version | None = None) -> SweepData:
     """``Registry.sweep_runs(...)`` (+ where its maps come from) -> :class:`SweepData` (read only)."""
-    arrays = {name: _frozen(np.asarray(runs[name])) for name in _COLUMNS if name != "lambda_"}
+    arrays = {name: _frozen(np.asarray(runs[name])) for name in ("run_key", "group_key", "status")}
+    run_maps = np.empty(len(runs["run_key"]), dtype=object)
+    for i, names in enumerate(runs["run_maps"]):  # one by one: numpy would read equal tuples as a 2-d array
+        run_maps[i] = tuple(names)
     return SweepData(
         sweep_id=runs["sweep_id"],
         version=version if version is not None else (runs["updated_at"], len(runs["run_key"])),
-        lambda_=_frozen(np.asarray(runs["lambda"], dtype=np.float64)),
+        run_maps=_frozen(run_maps),
+        labels=MappingProxyType({name: _frozen(np.asarray(runs[name])) for name in LABELS}),
         metrics=MappingProxyType(_metric_columns(runs["metrics"])),
         config=MappingProxyType(config_columns(runs["config"])),
         map_info=MappingProxyType({info.name: info for info in runs["maps"]}),

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from analysis import statistics, stats
-from analysis.loading import AXES, SweepData
+from analysis.loading import AXES, CELL_LABELS, SweepData
 from analysis.select import (
     DEFAULT_MAP,
     Filters,
@@ -65,7 +65,7 @@ def runs(data: SweepData, filters: Filters | None = None, offset: int = 0,
     for i in page:
         row = {axis: py(sel.axis(axis)[i]) for axis in AXES}
         row["metrics"] = {name: py(col[i]) for name, col in sel.metrics.items() if not np.isnan(col[i])}
-        row["has_gates"] = bool(sel.has_gates[i])
+        row["maps"] = list(sel.run_maps[i])
         rows.append(row)
     return len(sel), rows
 
@@ -87,7 +87,7 @@ def aggregate(data: SweepData, group_by: Sequence[str], metric: str, filters: Fi
     if group_by and "method" not in by and len(set(sel.method.tolist())) > 1:
         by.append("method")
     values = check_metric(sel, metric)
-    shown = by if group_by else ["group_key", "task", "model", "method", "pipeline", "sparsity", "lambda"]
+    shown = by if group_by else ["group_key", *CELL_LABELS]
     groups = group_indices(sel, by) if group_by else groups_in_cell_order(sel)
     rows = []
     for idx in groups:
@@ -268,7 +268,7 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
     ``across``:
       - ``seed``: seed x seed, mean over cells of the Pearson r between two seeds'
         runs of the same cell (runs of one cell are equal on every other axis);
-      - any other axis (``task``, ``pipeline``, ``model``, ``lambda`` or a config
+      - any other axis (``task``, ``pipeline``, ``model``, a method's short name or a config
         key): Pearson r between the mean maps of each value's runs (He & Choi's
         task-to-task agreement), computed only between runs equal on every other
         axis of the selection (``strata``) and averaged over those strata; the

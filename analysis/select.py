@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from analysis.errors import QueryError, did_you_mean, list_choices
 from analysis.loading import AXES, SweepData
-from experiments.common.naming import suggest
+from experiments.core.sections import resolve_key
 
 DEFAULT_MAP = "heads.gate"
 COMPANIONS = {"heads.gate": "heads.log_alpha"}
 """Binarised map -> its continuous companion, used when the binarised map is constant in a run
 (every gate closed: Pearson is undefined there, the continuous scores still rank the units)."""
-LEGACY_MAPS = {"heads.gate": ("gates", "has_gates"), "heads.log_alpha": ("scores", None)}
 _NOT_CURVE_METRICS = ("loss", "train_loss", "open_heads", "sparsity", "l0_penalty", "expected_open_heads")
 """Metrics (on any evaluation set: ``loss/ood``) that are no figure's y: losses and the L0 penalty, head counts
 (the x already), the realised sparsity."""
@@ -31,30 +31,9 @@ _NOT_CURVE_METRICS = ("loss", "train_loss", "open_heads", "sparsity", "l0_penalt
 Filters = Mapping[str, Sequence[Any]]
 
 
-class QueryError(ValueError):
-    """A question the data cannot answer as asked: one line, naming the bad value."""
-
-
-def did_you_mean(word: str, choices: Sequence[str]) -> str:
-    """'; did you mean 'x'?' for the closest choice: always one when there are choices (the
-    list of valid values follows in every message, so even a far guess orients the reader)."""
-    return suggest(word, choices, cutoff=0.0)
-
-
-def list_choices(values: Sequence[str], limit: int = 8) -> str:
-    shown = ", ".join(values[:limit])
-    return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
-
-
 def config_columns(data: SweepData) -> Mapping[str, np.ndarray]:
-    """Every dotted config key of the runs as an ``(N,)`` column, from the stored configs.
-
-    (Registries that return no configs fall back to the label columns.)"""
-    config = getattr(data, "config", None)
-    if config is not None:
-        return config
-    return {"task.name": data.task, "model": data.model, "method": data.method, "pipeline": data.pipeline,
-            "seed": data.seed, "sparsity": data.sparsity, "lambda": data.lambda_}
+    """Every dotted config key of the runs as an ``(N,)`` column, from the stored configs."""
+    return data.config
 
 
 def varying_config(data: SweepData) -> dict[str, np.ndarray]:
@@ -63,12 +42,25 @@ def varying_config(data: SweepData) -> dict[str, np.ndarray]:
 
 
 def config_keys_of(data: SweepData, axis: str) -> set[str]:
-    """The config keys an axis name stands for: itself, or every key ending in ``.axis``
-    (``lambda`` -> ``head_gates.lambda``), ``task`` -> ``task.name``."""
-    keys = set(config_columns(data))
-    if axis in keys:
+    """The config keys an axis name stands for: itself, or what it resolves to in each method's
+    runs (:func:`own_keys`: ``lambda`` -> ``head_gates.lambda``, ``task`` -> ``task.name``)."""
+    if axis in config_columns(data):
         return {axis}
-    return {k for k in keys if k.endswith("." + axis) or (axis == "task" and k == "task.name")}
+    return set(own_keys(data, axis).values())
+
+
+def own_keys(data: SweepData, name: str) -> dict[str, str]:
+    """{method: the stored config key ``name`` stands for in its runs}, by the one short-name
+    resolver (``experiments.core.sections.resolve_key``) with the keys each method's stored section
+    has: ``lambda`` -> ``head_gates.lambda``, ``loss`` -> ``finetune.loss`` and ``mask_train.loss``."""
+    config = config_columns(data)
+    found = {}
+    for method in (str(m) for m in np.unique(data.method)):
+        names = {key[len(method) + 1:] for key in config if key.startswith(method + ".")}
+        key = resolve_key(name, method, names)
+        if key in config:
+            found[method] = key
+    return found
 
 
 def check_axis(name: str, data: SweepData | None = None) -> str:
@@ -93,10 +85,10 @@ def column(data: SweepData, name: str) -> np.ndarray:
 
 
 def _section_column(data: SweepData, name: str) -> np.ndarray | None:
-    """``<method>.<name>`` of each run's own method, or None when no method section has ``name``."""
+    """What ``name`` stands for in each run's own method (:func:`own_keys`), or None when it
+    stands for no stored key."""
     config = config_columns(data)
-    methods = [str(m) for m in np.unique(data.method)]
-    keys = {m: f"{m}.{name}" for m in methods if f"{m}.{name}" in config}
+    keys = own_keys(data, name)
     if not keys:
         return None
     numeric = all(not _is_text(config[k]) for k in keys.values())
@@ -229,17 +221,15 @@ def describe(filters: Filters | None) -> str:
 
 def map_stack(data: SweepData, name: str) -> tuple[np.ndarray, np.ndarray]:
     """(``(N, L, K)`` values of map ``name``, ``(N,)`` bool: the run has it)."""
-    if hasattr(data, "map"):
-        return data.map(name)
-    if name not in LEGACY_MAPS:
-        raise QueryError(f"unknown map '{name}'{did_you_mean(name, list(LEGACY_MAPS))} "
-                         f"(maps: {', '.join(LEGACY_MAPS)})")
-    values_attr, has_attr = LEGACY_MAPS[name]
-    values = getattr(data, values_attr)
-    if values is None:
-        raise QueryError(f"this sweep's runs have no map {name} in the registry")
-    has = getattr(data, has_attr) if has_attr else ~np.isnan(values).reshape(len(data), -1).any(axis=1)
-    return values, has & data.has_gates
+    return data.map(name)
+
+
+def default_map(data: SweepData) -> str:
+    """The unit map a question uses when none is named: the one most runs of the sweep have stored
+    (ties by name: ``heads.gate`` before its ``heads.log_alpha``)."""
+    if not data.map_info:
+        raise QueryError("no run of this sweep has stored a map yet")
+    return min(data.map_info.values(), key=lambda info: (-info.count, info.name)).name
 
 
 def map_runs(data: SweepData, name: str = DEFAULT_MAP, switch: bool = True

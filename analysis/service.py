@@ -1,6 +1,8 @@
 """The analysis service: HTTP (JSON, PNG, an OpenAPI document) over ``analysis.queries``.
 
-Read only. ``build_app(registry_url)`` is a plain FastAPI app (tests call it
+Read only: it reads the registry's read model and the sweeps' recorded history, never writes
+(a sweep's driver liveness is the orchestrator's, recorded by the supervisor and the CLI).
+``build_app(registry_url)`` is a plain FastAPI app (tests call it
 directly); ``serve_app`` runs the same app on Ray Serve, bound to 127.0.0.1
 unless told otherwise. Each endpoint translates query parameters into a
 ``queries`` call and its answer into a pydantic model; nothing else.
@@ -16,6 +18,7 @@ question is a lookup.
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from collections import OrderedDict
@@ -29,14 +32,14 @@ from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, Field, create_model
 
 from analysis import compare, figure_plan, masks, queries, select, statistics
-from analysis.loading import AXES, SweepData, load_sweep
+from analysis.loading import AXES, SCALE_LABELS, SweepData, load_sweep
 from analysis.select import QueryError
 from experiments.common.naming import suggest
-from orchestrator import supervisor, sweeps
-from orchestrator.registry import NotFound, Registry
+from orchestrator.registry import LABELS, LAST, NotFound, Registry
+from orchestrator.registry.history import history as sweep_history
 from orchestrator.status import RUN_DONE
 
 APP_NAME = "headsweep-analysis"
@@ -74,21 +77,21 @@ class SweepDetailOut(SweepOut):
     metrics: list[str]
 
 
-class RunOut(BaseModel):
-    model_config = ConfigDict(populate_by_name=True)
+def _label_type(label: str) -> Any:
+    """A label's JSON type: a setting on a scale (NaN = unset: null), the seed, else text ("" = unset)."""
+    return float | None if label in SCALE_LABELS else int if label == "seed" else str
 
-    run_key: str
-    group_key: str
-    status: str
-    task: str
-    model: str
-    method: str
-    pipeline: str
-    seed: int
-    sparsity: float | None
-    lambda_: float | None = Field(alias="lambda")
-    metrics: dict[str, float]
-    has_gates: bool
+
+RunOut = create_model(
+    "RunOut",
+    run_key=(str, ...),
+    group_key=(str, ...),
+    status=(str, ...),
+    **{label: (_label_type(label), ...) for label in LABELS},  # the registry's labels, by name
+    metrics=(dict[str, float], ...),
+    maps=(list[str], Field(description="The unit maps the run has stored (none until it finishes; "
+                                       "none for a method that reports none).")),
+)
 
 
 class RunsPage(BaseModel):
@@ -287,7 +290,7 @@ class _State:
     def resolve(self, sweep_id: str) -> str:
         """``last`` -> the newest sweep's id, as on the command line (404 when there is none)."""
         try:
-            return sweeps.resolve(self.registry, sweep_id)
+            return self.registry.resolve_sweep(sweep_id)
         except NotFound as err:
             raise HTTPException(404, str(err)) from None
 
@@ -320,25 +323,17 @@ def _check_params(request: Request, *names: str, axes: bool = True) -> None:
 
 
 _FILTER_HELP = "Comma-separated values; a run matches any of them."
+_MAP_HELP = "Unit map, e.g. heads.gate, heads.log_alpha (default: the map most runs of the sweep have)."
 
 
-def axis_filters(
-    request: Request,
-    task: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
-    model: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
-    method: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
-    pipeline: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
-    seed: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
-    sparsity: Annotated[str | None, Query(description=_FILTER_HELP + " 'none' = unset.")] = None,
-    lambda_: Annotated[str | None, Query(alias="lambda", description=_FILTER_HELP)] = None,
-    status: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
-    group_key: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
-    run_key: Annotated[str | None, Query(description=_FILTER_HELP)] = None,
-    where: Annotated[str | None, Query(description="Filters on any config key, as the CLI's --where: "
-                                                   "e.g. head_gates.lr:0.001,task.max_train:500|1000")] = None,
-) -> dict[str, list[str]]:
-    """The axis filters of the request (declared above for the OpenAPI document; a
-    repeated parameter, ``seed=0&seed=1``, adds values)."""
+_WHERE_HELP = "Filters on any config key, as the CLI's --where: e.g. head_gates.lr:0.001,task.max_train:500|1000"
+_ACROSS_HELP = f"run, {', '.join(a for a in AXES if a not in ('status', 'group_key', 'run_key'))} or a config key."
+
+
+def axis_filters(request: Request, where: str | None = None, **_: Any) -> dict[str, list[str]]:
+    """The axis filters of the request: a query parameter per axis (``AXES``, declared in the
+    signature below for the OpenAPI document) and ``where``; a repeated parameter,
+    ``seed=0&seed=1``, adds values."""
     filters: dict[str, list[str]] = {}
     for axis in AXES:
         for raw in request.query_params.getlist(axis):
@@ -348,11 +343,21 @@ def axis_filters(
     return filters
 
 
+axis_filters.__signature__ = inspect.Signature([  # what FastAPI reads: one optional parameter per axis
+    inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request),
+    *(inspect.Parameter(f"axis_{i}", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        str | None, Query(alias=axis, description=_FILTER_HELP + (" 'none' = unset." if axis in SCALE_LABELS else ""))])
+      for i, axis in enumerate(AXES)),
+    inspect.Parameter("where", inspect.Parameter.KEYWORD_ONLY, default=None,
+                      annotation=Annotated[str | None, Query(description=_WHERE_HELP)]),
+])
+
+
 Filters = Annotated[dict[str, list[str]], Depends(axis_filters)]
 
 
 def sweep_path(request: Request, sweep_id: Annotated[str, Path(
-        description=f"A sweep id, or '{sweeps.LAST}' (the newest sweep), as on the command line.")]) -> str:
+        description=f"A sweep id, or '{LAST}' (the newest sweep), as on the command line.")]) -> str:
     """The sweep id of the path, ``last`` resolved."""
     return request.app.state.analysis.resolve(sweep_id)
 
@@ -392,14 +397,6 @@ def _matrix(matrix: np.ndarray) -> list[list[float | None]]:
     return [[select.py(v) for v in row] for row in np.asarray(matrix, dtype=np.float64)]
 
 
-def _checked(registry: Registry, sweep: dict[str, Any]) -> dict[str, Any]:
-    """The sweep as ``status`` and ``ls`` show it: a live sweep whose driver's Ray job has died is
-    failed (and its history says so), never "running"."""
-    if sweeps.driver_gone(registry, sweep):
-        return sweep | {"status": registry.get_sweep(sweep["id"])["status"]}
-    return sweep
-
-
 def _sweep_out(sweep: dict[str, Any], model: type[SweepOut] = SweepOut, **extra: Any) -> SweepOut:
     counts = sweep["counts"]
     total = sum(counts.values())
@@ -436,15 +433,15 @@ def build_app(registry_url: str) -> FastAPI:
     @app.get("/sweeps", response_model=list[SweepOut], summary="Every sweep with its progress")
     def list_sweeps(request: Request) -> list[SweepOut]:
         _check_params(request, axes=False)
-        return [_sweep_out(_checked(state.registry, s)) for s in state.registry.list_sweeps()]
+        return [_sweep_out(s) for s in state.registry.list_sweeps()]
 
     @app.get("/sweeps/{sweep_id}", response_model=SweepDetailOut, summary="One sweep, its axes and metrics")
     def get_sweep(sweep_id: SweepId, request: Request) -> SweepDetailOut:
         _check_params(request, axes=False)
         data = state.data(sweep_id)
-        sweep = _checked(state.registry, state.registry.get_sweep(sweep_id))
+        sweep = state.registry.get_sweep(sweep_id)
         axes = {axis: select.axis_values(data, axis) for axis in AXES if axis not in ("run_key", "group_key")}
-        history = supervisor.history(sweep | {"events": state.registry.events(sweep_id)})
+        history = sweep_history(sweep | {"events": state.registry.events(sweep_id)})
         return _sweep_out(sweep, SweepDetailOut, axes=axes, metrics=sorted(data.metrics), history=history)
 
     @app.get("/sweeps/{sweep_id}/runs", response_model=RunsPage, summary="Runs, filtered by any axis")
@@ -485,9 +482,8 @@ def build_app(registry_url: str) -> FastAPI:
              summary="Agreement of a unit map across seeds, tasks, ... with both permutation nulls")
     def agreement(
         sweep_id: SweepId, request: Request, filters: Filters,
-        across: Annotated[str, Query(description="seed, run, task, pipeline, model, method, lambda, "
-                                                 "sparsity or a config key.")] = "seed",
-        map: Annotated[str, Query(description="Unit map, e.g. heads.gate, heads.log_alpha.")] = "heads.gate",
+        across: Annotated[str, Query(description=_ACROSS_HELP)] = "seed",
+        map: Annotated[str | None, Query(description=_MAP_HELP)] = None,
         pool: Annotated[str, Query(description="Comma-separated axes to average over.")] = "",
         n_perm: Annotated[int, Query(ge=0, le=2000, description="Permutations per null (0 = none).")] = 1000,
     ) -> Response:
@@ -495,11 +491,12 @@ def build_app(registry_url: str) -> FastAPI:
         pooled = tuple(a.strip() for a in pool.split(",") if a.strip())
 
         def compute(data: SweepData) -> Response:
-            if across == "run" and (n := len(select.map_runs(select.select(data, filters), map)[0])) > MAX_RUN_MATRIX:
+            map_name = map or select.default_map(data)
+            if across == "run" and (n := len(select.map_runs(select.select(data, filters), map_name)[0])) > MAX_RUN_MATRIX:
                 raise QueryError(f"across=run answers an N x N matrix: {n} runs selected, at most "
                                  f"{MAX_RUN_MATRIX}; filter them (e.g. task=..., seed=...)")
             result = queries.agreement(data, across, filters, n_perm=n_perm, max_run_perms=MAX_RUN_PERMS,
-                                       map_name=map, pool=pooled)
+                                       map_name=map_name, pool=pooled)
             return _json(AgreementOut(**queries.agreement_json(result)))
 
         return state.answer(sweep_id, ("agreement", _frozen(filters), across, map, pooled, n_perm), compute)
@@ -511,7 +508,7 @@ def build_app(registry_url: str) -> FastAPI:
         a: Annotated[str, Query(description="Group a, e.g. task:sst2,pipeline:dp (values joined by |).")],
         b: Annotated[str, Query(description="Group b, e.g. task:ud-pos.")],
         k: Annotated[float, Query(gt=0, le=1, description="Top-k as a fraction of the units.")] = 0.2,
-        map: Annotated[str, Query(description="Unit map, e.g. heads.gate, heads.log_alpha.")] = "heads.gate",
+        map: Annotated[str | None, Query(description=_MAP_HELP)] = None,
         n_perm: Annotated[int, Query(ge=0, le=5000)] = 1000,
     ) -> Response:
         _check_params(request, "a", "b", "k", "map", "n_perm")
@@ -519,7 +516,8 @@ def build_app(registry_url: str) -> FastAPI:
         return state.answer(
             sweep_id, ("spearman", _frozen(filters), _frozen(group_a), _frozen(group_b), k, map, n_perm),
             lambda data: _json(SpearmanOut(
-                a=a, b=b, **queries.spearman_overlap(data, group_a, group_b, map, k, filters, n_perm))))
+                a=a, b=b, **queries.spearman_overlap(data, group_a, group_b, map or select.default_map(data), k,
+                                                     filters, n_perm))))
 
     @app.get("/sweeps/{sweep_id}/compare-maps", response_model=CompareMapsOut,
              summary="Do maps (methods) or one map's tasks rank the units alike? Spearman, top-k, nulls")
@@ -570,7 +568,8 @@ def build_app(registry_url: str) -> FastAPI:
         across: str = "seed",
         metric: Annotated[str | None, Query(min_length=1)] = None,
         x: Literal[figure_plan.CURVE_X] | None = None,
-        map: Annotated[str, Query(description="Unit map of rgb, grey and agreement figures.")] = "heads.gate",
+        map: Annotated[str | None, Query(description="Unit map of rgb, grey and agreement figures "
+                                                     "(default: the map most runs have).")] = None,
         maps: Annotated[str | None, Query(description="compare_maps: comma-separated maps of one kind "
                                                       "('-' before a name flips it).")] = None,
         n_perm: Annotated[int, Query(ge=0, le=2000)] = 1000,
@@ -581,7 +580,7 @@ def build_app(registry_url: str) -> FastAPI:
             sweep_id, ("figure", kind, _frozen(filters), across, metric, x, map, tuple(names), n_perm),
             lambda data: Response(
                 figure_plan.figure(data, kind, filters, across=across, metric=metric, x=x, n_perm=n_perm,
-                                   max_run_perms=MAX_RUN_PERMS, map_name=map, maps=names),
+                                   max_run_perms=MAX_RUN_PERMS, map_name=map or select.default_map(data), maps=names),
                 media_type="image/png"))
 
     return app

@@ -88,12 +88,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_value(value) -> str:
+    """A step value on the progress bar: '-' before the first, integers without '.0'."""
+    if value is None:
+        return "-"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _run_tracked(cfg, args: argparse.Namespace, store, save: bool):
     """``experiments.run`` of one config with a progress bar and (unless --no-track) an MLflow run;
     its upstreams' weights from ``store``, its own saved there when ``save``."""
     from experiments.core.context import RunContext
     from experiments.core.runner import run
     from experiments.core.tracking import MemoryTracker
+    from experiments.methods import METHODS
 
     tracker, finish = MemoryTracker(), None
     if not args.no_track:
@@ -109,17 +117,22 @@ def _run_tracked(cfg, args: argparse.Namespace, store, save: bool):
     if save:
         hooks["save_weights"] = lambda weights: store.save(cfg.run_key, weights)
 
+    shown = getattr(METHODS[cfg.method], "PROGRESS", {})  # the method's own progress values beside the loss
+
+    def values(metrics: dict) -> str:
+        return "".join(f"  {said} {_progress_value(metrics.get(name))}" for name, said in shown.items())
+
     columns = [
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.3f}  open heads {task.fields[open_heads]}"),
+        TextColumn("loss {task.fields[loss]:.3f}{task.fields[values]}"),
         TimeElapsedColumn(), TimeRemainingColumn(),
     ]
     with Progress(*columns, console=console, transient=False) as progress:
-        bar = progress.add_task(cfg.run_name(" "), total=None, loss=float("nan"), open_heads="-")
+        bar = progress.add_task(cfg.run_name(" "), total=None, loss=float("nan"), values=values({}))
 
         def on_progress(step, total, metrics):
             progress.update(bar, completed=step, total=total, loss=metrics.get("loss", float("nan")),
-                            open_heads=metrics.get("open_heads", "-"))
+                            values=values(metrics))
 
         try:
             result = run(cfg, RunContext(tracker=tracker, on_progress=on_progress, **hooks))
@@ -238,12 +251,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if dag:
             out.print(f"stages: {len(configs)} cells + {dag}; each upstream runs once, before them")
         table = Table(title="first cells")
-        columns = ("run_key", "task", "model", "method", "pipeline", "seed", "lambda", "sparsity")
-        for column in columns:
+        labels = [cfg.labels() for cfg in configs[:10]]
+        columns = list(dict.fromkeys(name for row in labels for name in row))  # the methods' short names too
+        for column in ("run_key", *columns):
             table.add_column(column)
-        for cfg in configs[:10]:
-            labels = cfg.labels()
-            table.add_row(cfg.run_key, *("-" if labels[c] is None else str(labels[c]) for c in columns[1:]))
+        for cfg, row in zip(configs, labels, strict=False):
+            table.add_row(cfg.run_key, *("-" if row.get(c) is None else str(row[c]) for c in columns))
         out.print(table)
         return 0
     submitted = sweeps.submit(args.grid, force=args.force, rerun_failed=args.rerun_failed, track=not args.no_track,
@@ -257,7 +270,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.wait:
         return follow(submitted.sweep_id)
     out.print(f"running on Ray (driver {submitted.driver}); follow it with: headsweep status {submitted.sweep_id}")
-    if submitted.supervisor:
+    if not args.no_auto_resume and settings.auto_resumes():
         out.print(f"if its driver dies, the supervisor resumes it (up to {settings.auto_resumes()} times; "
                   "--no-auto-resume turns this off)")
     return 0
@@ -266,13 +279,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def show_status(sweep_id: str) -> None:
     from rich.markup import escape
 
-    from orchestrator import supervisor, sweeps
+    from orchestrator.drivers import driver_gone
     from orchestrator.registry import Registry
+    from orchestrator.registry.history import history as sweep_history
 
     registry = Registry(settings.registry_url())
-    sweeps.driver_gone(registry, registry.get_sweep(sweep_id))  # a dead driver: failed, and its history says so
+    driver_gone(registry, registry.get_sweep(sweep_id))  # a dead driver: failed, and its history says so
     sweep = registry.get_sweep(sweep_id)
-    history = supervisor.history(sweep | {"events": registry.events(sweep_id)})
+    history = sweep_history(sweep | {"events": registry.events(sweep_id)})
     counts = registry.sweep_counts(sweep_id)
     total = sum(counts.values())
     done = sum(counts.get(s, 0) for s in RUN_DONE)
@@ -328,13 +342,12 @@ def _resolve_sweep(args: argparse.Namespace) -> None:
     (``--db`` where the command takes it)."""
     if getattr(args, "sweep", None) is None:  # a command without one: no registry to open
         return
-    from orchestrator import sweeps
-    from orchestrator.registry import NotFound, Registry
+    from orchestrator.registry import LAST, NotFound, Registry
 
-    if args.sweep != sweeps.LAST:
+    if args.sweep != LAST:
         return
     try:
-        args.sweep = sweeps.resolve(Registry(getattr(args, "db", None) or settings.registry_url()), args.sweep)
+        args.sweep = Registry(getattr(args, "db", None) or settings.registry_url()).resolve_sweep(args.sweep)
     except NotFound as err:
         raise ConfigError(str(err)) from None
 
@@ -345,11 +358,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
     table = Table(title="sweeps")
     for column in ("sweep", "name", "created", "status", "runs", "finished", "failed", "running", "progress"):
         table.add_column(column)
-    from orchestrator import sweeps
+    from orchestrator.drivers import driver_gone
 
     registry = Registry(settings.registry_url())
     for sweep in registry.list_sweeps():
-        if sweeps.driver_gone(registry, sweep):  # a dead driver's sweep is failed, not running
+        if driver_gone(registry, sweep):  # a dead driver's sweep is failed, not running
             sweep = {**sweep, "status": "failed"}
         counts = sweep["counts"]
         total = sum(counts.values())
@@ -382,8 +395,28 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """The sweep's figures and summary metrics, drawn by ``args.render`` (analysis's), logged to its
+    MLflow parent run (the driver's job runs this when the sweep finishes)."""
+    from orchestrator import report
+    from orchestrator.registry import NotFound
+
+    try:
+        logged = report.log_sweep_report(args.sweep, args.render, args.db, args.tracking_uri)
+    except NotFound as err:
+        raise ConfigError(str(err)) from None
+    if not logged:
+        out.print(f"{args.sweep}: no MLflow parent run or no finished runs; nothing logged")
+    for path in logged:
+        out.print(path, highlight=False)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from analysis.cli import SWEEP_HELP, register  # results, agreement, figures, serve
+    # The one place the orchestrator reaches up into analysis: its commands (results, agreement,
+    # figures, serve, ...) and the sweep report that `report` logs to MLflow.
+    from analysis.cli import SWEEP_HELP, register
+    from analysis.report import sweep_report
 
     parser = argparse.ArgumentParser(prog="headsweep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -432,6 +465,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cancel)
 
     register(sub)
+
+    p = sub.add_parser("report", help="log a sweep's figures and summary metrics to its MLflow parent run "
+                                      "(its driver does when the sweep finishes)")
+    p.add_argument("sweep", help=SWEEP_HELP)
+    p.add_argument("--db", help="registry URL (default: $HEADSWEEP_DB or the HEADSWEEP_HOME SQLite file)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the HEADSWEEP_HOME SQLite store)")
+    p.set_defaults(func=cmd_report, render=sweep_report)
 
     p = sub.add_parser("ui", help="MLflow UI on 127.0.0.1")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the HEADSWEEP_HOME SQLite store)")

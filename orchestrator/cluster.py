@@ -398,7 +398,7 @@ def submit_driver(dashboard: str, sweep_id: str, env: dict[str, str]) -> str:
                 # finishes the sweep): the supervisor resumes it within seconds.
                 entrypoint=(
                     f"{sys.executable} -m orchestrator.driver {sweep_id}; rc=$?; [ $rc -ne 0 ] || "
-                    f"[ \"$HEADSWEEP_TRACK\" = 0 ] || {sys.executable} -m orchestrator.report {sweep_id} || true; exit $rc"
+                    f"[ \"$HEADSWEEP_TRACK\" = 0 ] || {sys.executable} -m orchestrator.cli report {sweep_id} || true; exit $rc"
                 ),
                 submission_id=submission_id,
                 runtime_env=job_runtime_env(env),

@@ -5,13 +5,15 @@ One per registry on each cluster: a Ray Job (``python -m orchestrator.supervisor
 (``python -m orchestrator.cluster stop`` ends it with the head's other processes), holds no
 CPU (a job's entrypoint asks for none), opens no port, and talks only to the registry and to
 the head's Jobs API (HTTP, as the CLI does). Every ``HEADSWEEP_SUPERVISOR_POLL_S`` seconds
-(default 5) it looks at the sweeps with automatic resumes (``Registry.supervised_sweeps``)
-and does what ``decide`` says:
+(default 5) it looks at the live sweeps and the lost ones with automatic resumes
+(``Registry.supervised_sweeps``) and does what ``registry.history.decide`` says:
 
-- a live sweep whose driver job FAILED or was STOPPED (killed, crashed): the driver is lost
-  (``Registry.lose_driver``: the sweep failed, a ``driver_lost`` event), as ``status`` says;
+- a live sweep whose driver job FAILED or was STOPPED (killed, crashed), automatic resumes
+  or not: the driver is lost (``Registry.lose_driver``: the sweep failed, a ``driver_lost``
+  event), as ``status`` says. Driver liveness is recorded here, in the registry, where every
+  reader finds it: the analysis service only reads it;
 - a sweep with a lost driver and automatic resumes left: resumed as ``headsweep resume``
-  does (``sweeps.start_driver``: a new driver over what is not finished; it reconciles the
+  does (``drivers.start_driver``: a new driver over what is not finished; it reconciles the
   dead driver's runs), recorded as ``resumed`` (attempt n of the sweep's ``auto_resumes``,
   ``settings.auto_resumes()`` at submit, 0 with ``--no-auto-resume``); used up: ``gave_up``,
   and the sweep stays failed;
@@ -20,8 +22,8 @@ and does what ``decide`` says:
   not wait for the next driver start.
 
 A driver whose job this cluster does not know (its head stopped, or another cluster's driver
-in a shared registry) is never resumed automatically: ``status`` says so and names
-``headsweep resume``. A manual resume gives the sweep its automatic resumes back.
+in a shared registry) is neither lost nor resumed here: ``status`` and ``ls`` record it
+(``drivers.driver_gone``) and name ``headsweep resume``. A manual resume gives the sweep its automatic resumes back.
 
     python -m orchestrator.supervisor SUBMISSION_ID DASHBOARD ADDRESS
 """
@@ -32,130 +34,19 @@ import hashlib
 import sys
 import time
 import traceback
-from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from datetime import datetime
+from typing import Any
 
-from orchestrator import cluster, settings, sweeps
+from orchestrator import cluster, settings
+from orchestrator.drivers import driver_env, job_state, start_driver
 from orchestrator.registry import Registry
-from orchestrator.registry.db import now
-from orchestrator.registry.history import DRIVER_LOST, GAVE_UP, ORPHANED, RESUMED, WORKER_LOST
+from orchestrator.registry.history import ALIVE, GAVE_UP, LIVE, ORPHANED, RESUMED, decide
 from orchestrator.status import SweepStatus
 
-ALIVE = ("PENDING", "RUNNING")
-DIED = ("FAILED", "STOPPED")  # the job ended without its driver writing the sweep's final status
-LIVE = (SweepStatus.SUBMITTED, SweepStatus.RUNNING)
 ORPHAN_AFTER_S = 60.0
 """A run whose heartbeat (every 5 s) is this old while its driver runs: its worker died. Longer than
 the driver's own 20 s: Tune retries a dead worker's trial itself, the supervisor catches the rest."""
 JOB_PREFIX = "headsweep-supervisor-"
-
-
-# --------------------------------------------------------------------------- what to do (pure)
-
-
-class Action(NamedTuple):
-    kind: str  # reconcile | lose | resume | give_up
-    attempt: int = 0  # resume: this automatic resume's number; give_up: how many were used
-    of: int = 0  # the sweep's auto_resumes
-
-
-def resumes_used(events: list[dict[str, Any]]) -> int:
-    """Automatic resumes since the sweep was submitted or last resumed by hand."""
-    used = 0
-    for event in events:
-        if event["kind"] == RESUMED:
-            used = used + 1 if event["detail"].get("auto") else 0
-    return used
-
-
-def decide(sweep: dict[str, Any], state: str | None = None) -> Action | None:
-    """What the supervisor does with one sweep: a ``supervised_sweeps`` row (status, auto_resumes,
-    cancel_requested, events) and, for a live sweep, its driver job's state."""
-    of = sweep["auto_resumes"] or 0
-    if sweep["cancel_requested"] or of <= 0:
-        return None
-    if sweep["status"] in LIVE:
-        if state in ALIVE:
-            return Action("reconcile")
-        return Action("lose") if state in DIED else None  # SUCCEEDED: it wrote the final status
-    events = sweep["events"]
-    if sweep["status"] != SweepStatus.FAILED or not events or events[-1]["kind"] != DRIVER_LOST:
-        return None
-    if events[-1]["detail"].get("state") not in DIED:
-        return None  # gone with its head, or not this cluster's: by hand
-    used = resumes_used(events)
-    return Action("resume", used + 1, of) if used < of else Action("give_up", used, of)
-
-
-def history(sweep: dict[str, Any]) -> list[str]:
-    """``status``'s lines for the sweep's events (``sweep`` with ``events``), oldest first:
-    'driver failed at 14:02; resumed automatically (1/3)'."""
-    lines: list[str] = []
-    open_lost = False  # the last line is a lost driver nothing answered yet
-    for event in sweep["events"]:
-        kind, detail = event["kind"], event["detail"]
-        if kind == DRIVER_LOST:
-            word = {"UNKNOWN": "gone (with its Ray head?)"}.get(detail["state"], detail["state"].lower())
-            orphaned = detail.get("orphaned")
-            lines.append(f"driver {word} at {_clock(event['at'])}"
-                         + (f"; {_runs(orphaned)} orphaned" if orphaned else ""))
-            open_lost = True
-            continue
-        if kind in (WORKER_LOST, ORPHANED):  # about runs, not the driver: a line of its own
-            lines.append(run_event(kind, detail, _clock(event["at"])))
-            continue
-        if kind == RESUMED:
-            text = f"resumed automatically ({detail['attempt']}/{detail['of']})" if detail.get("auto") else "resumed by hand"
-            if detail.get("error"):
-                text = f"automatic resume ({detail['attempt']}/{detail['of']}) failed: {detail['error']}"
-            elif not detail.get("driver"):
-                text += ": nothing was left to run"
-        elif kind == GAVE_UP:
-            text = (f"not resumed: its {detail['of']} automatic resumes are used up, the sweep failed; "
-                    f"`headsweep resume {sweep['id']}` runs what is left")
-        else:
-            text = f"{kind} {detail}"
-        if open_lost:
-            lines[-1] += f"; {text}"
-        else:
-            lines.append(f"{text} at {_clock(event['at'])}")
-        open_lost = False
-    if open_lost:
-        action = decide(sweep)
-        lines[-1] += ("; the supervisor resumes it within seconds" if action and action.kind == "resume"
-                      else f"; `headsweep resume {sweep['id']}` runs what is left")
-    return lines
-
-
-def run_event(kind: str, detail: dict[str, Any], clock: str) -> str:
-    """One line for a run's lost worker ('worker of run 3f2a9c01d4e5 died at 14:02 (attempt 1): Tune
-    retried it') or for runs reconciled while the driver lived."""
-    if kind == ORPHANED:
-        keys = detail["run_keys"]
-        return (f"{_runs(len(keys))} orphaned at {clock} (worker stopped heartbeating): back to pending "
-                f"({', '.join(key[:12] for key in keys[:5])}{', ...' if len(keys) > 5 else ''})")
-    then = {"retried": "Tune retried it",
-            "failed": "no retry left (max_failures), the run failed; --rerun-failed requeues it"}
-    return (f"worker of run {detail['run_key'][:12]} died at {clock} (attempt {detail['attempt']}): "
-            f"{then.get(detail['then'], detail['then'])}")
-
-
-def _runs(n: int) -> str:
-    return f"{n} run" if n == 1 else f"{n} runs"
-
-
-def _clock(at: datetime) -> str:
-    """A registry time (naive UTC) as this machine's local HH:MM."""
-    return at.replace(tzinfo=UTC).astimezone().strftime("%H:%M")
-
-
-def resume_pending(registry: Registry, sweep_id: str, within_s: float = 120.0) -> bool:
-    """The sweep lost its driver less than ``within_s`` ago and the supervisor is to resume it
-    (``wait`` keeps following it)."""
-    sweep = registry.get_sweep(sweep_id) | {"events": registry.events(sweep_id)}
-    action = decide(sweep)
-    return (action is not None and action.kind == "resume"
-            and (now() - sweep["events"][-1]["at"]).total_seconds() < within_s)
 
 
 # --------------------------------------------------------------------------- doing it
@@ -176,13 +67,7 @@ def reconcile(registry: Registry, sweep_id: str, stale_after_s: float, tracking_
     return [orphan["run_key"] for orphan in orphans]
 
 
-def job_state(dashboard: str, driver: str) -> tuple[str, datetime | None]:
-    """The driver job's state (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED or UNKNOWN) and when it ended."""
-    state, ended = cluster.driver_job(dashboard, driver)
-    return state, (datetime.fromtimestamp(ended, UTC).replace(tzinfo=None) if ended else None)
-
-
-def tick(registry: Registry, head: dict[str, str], job=job_state, start=sweeps.start_driver) -> list[str]:
+def tick(registry: Registry, head: dict[str, str], job=job_state, start=start_driver) -> list[str]:
     """One look at every supervised sweep; returns what it did, one line each.
 
     ``job(dashboard, driver) -> (state, ended_at)`` and ``start(registry, sweep_id, head, track)``
@@ -244,7 +129,7 @@ def ensure(head: dict[str, str]) -> str:
     if found:
         return found[0]
     submission_id = f"{job_prefix(settings.registry_url())}{time.time_ns() // 1_000_000}"
-    env = sweeps.driver_env(head, track=True) | {"HEADSWEEP_SUPERVISOR_POLL_S": str(settings.supervisor_poll_s())}
+    env = driver_env(head, track=True) | {"HEADSWEEP_SUPERVISOR_POLL_S": str(settings.supervisor_poll_s())}
     cluster.job_client(head["dashboard"]).submit_job(
         entrypoint=f"{sys.executable} -m orchestrator.supervisor {submission_id} {head['dashboard']} {head['address']}",
         submission_id=submission_id, runtime_env=cluster.job_runtime_env(env), entrypoint_num_cpus=0,

@@ -164,10 +164,11 @@ def name_keys(configs: Sequence[Mapping[str, Any]]) -> list[str]:
 def run_name(cfg, keys: Sequence[str]) -> str:
     """``synthetic-tag-head_gates-dp-seed0-lambda=0.05``: the run's name plus each of ``keys`` it
     has (a method section's key by its short name, ``lambda``; ``train.lr`` whole)."""
+    from experiments.core.config_keys import short_name
     from experiments.core.sections import flatten
 
     flat = flatten(cfg.to_dict())
-    parts = [f"{key.split('.', 1)[1] if key.split('.', 1)[0] == cfg.method else key}={flat[key]}"
+    parts = [f"{short_name(key, cfg.method)}={flat[key]}"
              for key in keys if key in flat and key.split(".", 1)[0] in (cfg.method, "task", "train", "model")]
     return "-".join([cfg.run_name(), *parts])
 

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, create_model
 
 from experiments.common.naming import suggest
-from experiments.core.config_keys import resolve, unknown_key, wrong_section
+from experiments.core.config_keys import method_labels, resolve, unknown_key, wrong_section
 from experiments.core.run_keys import extra_tasks, key_material, reseeded_keys, run_and_group_key
 from experiments.core.sections import (
     DEFAULT_METHOD,
@@ -62,28 +62,19 @@ class RunConfig(SharedConfig):
         return getattr(self, self.method)
 
     def labels(self) -> dict[str, Any]:
-        """The run's searchable labels: task, model, method, pipeline, seed, sparsity, lambda.
+        """The run's searchable labels: task, model, method, seed, and its method's short names
+        (``SHORT_NAMES``: head_gates' lambda, sparsity, pipeline; None where unset).
 
-        The one place that says where each label lives in the config: MLflow tags, registry
-        columns and run names all read it (None where the method has no such key).
+        The one place that says where each label lives in the config: MLflow tags, the registry's
+        label columns, run names and the dry-run table all read it.
         """
-        section = self.section
-        pipeline = section_value(section, "pipeline")
-        return {
-            "task": self.task.name,
-            "model": self.model,
-            "method": self.method,
-            "pipeline": pipeline,
-            "seed": self.seed,
-            "sparsity": section_value(section, "sparsity"),
-            # no gates trained (multitask's pipeline none): its lambda weighs nothing, so no label
-            "lambda": None if pipeline == "none" else section_value(section, "lambda"),
-        }
+        return {"task": self.task.name, "model": self.model, "method": self.method, "seed": self.seed,
+                **method_labels(self.method, self.section)}
 
     def run_name(self, sep: str = "-") -> str:
         """``synthetic-tag-head_gates-dp-seed0``: task, method, pipeline (if it has one), seed."""
         labels = self.labels()
-        parts = (labels["task"], labels["method"], labels["pipeline"], f"seed{labels['seed']}")
+        parts = (labels["task"], labels["method"], labels.get("pipeline"), f"seed{labels['seed']}")
         return sep.join(str(part) for part in parts if part is not None)
 
     def to_dict(self) -> dict[str, Any]:

@@ -17,11 +17,15 @@ from typing import Any, get_args
 from pydantic import BaseModel
 
 from experiments.common.naming import suggest
-from experiments.core.sections import DEFAULT_METHOD, STAGE_ROLES, SharedConfig
+from experiments.core.sections import (
+    ALIASES,
+    DEFAULT_METHOD,
+    STAGE_ROLES,
+    SharedConfig,
+    resolve_key,
+    section_value,
+)
 from experiments.methods import METHODS
-
-ALIASES = {"task": "task.name"}
-"""Keys a grid or ``--set`` may write for a longer one, whatever the method."""
 
 SHARED_SECTIONS = ("task", "train")
 
@@ -104,11 +108,23 @@ def resolve(key: str, method: str) -> str:
     Aliases and the method's short names are expanded; anything else is returned unchanged
     (a dotted key, or a name validation will report).
     """
-    if key in ALIASES:
-        return ALIASES[key]
-    if key in short_names(method):
-        return f"{method}.{key}"
-    return key
+    return resolve_key(key, method, short_names(method))
+
+
+def short_name(key: str, method: str) -> str:
+    """The name a run of ``method`` shows for a dotted key: the short name that resolves to it
+    (``head_gates.lambda`` -> ``lambda``), else the key itself (``train.lr``)."""
+    return next((short for short in short_names(method) if resolve(short, method) == key), key)
+
+
+def method_labels(method: str, section: BaseModel) -> dict[str, Any]:
+    """A run's labels of its own method: its pipeline (None when its section has no ``pipeline``:
+    one pipeline) and its short names' values, or what the method's ``labels(section)`` says."""
+    module = METHODS[method]
+    if hasattr(module, "labels"):
+        return module.labels(section)
+    return {"pipeline": section_value(section, "pipeline"),
+            **{short: section_value(section, short) for short in short_names(method)}}
 
 
 def owners_of(leaf: str) -> list[str]:

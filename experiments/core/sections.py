@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Collection
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -198,6 +199,25 @@ class SharedConfig(_Frozen):
     teacher: dict[str, Any] | None = Field(None, description="Upstream run: " + STAGE_ROLES["teacher"] + ".")
     bias_model: dict[str, Any] | None = Field(None, description="Upstream run: " + STAGE_ROLES["bias_model"] + ".")
     source: dict[str, Any] | None = Field(None, description="Upstream run: " + STAGE_ROLES["source"] + ".")
+
+
+ALIASES = {"task": "task.name"}
+"""Keys a grid, ``--set`` or an analysis axis may write for a longer one, whatever the method."""
+
+
+def resolve_key(key: str, method: str, names: Collection[str]) -> str:
+    """The dotted key ``key`` stands for in a run of ``method``: an alias expanded (``task`` ->
+    ``task.name``); one of ``names``, the keys of the method's section written without it, as that
+    key (``lambda`` -> ``head_gates.lambda``); anything else unchanged.
+
+    The one short-name resolver: grids and ``--set`` pass the method's ``SHORT_NAMES``
+    (``config_keys.resolve``), run names invert it, analysis passes the keys its stored section
+    has (it reads no method module)."""
+    if key in ALIASES:
+        return ALIASES[key]
+    if key in names:
+        return f"{method}.{key}"
+    return key
 
 
 def section_value(section: BaseModel, key: str, default: Any = None) -> Any:

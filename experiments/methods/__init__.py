@@ -10,7 +10,12 @@ one file plus one line here, or one file named in ``HEADSWEEP_METHODS`` (below).
   and a description per key; a run config holds it under the method's name
   (``method: head_gates`` + ``head_gates: {lambda: 0.05}``);
 - ``SHORT_NAMES``: keys of its ``Config`` that grids and ``--set`` may write without the
-  section (``lambda`` for ``head_gates.lambda``);
+  section (``lambda`` for ``head_gates.lambda``); with its pipeline they are its runs' labels
+  (``RunConfig.labels()``: MLflow tags, the registry's label columns, the dry-run table);
+- ``labels(section)`` (optional): its labels when not simply its short names' values (multitask:
+  no lambda when it trains no gates);
+- ``PROGRESS`` (optional): ``{name of a step value: how to say it}``, what ``headsweep run``'s
+  progress bar shows beside the loss (head_gates: ``{"open_heads": "open heads"}``); absent = none;
 - ``run(cfg, ctx) -> RunResult``, reading its keys from ``cfg.section``;
 - ``REFERENCE`` (optional): ``{key of its Config: value}``, the keys whose default is NOT the
   paper's reference code's protocol (headsweep keeps a sounder choice there), each with the value
@@ -112,6 +117,9 @@ def check_method(name: str, module: ModuleType) -> None:
     for short in getattr(module, "SHORT_NAMES", ()):
         if short not in keys or short in _RESERVED:
             fail(f"short name '{short}' must be a key of its Config and not one of {', '.join(_RESERVED)}")
+    progress = getattr(module, "PROGRESS", {})
+    if not (isinstance(progress, dict) and all(isinstance(v, str) for v in (*progress, *progress.values()))):
+        fail("PROGRESS must be a dict {name of a step value: how the progress bar says it}")
     reference = getattr(module, "REFERENCE", {})
     for key, value in reference.items():
         if key not in keys:

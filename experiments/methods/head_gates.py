@@ -53,6 +53,7 @@ from experiments.methods import finetune
 VERSION = "2"  # 2: sparsity evaluates z * keep (learned gates stay heads.gate); SP starts from a finetune stage
 PIPELINES = ("dp", "sp")
 SHORT_NAMES = ("lambda", "sparsity", "pipeline")  # grid axes and --set: lambda = head_gates.lambda
+PROGRESS = {"open_heads": "open heads"}  # beside the loss on `headsweep run`'s progress bar
 
 
 class Config(Section):

@@ -72,6 +72,7 @@ VERSION = "2"  # 2: |dL/dxi| per example and token (was: of the batch mean); 5 %
 # floor counts, all training examples by default (the reference's protocol)
 PIPELINES = ("none",)
 SHORT_NAMES = ()
+PROGRESS = {"open_heads": "open heads"}  # heads left after each pruning step
 REFERENCE: dict[str, Any] = {}  # every default is the reference script's (heads_pruning.sh --normalize_pruning_by_layer)
 
 

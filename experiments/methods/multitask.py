@@ -53,6 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import torch
@@ -91,6 +92,7 @@ from experiments.tasks import TASKS, TaskData
 VERSION = "1"
 PIPELINES = ("none", "shared", "per_task")
 SHORT_NAMES = ("pipeline", "lambda")
+PROGRESS = {"open_heads": "open heads"}  # heads some task keeps open
 MEAN = "mean"
 """The suffix of the mean over tasks: ``accuracy/mean``."""
 
@@ -115,6 +117,12 @@ class Config(Section):
         description="Weight of the gates' L0 penalty (mean over layers of expected open heads per layer).",
     )
     lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of the gates' log_alpha (no schedule).")
+
+
+def labels(section: Config) -> dict[str, Any]:
+    """Its labels (its short names' values), without lambda when it trains no gates (pipeline
+    none): the penalty weighs nothing there, so tables, run names and the registry show none."""
+    return {"pipeline": section.pipeline, "lambda": None if section.pipeline == "none" else section.lambda_}
 
 
 def extra_tasks(section: Config) -> dict[str, TaskConfig]:

@@ -19,8 +19,18 @@ from orchestrator.registry.db import NotFound, alembic_config, downgrade, head_r
 from orchestrator.registry.history import SweepHistory
 from orchestrator.registry.lifecycle import ORPHAN_ERROR, STALE_AFTER_S, RunLifecycle
 from orchestrator.registry.results import MapInfo, MapStack, ReadModel, Version
-from orchestrator.registry.schema import Base, Run, RunDep, RunMap, Sweep, SweepEvent, SweepRun
-from orchestrator.registry.store import SweepStore
+from orchestrator.registry.schema import (
+    LABELS,
+    NUMBER_LABELS,
+    Base,
+    Run,
+    RunDep,
+    RunMap,
+    Sweep,
+    SweepEvent,
+    SweepRun,
+)
+from orchestrator.registry.store import LAST, SweepStore
 from orchestrator.status import RunStatus, SweepStatus
 
 
@@ -34,7 +44,7 @@ class Registry(SweepStore, RunLifecycle, ReadModel, SweepHistory):
 
 
 __all__ = [
-    "ORPHAN_ERROR", "STALE_AFTER_S", "Base", "MapInfo", "MapStack", "NotFound", "ReadModel", "Registry",
+    "LABELS", "LAST", "NUMBER_LABELS", "ORPHAN_ERROR", "STALE_AFTER_S", "Base", "MapInfo", "MapStack", "NotFound", "ReadModel", "Registry",
     "Run", "RunDep", "RunLifecycle", "RunMap", "RunStatus", "Sweep", "SweepEvent", "SweepHistory", "SweepRun",
     "SweepStatus", "SweepStore", "Version",
     "alembic_config", "downgrade", "head_revision", "upgrade",

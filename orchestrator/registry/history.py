@@ -6,14 +6,18 @@ ended without the driver writing the sweep's final status (killed, crashed, its 
 worker process died mid-run (killed, out of memory) and Tune ``retried`` the run or ``failed`` it
 (no retry left); ``orphaned`` {run_keys}: runs whose worker stopped heartbeating while the driver
 lived, back to pending;
-``resumed`` {driver, auto, attempt, of}: a new driver, by hand (``headsweep resume``) or by
-the supervisor; ``gave_up`` {used, of}: the automatic resumes are used up.
+``resumed`` {driver, auto, attempt, of, by}: a new driver, by hand (``headsweep resume``; ``by``
+names who, e.g. the SLURM job that resumed it) or by the supervisor; ``gave_up`` {used, of}: the automatic resumes are used up.
+
+Reading them is pure and lives here, below the supervisor, the sweep commands and the analysis
+service (which read it): :func:`decide` (what the supervisor does with a sweep, given its driver
+job's state) and :func:`history` (the lines ``status`` and ``GET /sweeps/{id}`` print).
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
 
 from sqlalchemy import func, insert, select, update
 
@@ -24,7 +28,14 @@ from orchestrator.status import RunStatus, SweepStatus
 
 DRIVER_LOST, RESUMED, GAVE_UP = "driver_lost", "resumed", "gave_up"
 WORKER_LOST, ORPHANED = "worker_lost", "orphaned"
-_LIVE = (SweepStatus.SUBMITTED, SweepStatus.RUNNING)
+LIVE = (SweepStatus.SUBMITTED, SweepStatus.RUNNING)
+ALIVE = ("PENDING", "RUNNING")
+"""States of a driver's Ray job while it lives."""
+DIED = ("FAILED", "STOPPED")
+"""States of a driver's Ray job that ended without its driver writing the sweep's final status."""
+ALLOCATION_ENDED = "ALLOCATION_ENDED"
+"""The state of a driver that ended with its SLURM allocation (``orchestrator/slurm.py``): not
+resumed by the supervisor (its Ray goes too), but by the job's next allocation."""
 _FIELDS = (Sweep.id, Sweep.status, Sweep.driver, Sweep.auto_resumes, Sweep.cancel_requested,
            Sweep.mlflow_parent_run_id)
 
@@ -54,7 +65,7 @@ class SweepHistory(Database):
         no longer live (its driver wrote the final status, or someone noticed first)."""
         with self._write() as connection:
             changed = connection.execute(
-                update(Sweep).where(Sweep.id == sweep_id, Sweep.driver == driver, Sweep.status.in_(_LIVE))
+                update(Sweep).where(Sweep.id == sweep_id, Sweep.driver == driver, Sweep.status.in_(LIVE))
                 .values(status=SweepStatus.FAILED, updated_at=now())).rowcount
             if changed:
                 orphaned = connection.execute(select(func.count()).select_from(Run).where(
@@ -66,17 +77,132 @@ class SweepHistory(Database):
 
     @retrying
     def supervised_sweeps(self) -> list[dict[str, Any]]:
-        """The sweeps the supervisor looks at: auto-resume on, not cancelled, with a driver, and live
-        (submitted or running) or failed with a lost driver as their latest event (each with
-        ``events``)."""
+        """The sweeps the supervisor looks at (each with ``events``): every live (submitted or
+        running) sweep with a driver, whose driver's death it records whatever the sweep's
+        automatic resumes; and, with auto-resume on and not cancelled, the failed ones whose latest
+        event is a lost driver (to resume)."""
         latest = (select(SweepEvent.sweep_id, func.max(SweepEvent.id).label("last"))
                   .group_by(SweepEvent.sweep_id).subquery())
-        wanted = (Sweep.auto_resumes > 0, Sweep.cancel_requested.is_(False), Sweep.driver.is_not(None))
+        resumable = (Sweep.auto_resumes > 0, Sweep.cancel_requested.is_(False))
         with self._read() as connection:
-            live = connection.execute(select(*_FIELDS).where(*wanted, Sweep.status.in_(_LIVE))).all()
+            live = connection.execute(
+                select(*_FIELDS).where(Sweep.driver.is_not(None), Sweep.status.in_(LIVE))).all()
             lost = connection.execute(
                 select(*_FIELDS).join(latest, latest.c.sweep_id == Sweep.id)
                 .join(SweepEvent, SweepEvent.id == latest.c.last)
-                .where(*wanted, Sweep.status == SweepStatus.FAILED, SweepEvent.kind == DRIVER_LOST)).all()
+                .where(*resumable, Sweep.driver.is_not(None), Sweep.status == SweepStatus.FAILED,
+                       SweepEvent.kind == DRIVER_LOST)).all()
         sweeps = [row._asdict() for row in (*live, *lost)]
         return [sweep | {"events": self.events(sweep["id"])} for sweep in sorted(sweeps, key=lambda s: s["id"])]
+
+
+# --------------------------------------------------------------------------- reading it (pure)
+
+
+class Action(NamedTuple):
+    kind: str  # reconcile | lose | resume | give_up
+    attempt: int = 0  # resume: this automatic resume's number; give_up: how many were used
+    of: int = 0  # the sweep's auto_resumes
+
+
+def resumes_used(events: list[dict[str, Any]]) -> int:
+    """Automatic resumes since the sweep was submitted or last resumed by hand."""
+    used = 0
+    for event in events:
+        if event["kind"] == RESUMED:
+            used = used + 1 if event["detail"].get("auto") else 0
+    return used
+
+
+def decide(sweep: dict[str, Any], state: str | None = None) -> Action | None:
+    """What the supervisor does with one sweep: a ``supervised_sweeps`` row (status, auto_resumes,
+    cancel_requested, events) and, for a live sweep, its driver job's state.
+
+    A live sweep whose driver died is lost whatever its automatic resumes, so that no reader (the
+    analysis service reads only) ever sees it "running"; reconciling a live sweep's orphans and
+    resuming a lost one only with automatic resumes on and no cancel."""
+    of = sweep["auto_resumes"] or 0
+    acts = of > 0 and not sweep["cancel_requested"]
+    if sweep["status"] in LIVE:
+        if state in DIED:
+            return Action("lose")
+        return Action("reconcile") if acts and state in ALIVE else None  # SUCCEEDED: it wrote the final status
+    events = sweep["events"]
+    if not acts or sweep["status"] != SweepStatus.FAILED or not events or events[-1]["kind"] != DRIVER_LOST:
+        return None
+    if events[-1]["detail"].get("state") not in DIED:
+        return None  # gone with its head, or not this cluster's: by hand
+    used = resumes_used(events)
+    return Action("resume", used + 1, of) if used < of else Action("give_up", used, of)
+
+
+def resume_pending(sweep: dict[str, Any], within_s: float = 120.0) -> bool:
+    """The sweep (with ``events``) lost its driver less than ``within_s`` ago and the supervisor is
+    to resume it (``wait`` keeps following it)."""
+    action = decide(sweep)
+    return (action is not None and action.kind == "resume"
+            and (now() - sweep["events"][-1]["at"]).total_seconds() < within_s)
+
+
+def history(sweep: dict[str, Any]) -> list[str]:
+    """``status``'s lines for the sweep's events (``sweep`` with ``events``), oldest first:
+    'driver failed at 14:02; resumed automatically (1/3)'."""
+    lines: list[str] = []
+    open_lost = False  # the last line is a lost driver nothing answered yet
+    for event in sweep["events"]:
+        kind, detail = event["kind"], event["detail"]
+        if kind == DRIVER_LOST:
+            word = {"UNKNOWN": "gone (with its Ray head?)", ALLOCATION_ENDED: "ended with its SLURM allocation"}.get(
+                detail["state"], detail["state"].lower())
+            orphaned = detail.get("orphaned")
+            lines.append(f"driver {word} at {clock(event['at'])}"
+                         + (f"; {_runs(orphaned)} orphaned" if orphaned else ""))
+            open_lost = True
+            continue
+        if kind in (WORKER_LOST, ORPHANED):  # about runs, not the driver: a line of its own
+            lines.append(run_event(kind, detail, clock(event["at"])))
+            continue
+        if kind == RESUMED:
+            text = (f"resumed automatically ({detail['attempt']}/{detail['of']})" if detail.get("auto")
+                    else f"resumed by {detail.get('by') or 'hand'}")
+            if detail.get("error"):
+                text = f"automatic resume ({detail['attempt']}/{detail['of']}) failed: {detail['error']}"
+            elif not detail.get("driver"):
+                text += ": nothing was left to run"
+        elif kind == GAVE_UP:
+            text = (f"not resumed: its {detail['of']} automatic resumes are used up, the sweep failed; "
+                    f"`headsweep resume {sweep['id']}` runs what is left")
+        else:
+            text = f"{kind} {detail}"
+        if open_lost:
+            lines[-1] += f"; {text}"
+        else:
+            lines.append(f"{text} at {clock(event['at'])}")
+        open_lost = False
+    if open_lost:
+        action = decide(sweep)
+        lines[-1] += ("; the supervisor resumes it within seconds" if action and action.kind == "resume"
+                      else f"; `headsweep resume {sweep['id']}` runs what is left")
+    return lines
+
+
+def run_event(kind: str, detail: dict[str, Any], when: str) -> str:
+    """One line for a run's lost worker ('worker of run 3f2a9c01d4e5 died at 14:02 (attempt 1): Tune
+    retried it') or for runs reconciled while the driver lived."""
+    if kind == ORPHANED:
+        keys = detail["run_keys"]
+        return (f"{_runs(len(keys))} orphaned at {when} (worker stopped heartbeating): back to pending "
+                f"({', '.join(key[:12] for key in keys[:5])}{', ...' if len(keys) > 5 else ''})")
+    then = {"retried": "Tune retried it",
+            "failed": "no retry left (max_failures), the run failed; --rerun-failed requeues it"}
+    return (f"worker of run {detail['run_key'][:12]} died at {when} (attempt {detail['attempt']}): "
+            f"{then.get(detail['then'], detail['then'])}")
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
+def clock(at: datetime) -> str:
+    """A registry time (naive UTC) as this machine's local HH:MM."""
+    return at.replace(tzinfo=UTC).astimezone().strftime("%H:%M")

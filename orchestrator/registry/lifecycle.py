@@ -120,10 +120,8 @@ class RunLifecycle(Database):
         self,
         run_key: str,
         metrics: Mapping[str, Any],
-        gates: np.ndarray | None = None,
-        scores: np.ndarray | None = None,
-        worker: str | None = None,
         *,
+        worker: str | None = None,
         maps: Mapping[str, UnitMap | np.ndarray] | None = None,
     ) -> bool:
         """Store the result of a running run -> finished, with every map of the run, in one
@@ -131,15 +129,9 @@ class RunLifecycle(Database):
         if given): a run is never finished twice.
 
         ``maps``: name -> :class:`UnitMap` (or a bare (L, K) array, of the kind its name
-        starts with). ``gates`` / ``scores`` are shorthand for the maps ``heads.gate`` /
-        ``heads.log_alpha`` (callers written before maps). Non-finite metric values are
-        stored as null.
+        starts with). Non-finite metric values are stored as null.
         """
-        given = dict(maps or {})
-        for name, value in (("heads.gate", gates), ("heads.log_alpha", scores)):
-            if value is not None:
-                given[name] = value
-        rows = map_rows(run_key, given)  # validated before the transaction
+        rows = map_rows(run_key, dict(maps or {}))  # validated before the transaction
         return retrying(self._finish)(run_key, json_safe(dict(metrics)), rows, worker)
 
     def _finish(self, run_key: str, metrics: dict[str, Any], rows: list[dict[str, Any]], worker: str | None) -> bool:

@@ -1,7 +1,8 @@
-"""The read model: what analysis (and the CLI) read about a sweep's runs, in few queries.
+"""The read model: what analysis reads about a sweep's runs, in few queries.
 
-- :meth:`ReadModel.sweep_runs`: ONE query for every run's columns, metrics and stored
-  config, in cell order (plus the list of the sweep's maps, in the same transaction);
+- :meth:`ReadModel.sweep_runs`: ONE query for every run's columns (its labels: every label
+  column, by name), metrics and stored config, in cell order (plus the sweep's maps and which run
+  has which, in the same transaction);
 - :meth:`ReadModel.sweep_map`: ONE query per map name (never one per run): ``(N, L, K)``
   float32 with NaN rows for runs without the map, and the ``(N,)`` has-mask;
 - :meth:`ReadModel.sweep_version`: one aggregate query, the cache key of a loaded sweep.
@@ -20,10 +21,9 @@ import numpy as np
 from sqlalchemy import Connection, and_, func, select
 
 from orchestrator.registry.db import Database, NotFound, retrying
-from orchestrator.registry.schema import Run, RunMap, Sweep, SweepRun, unpack_map
+from orchestrator.registry.schema import LABEL_COLUMNS, Run, RunMap, Sweep, SweepRun, unpack_map
 
 Version = tuple[datetime | None, int]
-_STRING_COLUMNS = ("run_key", "group_key", "status", "task", "model", "method", "pipeline")
 
 
 @dataclass(frozen=True)
@@ -50,15 +50,32 @@ class MapStack:
     """``(N,)`` bool: the run has this map."""
 
 
-def _map_infos(connection: Connection, sweep_id: str) -> list[MapInfo]:
+def _maps_of(connection: Connection, sweep_id: str) -> tuple[list[MapInfo], dict[str, tuple[str, ...]]]:
+    """The sweep's maps (:class:`MapInfo` by name) and each run's map names, from ONE query that
+    reads no map data."""
     rows = connection.execute(
-        select(RunMap.name, RunMap.kind, func.count(), func.max(RunMap.rows), func.max(RunMap.cols))
+        select(RunMap.run_key, RunMap.name, RunMap.kind, RunMap.rows, RunMap.cols)
         .join(SweepRun, SweepRun.run_key == RunMap.run_key)
         .where(SweepRun.sweep_id == sweep_id)
-        .group_by(RunMap.name, RunMap.kind)
         .order_by(RunMap.name, RunMap.kind)
     ).all()
-    return [MapInfo(name, kind, int(count), int(r), int(c)) for name, kind, count, r, c in rows]
+    infos: dict[tuple[str, str], MapInfo] = {}
+    names: dict[str, list[str]] = {}
+    for key, name, kind, layers, units in rows:
+        seen = infos.get((name, kind), MapInfo(name, kind, 0, 0, 0))
+        infos[(name, kind)] = MapInfo(name, kind, seen.count + 1, max(seen.rows, layers), max(seen.cols, units))
+        names.setdefault(key, []).append(name)
+    return list(infos.values()), {key: tuple(run) for key, run in names.items()}
+
+
+def _label_values(column: Any, values: Sequence[Any]) -> np.ndarray:
+    """A label column as ``(N,)``: text "" where unset, integers int64, numbers float64 NaN where unset."""
+    kind = column.type.python_type
+    if kind is str:
+        return np.array([v or "" for v in values], dtype=str)
+    if kind is int:
+        return np.array(values, dtype=np.int64)
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
 
 
 def _check_sweep(connection: Connection, sweep_id: str) -> None:
@@ -99,16 +116,16 @@ class ReadModel(Database):
     def sweep_runs(self, sweep_id: str) -> dict[str, Any]:
         """Every run of the sweep in cell order, from ONE query.
 
-        Keys: ``sweep_id``; ``run_key``, ``group_key``, ``status``, ``task``, ``model``,
-        ``method``, ``pipeline`` ((N,) str, "" when unset); ``seed`` (int64);
-        ``sparsity``, ``lambda`` (float64, NaN = unset); ``metrics`` and ``config``
-        (lists of dicts; {} when none); ``updated_at`` (latest change: the version's
-        first half; None when empty); ``maps`` (list of :class:`MapInfo`, read in the
-        same transaction).
+        Keys: ``sweep_id``; ``run_key``, ``group_key``, ``status`` ((N,) str); each label
+        column by its name (``schema.LABELS``: task, model, method, seed, the methods' short
+        names that have a column; (N,) str "" when unset, int64, or float64 NaN when unset);
+        ``metrics`` and ``config`` (lists of dicts; {} when none); ``updated_at`` (latest
+        change: the version's first half; None when empty); ``maps`` (list of
+        :class:`MapInfo`) and ``run_maps`` (each run's map names, a tuple), read in the same
+        transaction.
         """
         query = (
-            select(Run.run_key, Run.group_key, Run.status, Run.task, Run.model, Run.method, Run.pipeline,
-                   Run.seed, Run.sparsity, Run.lambda_, Run.metrics, Run.config, Run.updated_at)
+            select(Run.run_key, Run.group_key, Run.status, Run.metrics, Run.config, Run.updated_at, *LABEL_COLUMNS)
             .join(SweepRun, SweepRun.run_key == Run.run_key)
             .where(SweepRun.sweep_id == sweep_id)
             .order_by(SweepRun.position)
@@ -117,19 +134,19 @@ class ReadModel(Database):
             rows = connection.execute(query).all()
             if not rows:
                 _check_sweep(connection, sweep_id)
-            infos = _map_infos(connection, sweep_id)
-        columns = list(zip(*rows, strict=True)) if rows else [()] * 13
-        (*strings, seed, sparsity, lambda_, metrics, config, updated_at) = columns
+            infos, run_maps = _maps_of(connection, sweep_id)
+        columns = list(zip(*rows, strict=True)) if rows else [()] * (6 + len(LABEL_COLUMNS))
+        (run_key, group_key, status, metrics, config, updated_at, *labels) = columns
         out: dict[str, Any] = {"sweep_id": sweep_id}
-        for name, values in zip(_STRING_COLUMNS, strings, strict=True):
-            out[name] = np.array([v or "" for v in values], dtype=str)
-        out["seed"] = np.array(seed, dtype=np.int64)
-        out["sparsity"] = np.array([np.nan if v is None else v for v in sparsity], dtype=np.float64)
-        out["lambda"] = np.array([np.nan if v is None else v for v in lambda_], dtype=np.float64)
+        for name, values in (("run_key", run_key), ("group_key", group_key), ("status", status)):
+            out[name] = np.array(values, dtype=str)
+        for column, values in zip(LABEL_COLUMNS, labels, strict=True):
+            out[column.key] = _label_values(column, values)
         out["metrics"] = [m or {} for m in metrics]
         out["config"] = [c or {} for c in config]
         out["updated_at"] = max(updated_at, default=None)
         out["maps"] = infos
+        out["run_maps"] = [run_maps.get(key, ()) for key in run_key]
         return out
 
     @retrying
@@ -159,7 +176,7 @@ class ReadModel(Database):
     def sweep_map_names(self, sweep_id: str) -> list[MapInfo]:
         """The maps present in the sweep, by name: kind, number of runs with it, largest shape."""
         with self._read() as connection:
-            infos = _map_infos(connection, sweep_id)
+            infos, _ = _maps_of(connection, sweep_id)
             if not infos:
                 _check_sweep(connection, sweep_id)
         return infos
@@ -180,18 +197,3 @@ class ReadModel(Database):
         with self._read() as connection:
             latest, count = connection.execute(query).one()
         return latest, int(count)
-
-    def results(self, sweep_id: str) -> dict[str, Any]:
-        """Everything about the sweep's runs at once (the CLI, tests): ``sweep_runs`` plus
-        ``maps_by_name`` (name -> :class:`MapStack`, one query each), and ``gates`` /
-        ``has_gates`` / ``scores`` / ``has_scores`` for ``heads.gate`` / ``heads.log_alpha``
-        ((N, 0, 0) and all False when absent). Analysis loads maps lazily instead."""
-        out = self.sweep_runs(sweep_id)
-        stacks = {info.name: self.sweep_map(sweep_id, info.name) for info in out["maps"]}
-        out["maps_by_name"] = stacks
-        n = len(out["run_key"])
-        for prefix, name in (("gates", "heads.gate"), ("scores", "heads.log_alpha")):
-            stack = stacks.get(name)
-            out[prefix] = stack.values if stack else np.full((n, 0, 0), np.nan, np.float32)
-            out[f"has_{prefix}"] = stack.has if stack else np.zeros(n, dtype=bool)
-        return out

@@ -20,7 +20,7 @@ from orchestrator.registry.db import (
     now,
     retrying,
 )
-from orchestrator.registry.schema import Run, RunDep, RunMap, Sweep, SweepRun
+from orchestrator.registry.schema import LABELS, Run, RunDep, RunMap, Sweep, SweepRun
 from orchestrator.registry.stages import StageGraph, dag_summary, edge_rows, with_upstreams
 from orchestrator.status import RunStatus, SweepStatus
 
@@ -28,17 +28,20 @@ if TYPE_CHECKING:  # type hints only: parsing configs (and importing the methods
     from experiments.core.config import RunConfig
 
 _LIVE_SWEEP = (SweepStatus.SUBMITTED, SweepStatus.RUNNING)
+LAST = "last"
+"""Stands for the most recently created sweep wherever a sweep id is asked for (CLI and HTTP API)."""
 _BATCH = 2_500
 """Rows per insert when registering a grid: the next batch is built while the last one is written."""
 
 
 def _run_row(cfg: RunConfig, run_key: str, when: datetime) -> dict[str, Any]:
-    """The insert row of a new run (column names as keys)."""
+    """The insert row of a new run (column names as keys): each label column from its label."""
+    labels = cfg.labels()
     return {
         "run_key": run_key,
         "group_key": cfg.group_key,
         "config": cfg.to_dict(),
-        **cfg.labels(),
+        **{name: labels.get(name) for name in LABELS},
         "status": RunStatus.PENDING,
         "attempts": 0,
         "created_at": when,
@@ -215,6 +218,17 @@ class SweepStore(StageGraph):
             if row is None:
                 raise NotFound(f"no sweep '{sweep_id}'")
             return {**row._asdict(), "counts": sweep_counts_in(connection, sweep_id)}
+
+    def resolve_sweep(self, sweep_id: str) -> str:
+        """``last`` -> the id of the newest sweep; any other id as given.
+
+        NotFound when ``last`` is asked of a registry with no sweeps."""
+        if sweep_id != LAST:
+            return sweep_id
+        sweeps = self.list_sweeps()  # newest first
+        if not sweeps:
+            raise NotFound("no sweeps yet: submit one with `headsweep submit GRID`")
+        return sweeps[0]["id"]
 
     @retrying
     def list_sweeps(self) -> list[dict[str, Any]]:

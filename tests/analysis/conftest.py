@@ -94,7 +94,7 @@ def build_sweep(path: Path, name: str = "stem") -> Sweep:
             assert registry.claim(cfg.run_key, "test-worker") is not None
             assert registry.finish(
                 cfg.run_key, {"accuracy": accuracy, "loss": 1.0 - accuracy, "open_heads": float(z.sum())},
-                z, scores=z * 4.0 - 2.0 + rng.normal(0, 0.1, z.shape),
+                maps={"heads.gate": z, "heads.log_alpha": z * 4.0 - 2.0 + rng.normal(0, 0.1, z.shape)},
             )
     return Sweep(url, sweep_id, pending.run_key, profiles, gates)
 

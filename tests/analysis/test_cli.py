@@ -1,5 +1,5 @@
 """``headsweep results | agreement | figures | serve`` through a parser built with
-``analysis.cli.register``, and ``orchestrator.report`` against a real SQLite MLflow store."""
+``analysis.cli.register``, and ``headsweep report`` against a real SQLite MLflow store."""
 
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ import numpy as np
 import pytest
 
 from analysis import cli, statistics
+from analysis.report import sweep_report
 from experiments.core.sections import ConfigError
 from orchestrator import report
+from orchestrator.cli import main as headsweep
 from orchestrator.registry import Registry
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -88,7 +90,8 @@ def test_open_heads_are_shown_with_expected_open_heads_beside_them(tmp_path, cap
         for i, cfg in enumerate(configs):
             assert registry.claim(cfg.run_key, "w") is not None
             registry.finish(cfg.run_key, {"accuracy": 0.9, "open_heads": 20.0 - 10 * (i > 1) + i % 2,
-                                          "expected_open_heads": 12.0 - 8 * (i > 1) + i % 2}, np.ones((6, 12)))
+                                          "expected_open_heads": 12.0 - 8 * (i > 1) + i % 2},
+                            maps={"heads.gate": np.ones((6, 12))})
         assert registry.claim(finetune.run_key, "w") is not None
         registry.finish(finetune.run_key, {"accuracy": 0.95, "open_heads": 72.0})
     assert _run("results", sweep_id, "--group-by", "lambda", "--metric", "open_heads", "--db", url) == 0
@@ -164,7 +167,7 @@ def test_agreement_across_runs_is_not_cut_in_a_pipe(sweep, data):
          "--where", "pipeline:dp", "--db", sweep.url],
         capture_output=True, text=True, cwd=ROOT, env=os.environ | {"COLUMNS": "80"}, timeout=120)
     assert result.returncode == 0, result.stderr
-    keys = set(data.run_key[data.has_gates & (data.pipeline == "dp")].tolist())
+    keys = set(data.run_key[data.has_gates & (data.axis("pipeline") == "dp")].tolist())
     rows = {cells[0]: cells for cells in map(str.split, result.stdout.splitlines()) if cells[:1] in ([k] for k in keys)}
     header = next(cells for cells in map(str.split, result.stdout.splitlines()) if cells[:1] == ["run"])
     assert len(keys) == 12 and set(header[1:-1]) == keys == set(rows) and header[-1] == "runs"
@@ -283,9 +286,9 @@ def test_report_logs_every_figure_and_the_summary_to_the_parent_run(fresh_sweep,
     experiment = client.create_experiment("stem", artifact_location=(tmp_path / "artifacts").as_uri())
     parent = client.create_run(experiment).info.run_id
     with Registry(fresh_sweep.url) as registry:
-        assert report.log_sweep_figures(fresh_sweep.sweep_id, fresh_sweep.url, tracking_uri) == []  # no parent
+        assert report.log_sweep_report(fresh_sweep.sweep_id, sweep_report, fresh_sweep.url, tracking_uri) == []  # no parent
         registry.set_sweep(fresh_sweep.sweep_id, mlflow_parent_run_id=parent)
-    assert report.main([fresh_sweep.sweep_id, "--db", fresh_sweep.url, "--tracking-uri", tracking_uri]) == 0
+    assert headsweep(["report", fresh_sweep.sweep_id, "--db", fresh_sweep.url, "--tracking-uri", tracking_uri]) == 0
     printed = capsys.readouterr().out.split()
     logged = sorted(a.path for a in client.list_artifacts(parent, report.ARTIFACT_DIR))
     assert len(logged) == 18 and sorted(printed) == logged
@@ -295,4 +298,5 @@ def test_report_logs_every_figure_and_the_summary_to_the_parent_run(fresh_sweep,
     assert metrics["runs_finished"] == 30 and metrics["agreement/seed/heads.gate/r"] > 0.5
     assert metrics["agreement/seed/heads.gate/r_chance"] < 0.2
     assert metrics["accuracy/synthetic-tag_minilm-l6_finetune"] == pytest.approx(0.9)
-    assert report.main(["sw-nope", "--db", fresh_sweep.url, "--tracking-uri", tracking_uri]) == 2
+    assert headsweep(["report", "sw-nope", "--db", fresh_sweep.url, "--tracking-uri", tracking_uri]) == 2
+    assert "no sweep 'sw-nope'" in capsys.readouterr().err

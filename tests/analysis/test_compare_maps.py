@@ -37,6 +37,7 @@ def synthetic(configs: list[dict], maps: dict[str, tuple[np.ndarray, np.ndarray]
         "method": [c["method"] for c in configs], "pipeline": [""] * n, "seed": [c["seed"] for c in configs],
         "sparsity": [np.nan] * n, "lambda": [np.nan] * n, "metrics": [{}] * n,
         "config": [{"model": "minilm-l6", **c} for c in configs], "maps": [], "updated_at": None,
+        "run_maps": [tuple(name for name, (_, has) in maps.items() if has[i]) for i in range(n)],
     }
     data = from_runs(runs, None)
     return replace(data, _overrides=MappingProxyType({k: (np.asarray(v, np.float32), np.asarray(h, bool))
@@ -267,7 +268,7 @@ def test_across_task_on_the_registry_sweep(data):
     expected = []
     for pipeline in ("dp", "sp"):
         for lam in (0.01, 0.1):
-            means = [values[has & (data.task == t) & (data.pipeline == pipeline) & np.isclose(data.lambda_, lam)]
+            means = [values[has & (data.task == t) & (data.axis("pipeline") == pipeline) & np.isclose(data.axis("lambda"), lam)]
                      .mean(axis=0) for t in (CLS, TAG)]
             expected.append(spearmanr(means[0].ravel(), means[1].ravel())[0])
     (pair,) = result.pairs
@@ -316,7 +317,8 @@ def methods_sweep(tmp_path_factory):
         for (t, s, _), cfg in gates.items():
             alpha = profiles[(t, s)] + rng.normal(scale=0.3, size=(L, K))
             assert registry.claim(cfg.run_key, "w") is not None
-            assert registry.finish(cfg.run_key, {"accuracy": 0.7}, (alpha > 0).astype(np.float32), alpha)
+            assert registry.finish(cfg.run_key, {"accuracy": 0.7},
+                                   maps={"heads.gate": (alpha > 0).astype(np.float32), "heads.log_alpha": alpha})
         for (t, s), cfg in imps.items():
             importance = profiles[(t, s)] + rng.normal(scale=0.3, size=(L, K))
             assert registry.claim(cfg.run_key, "w") is not None

@@ -66,7 +66,10 @@ def test_gates_has_gates_and_scores_are_the_head_maps(mixed):
     np.testing.assert_array_equal(data.gates[2], GATES)
     np.testing.assert_array_equal(data.scores[4], GATES - 2)
     assert np.isnan(data.gates[1]).all() and data.gates is data.map("heads.gate")[0]
-    assert np.isnan(data.lambda_[1]) and data.pipeline[1] == "" and data.lambda_[0] == 0.01
+    lam, pipeline = data.axis("lambda"), data.axis("pipeline")  # label columns, by name
+    assert np.isnan(lam[1]) and pipeline[1] == "" and lam[0] == 0.01
+    gated = ("heads.gate", "heads.log_alpha")  # each run's stored maps, read without their data
+    assert data.run_maps.tolist() == [gated, (), gated, (), (*gated, "neurons.predictivity"), ()]
     ood = data.metrics["accuracy/ood"]  # a metric with an evaluation-set suffix is a metric like any other
     assert ood[:5].tolist() == [0.4] * 5 and np.isnan(ood[5])
 

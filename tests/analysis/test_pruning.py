@@ -30,9 +30,11 @@ def _data() -> SweepData:
     return SweepData(
         sweep_id="sw-test", version=(None, n), run_key=text([f"r{i}" for i in range(n)]),
         group_key=text([r[0] for r in rows]), status=text([r[2] for r in rows]),
-        task=text(["sst2"] * n), model=text(["minilm-l6"] * n), method=text([r[1] for r in rows]),
-        pipeline=text(["none"] * n), seed=np.array([r[3] for r in rows]), sparsity=np.full(n, np.nan),
-        lambda_=np.full(n, np.nan), metrics=metrics,
+        run_maps=np.empty(n, dtype=object),  # no maps: None each
+        labels={"task": text(["sst2"] * n), "model": text(["minilm-l6"] * n), "method": text([r[1] for r in rows]),
+                "pipeline": text(["none"] * n), "seed": np.array([r[3] for r in rows]),
+                "sparsity": np.full(n, np.nan), "lambda": np.full(n, np.nan)},
+        metrics=metrics,
         config={"head_importance.recompute": text([{"g-recompute": True, "g-fixed": False}.get(r[0]) for r in rows]),
                 "seed": np.array([r[3] for r in rows], dtype=float)},
     )

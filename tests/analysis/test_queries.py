@@ -41,7 +41,7 @@ def test_load_gives_every_run_in_cell_order(data, sweep):
     assert np.isnan(data.metrics["accuracy"][pending])
     np.testing.assert_array_equal(data.gates[0], sweep.gates[(CLS, "dp", 0.01, 0)])
     assert sorted(data.metrics) == ["accuracy", "loss", "open_heads"]
-    assert data.lambda_.dtype == np.float64 and np.isnan(data.sparsity).all()
+    assert data.axis("lambda").dtype == np.float64 and np.isnan(data.axis("sparsity")).all()
     assert not data.gates.flags.writeable  # shared between callers: read only
 
 
@@ -64,7 +64,7 @@ def test_finishing_a_run_invalidates_the_cache(fresh_sweep):
         assert registry.claim(fresh_sweep.pending_key, "w") is not None
         claimed = load_sweep(registry, fresh_sweep.sweep_id)
         assert claimed is not before and "running" in claimed.status.tolist()
-        registry.finish(fresh_sweep.pending_key, {"accuracy": 0.5}, np.ones((6, 12)))
+        registry.finish(fresh_sweep.pending_key, {"accuracy": 0.5}, maps={"heads.gate": np.ones((6, 12))})
         after = load_sweep(registry, fresh_sweep.sweep_id)
         assert after is not claimed and after.has_gates.sum() == 25  # the fine-tunes learn no gates
         assert load_sweep(registry, fresh_sweep.sweep_id) is after
@@ -432,12 +432,12 @@ def test_load_and_cache_on_postgresql(fresh_pg_database, count_selects):
         sweep_id, _ = registry.create_sweep("pg", "name: pg\n", configs, {"cpus": 1.0}, None, 1)
         for cfg in configs[:5]:
             registry.claim(cfg.run_key, "w")
-            registry.finish(cfg.run_key, {"accuracy": 0.5}, np.eye(6, 12))
+            registry.finish(cfg.run_key, {"accuracy": 0.5}, maps={"heads.gate": np.eye(6, 12)})
         first = load_sweep(registry, sweep_id)
         again, selects = count_selects(registry, lambda: load_sweep(registry, sweep_id))
         assert again is first and len(selects) == 1 and first.has_gates.sum() == 5
         registry.claim(configs[5].run_key, "w")
-        registry.finish(configs[5].run_key, {"accuracy": 1.0}, np.eye(6, 12))
+        registry.finish(configs[5].run_key, {"accuracy": 1.0}, maps={"heads.gate": np.eye(6, 12)})
         after = load_sweep(registry, sweep_id)
         assert after is not first and after.has_gates.all()
         assert queries.aggregate(after, ["task"], "accuracy")[1]["mean"] == pytest.approx(2 / 3)

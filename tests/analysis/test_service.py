@@ -143,10 +143,12 @@ def test_runs_filter_and_paginate(served):
                       params={"task": CLS, "seed": "0,1", "offset": 1, "limit": 2}).json()
     assert body["total"] == 10 and (body["offset"], body["limit"]) == (1, 2) and len(body["runs"]) == 2
     assert body["runs"][0]["seed"] == 1 and body["runs"][0]["lambda"] == 0.01
+    assert body["runs"][0]["maps"] == ["heads.gate", "heads.log_alpha"]  # what the run stored
     repeated = client.get(f"/sweeps/{sweep.sweep_id}/runs?seed=0&seed=1&task={CLS}").json()
     assert repeated["total"] == 10
     pending = client.get(f"/sweeps/{sweep.sweep_id}/runs", params={"status": "pending"}).json()
     assert pending["runs"][0]["run_key"] == sweep.pending_key and pending["runs"][0]["metrics"] == {}
+    assert pending["runs"][0]["maps"] == []
 
 
 @pytest.mark.ray
@@ -167,6 +169,7 @@ def test_aggregate_equals_the_query(served):
 def test_agreement_and_spearman(served):
     client, sweep = served
     seed = client.get(f"/sweeps/{sweep.sweep_id}/agreement", params={"across": "seed", "n_perm": 50}).json()
+    assert seed["map"] == "heads.gate"  # no map named: the one most runs have (ties by name)
     assert seed["labels"] == ["0", "1", "2"] and np.shape(seed["matrix"]) == (3, 3) and seed["n_cells"] == 8
     for null in seed["stem_cell"]["nulls"]:  # both nulls, each saying which it is
         assert null["observed"] > null["band_hi"] and null["p_text"] == "p < 0.02"
@@ -269,7 +272,7 @@ def test_zz_a_finished_run_shows_up_at_once(served):
     before = client.get(f"/sweeps/{sweep.sweep_id}/aggregate?group_by=task").json()["rows"][1]
     with Registry(sweep.url) as registry:
         registry.claim(sweep.pending_key, "w")
-        registry.finish(sweep.pending_key, {"accuracy": 0.0}, np.ones((6, 12)))
+        registry.finish(sweep.pending_key, {"accuracy": 0.0}, maps={"heads.gate": np.ones((6, 12))})
     after = client.get(f"/sweeps/{sweep.sweep_id}/aggregate?group_by=task").json()["rows"][1]
     assert before["group"] == after["group"] == {"task": CLS, "method": "head_gates"}
     assert (before["n"], after["n"]) == (12, 13) and after["mean"] < before["mean"]
@@ -387,7 +390,7 @@ def every_kind_sweep(tmp_path_factory):
             alpha = profile + rng.normal(scale=0.5, size=profile.shape) - 10 * cfg.section.lambda_
             assert registry.claim(cfg.run_key, "w") is not None
             assert registry.finish(cfg.run_key, {"accuracy": 0.8 - cfg.section.lambda_, "open_heads": float((alpha > 0).sum())},
-                                   (alpha > 0).astype(np.float32), alpha)
+                                   maps={"heads.gate": (alpha > 0).astype(np.float32), "heads.log_alpha": alpha})
         for cfg in importance:
             curve = {f"accuracy_pruned_{p}": 0.8 - 0.003 * p - 0.01 * cfg.seed for p in (0, 50, 100)}
             assert registry.claim(cfg.run_key, "w") is not None

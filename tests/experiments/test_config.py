@@ -42,8 +42,9 @@ def test_a_run_config_is_the_shared_sections_plus_its_method_section():
 
     ft = parse_config({"method": "finetune"})
     assert isinstance(ft.section, finetune.Config) and list(ft.to_dict())[-1] == "finetune"
-    labels = ft.labels()  # no pipeline, sparsity or lambda of its own
-    assert [labels[k] for k in ("method", "pipeline", "sparsity", "lambda")] == ["finetune", None, None, None]
+    # its pipeline and its own short names are its labels: loss, no pipeline (it has one), sparsity or lambda
+    assert ft.labels() == {"task": "synthetic-cls", "model": "minilm-l6", "method": "finetune", "seed": 0,
+                           "pipeline": None, "loss": "ce"}
     assert ft.run_name() == "synthetic-cls-finetune-seed0"
 
 

@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from experiments.core.config import parse_config
-from orchestrator import cli, sweeps
-from orchestrator.registry import NotFound, Registry
+from orchestrator import cli
+from orchestrator.registry import LAST, NotFound, Registry
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -43,10 +43,10 @@ def test_last_is_the_newest_sweep_of_the_registry_the_command_reads(tmp_path, mo
     monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path / "home"))
     registry = Registry(f"sqlite:///{tmp_path / 'other.db'}")
     with pytest.raises(NotFound, match="no sweeps yet"):
-        sweeps.resolve(registry, sweeps.LAST)
+        registry.resolve_sweep(LAST)
     first = _sweep(registry, "first", [0])
     newest = _sweep(registry, "newest", [1])
-    assert sweeps.resolve(registry, "last") == newest and sweeps.resolve(registry, first) == first
+    assert registry.resolve_sweep("last") == newest and registry.resolve_sweep(first) == first
     (key,) = registry.unfinished(newest)
     assert registry.claim(key, "w") is not None and registry.finish(key, {"accuracy": 0.5})
     # --db names the registry: `last` is its newest sweep, not the default home's

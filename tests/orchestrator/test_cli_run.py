@@ -166,9 +166,10 @@ def test_run_then_ui_shows_it(tmp_path):
         server.wait(timeout=30)
 
 
-def test_run_of_a_method_whose_progress_reports_no_loss(tmp_path, monkeypatch):
+def test_run_of_a_method_whose_progress_reports_no_loss(tmp_path, monkeypatch, capsys):
     """head_importance's pruning steps report open heads and no loss: the progress bar shows '-'
-    for it (it raised KeyError 'loss'). In this process, with its fine-tune stage run first."""
+    for it (it raised KeyError 'loss'), and the method's own progress value (its ``PROGRESS``:
+    open heads), the fine-tune stage run first none. In this process."""
     from orchestrator.cli import main
 
     monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path / "home"))
@@ -177,3 +178,6 @@ def test_run_of_a_method_whose_progress_reports_no_loss(tmp_path, monkeypatch):
     config = {k: v for k, v in TINY.items() if k != "head_gates"} | {
         "method": "head_importance", "head_importance": {"examples": 16}}
     assert main(["run", _write(tmp_path / "c.yaml", config), "--no-track"]) == 0
+    bars = [line for line in capsys.readouterr().err.splitlines() if "loss" in line]
+    assert any("finetune" in bar and "open heads" not in bar for bar in bars), bars
+    assert any("head_importance" in bar and "open heads" in bar for bar in bars), bars

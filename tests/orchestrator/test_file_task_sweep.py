@@ -68,7 +68,7 @@ def test_a_csv_task_and_a_pair_task_with_an_ood_set_run_through_a_sweep(home):
     finally:
         ray.shutdown()
 
-    results = registry.results(sweep_id)
+    results = registry.sweep_runs(sweep_id)
     assert set(results["status"]) == {"finished"} and registry.get_sweep(sweep_id)["status"] == "finished"
     is_pairs = np.array([c["task"]["train"].endswith("pairs_train.jsonl") for c in results["config"]])
     assert is_pairs.tolist() == [False, False, True, True]

@@ -83,13 +83,13 @@ def test_a_method_from_headsweep_methods_runs_a_sweep_and_is_analysed_by_its_map
     assert execute_sweep(sweep_id, registry_url=url) == {"finished": 4}
 
     # the registry: the method's own map for every run, from the workers' import of the plugin
-    results = registry.results(sweep_id)
+    results = registry.sweep_runs(sweep_id)
     assert set(results["method"]) == {"tiny"} and set(results["pipeline"]) == {"once"}
-    stack = results["maps_by_name"]["heads.tiny"]
+    stack = registry.sweep_map(sweep_id, "heads.tiny")
     assert stack.kind == "heads" and stack.has.all() and stack.values.shape == (4, 3, 4)
     strength = np.array([run["tiny"]["strength"] for run in results["config"]])
     assert np.all((stack.values >= strength[:, None, None]) & (stack.values < strength[:, None, None] + 0.01))
-    assert not results["has_gates"].any()  # no heads.gate: it learns none
+    assert [info.name for info in results["maps"]] == ["heads.tiny"]  # no heads.gate: it learns none
     runs = mlflow.search_runs([experiment_id])
     assert sorted(r.data.tags.get("method") for r in runs if r.info.run_id != parent) == ["tiny"] * 4
 

@@ -150,7 +150,7 @@ def test_finished_runs_are_never_rerun_without_force(registry, registry_url):
     assert counts["requeued"] == 1 and counts["finished"] == 0
     run = registry.get_run(key)
     assert (run["status"], run["attempts"], run["metrics"], run["mlflow_run_id"]) == ("pending", 0, None, None)
-    assert registry.results(sweep_id)["has_gates"].sum() == 0
+    assert registry.sweep_map(sweep_id, "heads.gate").has.sum() == 0
     assert registry.sweep_map_names(sweep_id) == []  # its maps went with its result
     assert _sql(registry_url, "SELECT count(*) FROM hs_run_maps") == [(0,)]
 
@@ -246,16 +246,6 @@ def test_finish_checks_every_map_before_writing(registry):
     with pytest.raises(ValueError, match="'neurons.gate' is a heads map"):
         registry.finish(key, {}, maps={"neurons.gate": UnitMap(GATES, "heads", "x")})
     assert registry.get_run(key)["status"] == RunStatus.RUNNING
-
-
-def test_gates_and_scores_are_shorthand_for_the_head_maps(registry):
-    configs = _configs()
-    sweep_id, _ = _submit(registry, configs)
-    registry.claim(configs[0].run_key, "w")
-    assert registry.finish(configs[0].run_key, {}, GATES, scores=-GATES)
-    assert [(m.name, m.kind, m.count) for m in registry.sweep_map_names(sweep_id)] == [
-        ("heads.gate", "heads", 1), ("heads.log_alpha", "heads", 1)]
-    np.testing.assert_array_equal(registry.sweep_map(sweep_id, "heads.log_alpha").values[0], -GATES)
 
 
 def _claim_all(url: str, keys: list[str], worker: str, barrier) -> list[str]:
@@ -417,7 +407,7 @@ def test_sweep_fields_listing_and_lookups(registry):
     with pytest.raises(ValueError, match="status"):
         registry.set_sweep(sweep_id, status="done")
     for call in (lambda: registry.get_sweep("sw-nope"), lambda: registry.set_sweep("sw-nope", driver="x"),
-                 lambda: registry.get_config("nope"), lambda: registry.results("sw-nope"),
+                 lambda: registry.get_config("nope"), lambda: registry.sweep_runs("sw-nope"),
                  lambda: registry.cancel_sweep("sw-nope")):
         with pytest.raises(NotFound):
             call()
@@ -475,7 +465,7 @@ def test_sweep_runs_is_one_query_in_cell_order(registry):
     sweep_id, configs, _ = _mixed_sweep(registry)
     keys = [c.run_key for c in configs]
     runs, statements = _statements(registry, lambda: registry.sweep_runs(sweep_id))
-    assert len(statements) == 2  # the runs, and the list of maps (same transaction)
+    assert len(statements) == 2  # the runs, and the maps with which run has which (same transaction)
     assert list(runs["run_key"]) == keys
     assert list(runs["status"]) == ["finished", "failed", "pending", "finished", "finished"]
     assert runs["seed"].tolist() == [0, 0, 1, 1, 9] and runs["seed"].dtype == np.int64
@@ -491,6 +481,8 @@ def test_sweep_runs_is_one_query_in_cell_order(registry):
         ("heads.gate", "heads", 3, 6, 12), ("heads.log_alpha", "heads", 1, 6, 12),
         ("neurons.predictivity", "neurons", 1, 6, 1536)]
     assert registry.sweep_map_names(sweep_id) == runs["maps"]
+    assert runs["run_maps"] == [("heads.gate", "heads.log_alpha", "neurons.predictivity"), (), (),
+                                ("heads.gate",), ("heads.gate",)]
 
 
 def test_each_map_is_one_query_with_nan_rows_and_padding(registry):
@@ -511,10 +503,6 @@ def test_each_map_is_one_query_with_nan_rows_and_padding(registry):
     absent = registry.sweep_map(sweep_id, "heads.importance")
     assert absent.values.shape == (5, 0, 0) and not absent.has.any() and absent.kind == ""
 
-    legacy = registry.results(sweep_id)  # everything at once, with the old names
-    np.testing.assert_array_equal(legacy["gates"], gate.values)
-    assert legacy["has_scores"].tolist() == [True, False, False, False, False]
-    np.testing.assert_array_equal(legacy["scores"][0], -GATES)
     with pytest.raises(NotFound):
         registry.sweep_map("sw-nope", "heads.gate")
     with pytest.raises(NotFound):
