@@ -54,7 +54,7 @@ def _fmt(value: Any) -> str:
 @bad_input_is_config_error
 def cmd_results(args: argparse.Namespace) -> int:
     """Mean, std, n and 95 % CI of a metric per group."""
-    from analysis import queries, select
+    from analysis import queries
 
     if args.format not in FORMATS:
         raise ConfigError(f"--format: unknown format '{args.format}'{suggest(args.format, FORMATS)}")
@@ -62,11 +62,7 @@ def cmd_results(args: argparse.Namespace) -> int:
         raise ConfigError("--format parquet writes a binary file: give --out FILE.parquet")
     data, where = load(args)
     group_by = [a.strip() for a in (args.group_by or "").split(",") if a.strip()]
-    metric = args.metric or select.default_metric(data)
-    rows = queries.aggregate(data, group_by, metric, where)
-    if metric == "open_heads" and "expected_open_heads" in data.metrics:  # beside it: what the L0 penalty counts
-        expected = queries.aggregate(data, group_by, "expected_open_heads", where)  # the same groups, in order
-        rows = [row | {"expected_open": e["mean"]} for row, e in zip(rows, expected, strict=True)]
+    metric, rows = queries.results(data, group_by, args.metric, where)
     if args.format != "table":
         write_rows(rows, args.format, args.out)
         if args.out:

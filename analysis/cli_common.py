@@ -17,7 +17,6 @@ from typing import Any
 
 from rich.console import Console
 
-from experiments.common.naming import suggest
 from experiments.core.sections import ConfigError
 
 AGREEMENT_FORMATS = ("table", "csv", "json")
@@ -35,18 +34,12 @@ def _registry(args: argparse.Namespace):
 
 
 def load(args: argparse.Namespace):
-    """(the sweep's SweepData, the --where filters)."""
+    """(the sweep's SweepData, the --where filters); an unknown sweep is a ``QueryError`` naming the
+    nearest one (``loading.open_sweep``, as the Python API says it)."""
     from analysis import select
-    from analysis.loading import load_sweep
-    from orchestrator.registry import NotFound
+    from analysis.loading import open_sweep
 
-    registry = _registry(args)
-    try:
-        data = load_sweep(registry, args.sweep)
-    except NotFound:
-        known = [s["id"] for s in registry.list_sweeps()]
-        raise ConfigError(f"unknown sweep '{args.sweep}'{suggest(args.sweep, known)}") from None
-    return data, select.parse_filter(args.where or "")
+    return open_sweep(_registry(args), args.sweep), select.parse_filter(args.where or "")
 
 
 def bad_input_is_config_error(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

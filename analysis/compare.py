@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -66,6 +66,9 @@ from analysis.select import (
 )
 from analysis.statistics import STATISTICS, spearman
 from analysis.statistics.base import Statistic
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 MATRIX = "rho"
 """The statistic of compare-maps' matrix (``statistics.STATISTICS``): Spearman rho."""
@@ -656,11 +659,24 @@ def compare_png(result: Comparison, filters: Filters | None = None) -> bytes:
     """The label x label matrix of rho, annotated with each value and its p, as PNG bytes."""
     from analysis import figures
 
+    return figures.annotated_matrix(result.matrix, result.labels, _p_notes(result), title(result, filters),
+                                    STATISTICS[MATRIX].computes)
+
+
+def compare_figure(result: Comparison, filters: Filters | None = None) -> Figure:
+    """The matrix ``compare_png`` encodes, as a matplotlib Figure (the Python API's)."""
+    from analysis import figures
+
+    return figures.annotated_matrix_figure(result.matrix, result.labels, _p_notes(result), title(result, filters),
+                                           STATISTICS[MATRIX].computes)
+
+
+def _p_notes(result: Comparison) -> list[list[str]]:
+    """Each compared cell's p under the shown null (``_shown_null``), "" elsewhere."""
     null = _shown_null(result)
     notes = np.full(result.matrix.shape, "", dtype=object)
     at = {label: i for i, label in enumerate(result.labels)}
     for p in result.pairs:
         if null is not None and null in p.rho.nulls:
             notes[at[p.a], at[p.b]] = notes[at[p.b], at[p.a]] = p.rho.nulls[null].p_text.replace(" ", "")
-    return figures.annotated_matrix(result.matrix, result.labels, notes.tolist(), title(result, filters),
-                                    STATISTICS[MATRIX].computes)
+    return notes.tolist()

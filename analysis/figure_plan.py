@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from analysis import compare, figures, neurons, pruning, statistics
 from analysis.loading import CELL_LABELS, SCALE_LABELS, SweepData
@@ -137,9 +138,18 @@ def _grey(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP)
 
 
 def agreement_png(result: Agreement, filters: Filters | None = None) -> bytes:
-    """``result`` as an annotated heat map; the title gives the mean off-diagonal r and each other
-    pairwise statistic (and, across seeds, the cells statistics: stem cell), each with its chance
-    level under the within-layer null."""
+    """``result`` as an annotated heat map (``agreement_figure``), PNG bytes."""
+    return figures.agreement_heatmap(result.matrix, result.labels, _agreement_title(result, filters))
+
+
+def agreement_figure(result: Agreement, filters: Filters | None = None) -> Figure:
+    """The heat map ``agreement_png`` encodes, as a matplotlib Figure (the Python API's)."""
+    return figures.agreement_heatmap_figure(result.matrix, result.labels, _agreement_title(result, filters))
+
+
+def _agreement_title(result: Agreement, filters: Filters | None) -> str:
+    """The mean off-diagonal r and each other pairwise statistic (and, across seeds, the cells
+    statistics: stem cell), each with its chance level under the within-layer null."""
     text = f"{result.map_name} r across {result.across}\n{describe(filters)}"
     for stat in statistics.asked("agreement"):  # short lines: the heat map of 2 labels is ~4 inches wide
         tested = result.statistics[stat.name]
@@ -148,7 +158,7 @@ def agreement_png(result: Agreement, filters: Filters | None = None) -> bytes:
             within = tested.nulls.get("within_layers")
             if within is not None:
                 text += f"\nchance {within.null_mean:.2f} (in layers), {within.p_text}"
-    return figures.agreement_heatmap(result.matrix, result.labels, text)
+    return text
 
 
 def _open_heads(data: SweepData) -> np.ndarray:

@@ -129,9 +129,10 @@ def grey_map(gates: np.ndarray, title: str, label: str | None = None) -> bytes:
     return _png(_grey_map_figure(gates, title, label))
 
 
-def _agreement_heatmap_figure(
+def agreement_heatmap_figure(
     matrix: np.ndarray, labels: list[str], title: str, col_labels: list[str] | None = None
 ) -> Figure:
+    """The Figure ``agreement_heatmap`` encodes (a notebook shows it as it is)."""
     matrix = np.asarray(matrix, dtype=np.float64)
     col_labels = list(labels) if col_labels is None else list(col_labels)
     if matrix.shape != (len(labels), len(col_labels)):
@@ -172,7 +173,7 @@ def agreement_heatmap(
     Values are written in the cells, and the labels on the axes, when both
     sides are at most 20; larger matrices are drawn without them.
     """
-    return _png(_agreement_heatmap_figure(matrix, labels, title, col_labels))
+    return _png(agreement_heatmap_figure(matrix, labels, title, col_labels))
 
 
 def _metric_curves_figure(
@@ -216,9 +217,10 @@ def metric_curves(
     return _png(_metric_curves_figure(x_by_pipeline, xlabel, ylabel, title, dashed))
 
 
-def _annotated_matrix_figure(
+def annotated_matrix_figure(
     matrix: np.ndarray, labels: list[str], notes: list[list[str]], title: str, colour_label: str
 ) -> Figure:
+    """The Figure ``annotated_matrix`` encodes (a notebook shows it as it is)."""
     matrix = np.asarray(matrix, dtype=np.float64)
     if matrix.shape != (len(labels), len(labels)) or np.shape(notes) != matrix.shape:
         raise ValueError(f"matrix {matrix.shape}, notes {np.shape(notes)} and {len(labels)} labels do not match")
@@ -252,4 +254,4 @@ def annotated_matrix(
     """A label x label matrix of correlations, colours fixed to [-1, 1] (red +, blue -), each cell
     with its value and, below it, a short note (``notes[i][j]``, e.g. its p); NaN cells grey, "–".
     Values and notes are written up to 12 labels."""
-    return _png(_annotated_matrix_figure(matrix, labels, notes, title, colour_label))
+    return _png(annotated_matrix_figure(matrix, labels, notes, title, colour_label))

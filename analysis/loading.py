@@ -37,7 +37,8 @@ import numpy as np
 from sqlalchemy.engine import make_url
 
 from analysis.errors import QueryError, did_you_mean
-from orchestrator.registry import LABELS, NUMBER_LABELS, MapInfo, Registry, Version
+from experiments.common.naming import suggest
+from orchestrator.registry import LABELS, LAST, NUMBER_LABELS, MapInfo, NotFound, Registry, Version
 from orchestrator.status import RunStatus
 
 AXES = (*LABELS, "status", "group_key", "run_key")
@@ -394,3 +395,15 @@ def load_sweep(registry: Registry, sweep_id: str) -> SweepData:
 def clear_cache() -> None:
     """Forget every loaded sweep (tests, or to free memory)."""
     _cache.clear()
+
+
+def open_sweep(registry: Registry, sweep_id: str) -> SweepData:
+    """``load_sweep`` of a sweep id or ``last`` (the newest sweep), as the CLI and the Python API name
+    one; an unknown id is a ``QueryError`` naming the nearest known sweep."""
+    try:
+        return load_sweep(registry, registry.resolve_sweep(sweep_id))
+    except NotFound as err:
+        if sweep_id == LAST:  # no sweeps at all
+            raise QueryError(str(err)) from None
+        known = [s["id"] for s in registry.list_sweeps()]
+        raise QueryError(f"unknown sweep '{sweep_id}'{suggest(sweep_id, known)}") from None

@@ -32,6 +32,7 @@ from analysis.select import (
     column,
     config_columns,
     config_keys_of,
+    default_metric,
     describe,
     did_you_mean,
     group_indices,
@@ -100,6 +101,19 @@ def aggregate(data: SweepData, group_by: Sequence[str], metric: str, filters: Fi
                    ci_lo=py(agg.ci_lo), ci_hi=py(agg.ci_hi), ci_method=agg.ci_method, runs=len(idx))
         rows.append(row)
     return rows
+
+
+def results(data: SweepData, group_by: Sequence[str], metric: str | None = None,
+            filters: Filters | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """(the metric, its ``aggregate`` rows) as ``headsweep results`` and the Python API show them:
+    ``metric`` None is ``default_metric``; beside ``open_heads``, each group's mean expected open
+    heads (``expected_open``: what the L0 penalty counts), when the runs report them."""
+    metric = metric or default_metric(data)
+    rows = aggregate(data, group_by, metric, filters)
+    if metric == "open_heads" and "expected_open_heads" in data.metrics:
+        expected = aggregate(data, group_by, "expected_open_heads", filters)  # the same groups, in order
+        rows = [row | {"expected_open": e["mean"]} for row, e in zip(rows, expected, strict=True)]
+    return metric, rows
 
 
 @dataclass(frozen=True)
@@ -455,6 +469,20 @@ def null_summaries(tested: Tested) -> list[dict[str, Any]]:
              "null_mean": py(r.null_mean), "excess": py(r.excess), "band_lo": py(r.band_lo),
              "band_hi": py(r.band_hi), "p_value": py(r.p_value), "p_text": r.p_text, "n_perm": r.n_perm}
             for name, r in tested.nulls.items()]
+
+
+def tested_rows(tested: Mapping[str, Tested]) -> list[dict[str, Any]]:
+    """Tested statistics by name (``Agreement.statistics``, ``Comparison.statistics``) as flat rows,
+    one per statistic and null (one with empty null fields when it was not tested): its name,
+    label, observed value, what was pooled, then ``null_summaries``' fields."""
+    blank = dict.fromkeys(("null", "null_mean", "band_lo", "band_hi", "excess", "p_value", "p_text", "n_perm"))
+    rows = []
+    for name, t in tested.items():
+        stat = statistics.STATISTICS[name]
+        head = {"statistic": name, "label": stat.label, "observed": py(t.observed), "pooled": t.pooled}
+        nulls = [{key: null[key] for key in blank} for null in null_summaries(t)] or [blank]
+        rows += [head | null for null in nulls]
+    return rows
 
 
 def tested_json(tested: Tested) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def test_analysis_imports_no_training_code_and_no_mlflow():
 # does not need it.
 
 ROOT = Path(__file__).resolve().parents[1]
-TOPS = ("experiments", "orchestrator", "analysis")
+TOPS = ("experiments", "orchestrator", "analysis", "headsweep")
 
 ANALYSIS_READS = {
     "orchestrator.registry": "Registry (only its reads: list_sweeps, get_sweep, events, resolve_sweep, "
@@ -158,7 +158,9 @@ def floor_breaks(graph: dict[str, set[str]]) -> list[str]:
         top = module.split(".")[0]
         for target in sorted(imported):
             to = target.split(".")[0]
-            if top == "experiments" and to != "experiments":
+            if to == "headsweep" and top != "headsweep":
+                breaks.append(f"{module} -> {target} (headsweep, the Python API, is the top floor: nothing imports it)")
+            elif top == "experiments" and to != "experiments":
                 breaks.append(f"{module} -> {target} (experiments imports nothing from {to})")
             elif top == "orchestrator" and to == "analysis" and not _under(target, UPWARD.get(module, ())):
                 breaks.append(f"{module} -> {target} (only orchestrator.cli reaches analysis: {UPWARD})")
@@ -181,10 +183,11 @@ def test_no_import_circle_between_the_projects_modules():
 
 
 def test_every_import_respects_the_floors():
-    """experiments <- orchestrator <- analysis, the CLI's one arrow up aside; analysis reads only the
-    registry's read side; experiments' rooms import downwards."""
+    """experiments <- orchestrator <- analysis <- headsweep, the CLI's one arrow up aside; analysis reads
+    only the registry's read side; experiments' rooms import downwards."""
     graph = module_graph(ROOT)
     assert "analysis.service" in graph and "orchestrator.registry.history" in graph["analysis.service"]
+    assert "analysis.queries" in graph["headsweep.api"]
     assert floor_breaks(graph) == []
 
 
@@ -212,6 +215,8 @@ def test_the_checks_catch_a_circle_and_a_broken_floor(tmp_path):
         "analysis/__init__.py": "",
         "analysis/cli.py": "",
         "analysis/service.py": "from orchestrator import sweeps\n",
+        "analysis/select.py": "import headsweep\n",
+        "headsweep/__init__.py": "from analysis import service\n",
     })
     graph = module_graph(root)
     assert graph["experiments.methods.b"] == {"experiments.methods.a"}
@@ -219,6 +224,7 @@ def test_the_checks_catch_a_circle_and_a_broken_floor(tmp_path):
                               ["experiments.methods.a", "experiments.methods.b"]]
     breaks = [line.split(" (")[0] for line in floor_breaks(graph)]
     assert breaks == [
+        "analysis.select -> headsweep",
         "analysis.service -> orchestrator.sweeps",
         "experiments.common.naming -> experiments.methods.a",
         "orchestrator.sweeps -> analysis.service",

@@ -123,7 +123,7 @@ def test_grey_map_averages_all_runs():
 
 def test_agreement_heatmap_colours_and_annotations():
     matrix = np.array([[1.0, -1.0, 0.0], [-1.0, 1.0, np.nan], [0.0, np.nan, 1.0]])
-    fig = figures._agreement_heatmap_figure(matrix, ["a", "b", "c"], "agreement")
+    fig = figures.agreement_heatmap_figure(matrix, ["a", "b", "c"], "agreement")
     image, ax = _render(fig)
     corner = (0.35, 0.35)  # off-centre: the centre holds the annotation text
     cmap = colormaps["RdBu_r"]
@@ -142,7 +142,7 @@ def test_agreement_heatmap_colours_and_annotations():
 def test_agreement_heatmap_large_matrix_has_no_cell_text():
     rng = np.random.default_rng(0)
     matrix = np.corrcoef(rng.random((30, 50)))
-    fig = figures._agreement_heatmap_figure(matrix, [str(i) for i in range(30)], "30 runs")
+    fig = figures.agreement_heatmap_figure(matrix, [str(i) for i in range(30)], "30 runs")
     assert not fig.axes[0].texts
     _decode(figures._png(fig))
     with pytest.raises(ValueError, match="labels"):

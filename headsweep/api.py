@@ -1,0 +1,232 @@
+"""A sweep in a notebook: its runs, results, maps, agreement and figures as pandas DataFrames,
+numpy arrays and matplotlib figures.
+
+The same answers as ``headsweep results | agreement | compare-maps`` and the HTTP service, through
+the same functions: the sweep is loaded by ``analysis.loading.open_sweep`` (cached, reloaded when
+its runs change), every answer comes from ``analysis.queries`` / ``analysis.compare`` and every
+figure from ``analysis.figure_plan`` / ``analysis.compare``; this module only turns their rows into
+DataFrames. ``submit`` is ``orchestrator.sweeps.submit``. The registry is the CLI's:
+``HEADSWEEP_DB``, else the SQLite file under ``HEADSWEEP_HOME`` (``orchestrator.settings``), read
+at each call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from analysis import compare, figure_plan, queries, select
+from analysis.loading import AXES, SweepData, open_sweep
+from orchestrator import settings
+from orchestrator.registry import Registry
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+Where = str | Mapping[str, Any] | None
+"""Which runs: ``"task:sst2,seed:0|1"`` as the CLI's ``--where``, or ``{"task": "sst2", "seed": [0, 1]}``."""
+
+
+def sweep(sweep_id: str = "last", db: str | None = None) -> Sweep:
+    """The sweep ``sweep_id`` (``last``: the newest) of the registry ``db`` (default: the CLI's).
+
+    ``analysis.QueryError`` (a ``ValueError``) names the nearest sweep for an unknown id."""
+    registry = Registry(db or settings.registry_url())
+    data = open_sweep(registry, sweep_id)
+    return Sweep(data.sweep_id, registry)
+
+
+def submit(grid: str | Path | Mapping[str, Any], wait: bool = True, force: bool = False,
+           track: bool = True) -> Sweep:
+    """Submit a grid (a YAML file, or the same as a dict) as ``headsweep submit`` does, on the Ray
+    cluster the CLI uses; ``wait``: return once the sweep is done (``headsweep submit --wait``).
+
+    A dict is written to ``$HEADSWEEP_HOME/grids/<name>-<hash>.yaml`` first, so the sweep keeps
+    its grid text as one submitted from a file does; relative paths in it are read from the
+    current directory, as from a file."""
+    from orchestrator import sweeps
+
+    path = _grid_file(grid) if isinstance(grid, Mapping) else str(grid)
+    submitted = sweeps.submit(path, force=force, track=track)
+    if wait and submitted.driver is not None:
+        sweeps.wait(submitted.sweep_id)
+    return Sweep(submitted.sweep_id, Registry(settings.registry_url()))
+
+
+def _show_figures_in_ipython() -> None:
+    """In IPython (a notebook), a matplotlib Figure shows as its PNG (``experiments.common.png``, the
+    one encoder): analysis draws Figures without pyplot (thread-safe), so IPython's inline backend,
+    which pyplot switches on, never registered them. A display already registered is kept."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None:
+        return
+    from matplotlib.figure import Figure
+
+    from analysis.figures import DPI
+    from experiments.common.png import figure_png
+
+    png = shell.display_formatter.formatters["image/png"]
+    try:
+        png.lookup_by_type(Figure)
+    except KeyError:
+        png.for_type(Figure, lambda fig: figure_png(fig, DPI))
+
+
+def _grid_file(grid: Mapping[str, Any]) -> str:
+    text = yaml.safe_dump(dict(grid), sort_keys=False)
+    name = str(grid.get("name", "grid"))
+    path = settings.home() / "grids" / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return str(path)
+
+
+def _names(value: str | Sequence[str] | None) -> list[str]:
+    """``"task,lambda"`` or ``["task", "lambda"]`` -> ``["task", "lambda"]``."""
+    if value is None:
+        return []
+    parts = value.split(",") if isinstance(value, str) else value
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _filters(where: Where) -> Mapping[str, Any]:
+    return select.parse_filter(where) if isinstance(where, str) else (where or {})
+
+
+def _read_through(answer: Agreement | Comparison, name: str) -> Any:
+    """``answer.<name>``: the field of its ``result`` (``notes``, ``labels``, ``pairs``, ...)."""
+    result = answer.__dict__.get("result")
+    if result is None:  # not built yet (copy, pickle)
+        raise AttributeError(name)
+    return getattr(result, name)
+
+
+class RunMaps(NamedTuple):
+    """A unit map of the runs that have it: ``values, runs = s.map("heads.gate")``."""
+
+    values: np.ndarray
+    """``(N, L, K)`` float64: layers x units (heads, neurons) of each run."""
+    runs: pd.DataFrame
+    """The N runs' keys, status and labels, row i for ``values[i]``."""
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """``queries.agreement``'s answer (``result``; its fields read through, e.g. ``.notes``)."""
+
+    result: queries.Agreement
+    filters: Mapping[str, Any]
+
+    @property
+    def value(self) -> float:
+        """The mean off-diagonal r of the matrix: ``headsweep agreement``'s "<across> r" observed."""
+        return float(self.result.mean_offdiag.observed)
+
+    def table(self) -> pd.DataFrame:
+        """Every statistic agreement asks against each permutation null (``queries.tested_rows``):
+        observed, chance (``null_mean``), its 95 % band, the excess over chance and p."""
+        return pd.DataFrame(queries.tested_rows(self.result.statistics))
+
+    def matrix(self) -> pd.DataFrame:
+        """The label x label Pearson matrix."""
+        return pd.DataFrame(self.result.matrix, index=self.result.labels, columns=self.result.labels)
+
+    def figure(self) -> Figure:
+        """The heat map ``headsweep agreement --png`` writes (``figure_plan.agreement_figure``)."""
+        return figure_plan.agreement_figure(self.result, self.filters)
+
+    def __getattr__(self, name: str) -> Any:
+        return _read_through(self, name)
+
+    def __repr__(self) -> str:
+        return (f"<Agreement of {self.result.map_name} across {self.result.across}: "
+                f"r = {self.value:.3f} over {len(self.result.labels)} labels>")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``compare.compare_maps``' answer (``result``; its fields read through, e.g. ``.pairs``)."""
+
+    result: compare.Comparison
+    filters: Mapping[str, Any]
+
+    def table(self) -> pd.DataFrame:
+        """One row per pair of labels with each statistic and its nulls (``headsweep compare-maps
+        --format csv``: ``compare.compare_rows``)."""
+        return pd.DataFrame(compare.compare_rows(self.result))
+
+    def matrix(self) -> pd.DataFrame:
+        """The label x label matrix of mean Spearman rho."""
+        return pd.DataFrame(self.result.matrix, index=self.result.labels, columns=self.result.labels)
+
+    def figure(self) -> Figure:
+        """The matrix ``headsweep compare-maps --out`` writes (``compare.compare_figure``)."""
+        return compare.compare_figure(self.result, self.filters)
+
+    def __getattr__(self, name: str) -> Any:
+        return _read_through(self, name)
+
+
+class Sweep:
+    """One sweep of the registry. Every method reads it afresh (the cached copy while its runs are
+    unchanged), so a running sweep's answers grow as its runs finish."""
+
+    def __init__(self, sweep_id: str, registry: Registry):
+        self.id, self._registry = sweep_id, registry
+
+    def _data(self) -> SweepData:
+        return open_sweep(self._registry, self.id)
+
+    def __repr__(self) -> str:
+        row = self._registry.get_sweep(self.id)
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(row["counts"].items()))
+        return f"<Sweep {self.id} ({row['name']}): {row['status']}, {counts or 'no runs'}>"
+
+    def runs(self, where: Where = None) -> pd.DataFrame:
+        """One row per run: its keys, status and labels, ``maps`` (the maps it stored) and its
+        metrics as ``metrics.<name>`` (NaN where it has none yet), as the service's ``/runs``."""
+        data = self._data()
+        _, rows = queries.runs(data, _filters(where), 0, len(data))
+        return pd.json_normalize(rows) if rows else pd.DataFrame(columns=[*AXES, "maps"])
+
+    def results(self, group_by: str | Sequence[str] = (), metric: str | None = None,
+                where: Where = None) -> pd.DataFrame:
+        """Mean, std, n and 95 % CI of ``metric`` (default: accuracy, else the first metric) per
+        group of ``group_by`` (default: per cell, over seeds): ``headsweep results``' rows."""
+        _, rows = queries.results(self._data(), _names(group_by), metric, _filters(where))
+        return pd.DataFrame(rows)
+
+    def map(self, name: str = select.DEFAULT_MAP, where: Where = None) -> RunMaps:
+        """Map ``name`` of the (selected) runs that have it, with those runs' labels."""
+        sel, values, _, _ = select.map_runs(select.select(self._data(), _filters(where)), name, switch=False)
+        _, rows = queries.runs(sel, None, 0, len(sel))
+        runs = pd.DataFrame([{axis: row[axis] for axis in AXES} for row in rows], columns=list(AXES))
+        return RunMaps(values, runs)
+
+    def agreement(self, across: str = "seed", map: str | None = None, where: Where = None,
+                  pool: str | Sequence[str] = (), n_perm: int = 1000) -> Agreement:
+        """Do runs keep the same units across ``across`` (seed, run, a label or a config key)?
+        ``headsweep agreement``: the matrix, every statistic and its permutation nulls. ``map``:
+        default the one most runs have stored (``select.default_map``: heads.gate for head gates)."""
+        data, filters = self._data(), _filters(where)
+        result = queries.agreement(data, across, filters, n_perm=n_perm, map_name=map or select.default_map(data),
+                                   pool=_names(pool))
+        return Agreement(result, filters)
+
+    def compare_maps(self, *maps: str, across: str | None = None, top: float = compare.DEFAULT_TOP,
+                     n_perm: int = 1000, pool: str | Sequence[str] = (), where: Where = None) -> Comparison:
+        """Do maps (``"heads.log_alpha", "-heads.ablation_delta"``), or one map's values of ``across``,
+        rank the units alike? ``headsweep compare-maps``: Spearman rho, top-k overlap, nulls."""
+        filters = _filters(where)
+        result = compare.compare_maps(self._data(), list(maps), filters, across=across, top=top, n_perm=n_perm,
+                                      pool=_names(pool))
+        return Comparison(result, filters)
