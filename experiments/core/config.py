@@ -62,13 +62,13 @@ class RunConfig(SharedConfig):
         return getattr(self, self.method)
 
     def labels(self) -> dict[str, Any]:
-        """The run's searchable labels: task, model, method, seed, and its method's short names
+        """The run's searchable labels: task (its ``id``, else its name), model, method, seed, and its method's short names
         (``SHORT_NAMES``: head_gates' lambda, sparsity, pipeline; None where unset).
 
         The one place that says where each label lives in the config: MLflow tags, the registry's
         label columns, run names and the dry-run table all read it.
         """
-        return {"task": self.task.name, "model": self.model, "method": self.method, "seed": self.seed,
+        return {"task": self.task.id or self.task.name, "model": self.model, "method": self.method, "seed": self.seed,
                 **method_labels(self.method, self.section)}
 
     def run_name(self, sep: str = "-") -> str:

@@ -64,8 +64,6 @@ def _run_key(material: dict[str, Any], seed: int, upstreams: dict[str, SharedCon
 
 def key_material(cfg: SharedConfig) -> dict[str, Any]:
     """What a run key hashes: what the run reads, and nothing else (see the module docstring)."""
-    from experiments.tasks import TASKS
-
     defaults = _defaults(type(cfg))
     config = {k: v for k, v in flatten(cfg.to_dict()).items()
               if (k not in defaults or defaults[k] != v) and k.split(".", 1)[0] not in STAGE_ROLES}

@@ -36,6 +36,10 @@ class _Frozen(BaseModel):
 
 class TaskConfig(_Frozen):
     name: str = Field("synthetic-cls", description="Task name, a key of experiments.tasks.TASKS.")
+    id: str | None = Field(
+        None, description="The task's name in tables, figures, MLflow and --across task (agnews, trec: two "
+        "file tasks of one grid told apart); None = task.name. Part of the run key, like every key set."
+    )
     data_dir: str | None = Field(
         None, description="Folder holding the task's files; None = $HEADSWEEP_DATA or ../shared/data."
     )
@@ -120,6 +124,13 @@ class TaskConfig(_Frozen):
         """Labels as the data's strings: 1 -> '1', true -> 'true' (as JSON writes them)."""
         if isinstance(value, list | tuple):
             return tuple(v if isinstance(v, str) else json.dumps(v) for v in value)
+        return value
+
+    @field_validator("id")
+    @classmethod
+    def _simple_id(cls, value: Any) -> Any:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
+            raise ValueError(f"a task id is letters, digits, '_', '-' or '.' (it names runs and files), got {value!r}")
         return value
 
     @field_validator("columns")

@@ -54,7 +54,7 @@ def test_cache_hit_is_at_most_one_query_and_the_same_object(fresh_sweep, count_s
         # a commit that touches no run of the sweep: one version query, still the same object
         registry.set_sweep(fresh_sweep.sweep_id, status="finished")
         third, selects = count_selects(registry, lambda: load_sweep(registry, fresh_sweep.sweep_id))
-        assert third is first and len(selects) == 1 and "max(runs.updated_at)" in selects[0]
+        assert third is first and len(selects) == 1 and "max(hs_runs.updated_at)" in selects[0]
 
 
 def test_finishing_a_run_invalidates_the_cache(fresh_sweep):

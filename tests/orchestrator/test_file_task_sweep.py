@@ -113,3 +113,44 @@ def test_submit_stops_a_grid_whose_csv_has_no_label_column_and_writes_nothing(tm
     assert line.startswith("headsweep: error: cell 0 (seed=0)") and (
         f"task.label: no column 'label' in {tmp_path}/train.csv (its columns: text, category)") in line, line
     assert not home.exists() or not any(home.iterdir())  # no registry, no MLflow store, no Ray head
+
+
+def headerless_tsv(folder: Path, name: str, words: tuple[str, str], rows: int) -> str:
+    """A TSV as GLUE's test files and AG News come: no header row, label first, then the text."""
+    lines = [f"{i % 2}\t{words[i % 2]} report number {i} from the wire" for i in range(rows)]
+    (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(folder / name)
+
+
+@pytest.mark.ray
+def test_two_headerless_tsv_tasks_named_by_id_compared_across_task(home, capsys):
+    """Two of the user's own TSV tasks without header rows, told apart by ``task.id`` in the
+    registry's labels, MLflow run names and ``headsweep agreement --across task``."""
+    from orchestrator.cli import main
+
+    data = home / "data"
+    data.mkdir()
+    tasks = [{"name": "classification", "id": name, "columns": ["label", "text"],
+              "train": headerless_tsv(data, f"{name}_train.tsv", words, 24),
+              "dev": headerless_tsv(data, f"{name}_dev.tsv", words, 8)}
+             for name, words in (("agnews", ("sports", "business")), ("trec", ("who", "where")))]
+    grid = {"name": "two-tsv", "base": {"model": "tiny-bert", "method": "head_gates", "train": TRAIN,
+                                        "task": tasks[0]},
+            "axes": {"seed": [0, 1]}, "include": [{"task": tasks[1], "seed": seed} for seed in (0, 1)],
+            "resources": {"cpus": 1}, "max_concurrent": 2, "max_failures": 0}
+    spec = parse_grid(grid)
+    cells = expand(spec)
+    assert [c.labels()["task"] for c in cells] == ["agnews", "agnews", "trec", "trec"]
+    url = f"sqlite:///{home}/registry.db"
+    registry = Registry(url)
+    sweep_id, _ = registry.create_sweep(spec.name, yaml.safe_dump(grid), cells, {"cpus": 1}, 2, 0)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        assert execute_sweep(sweep_id, registry_url=url, track=False) == {"finished": 4}
+    finally:
+        ray.shutdown()
+    assert sorted(registry.sweep_runs(sweep_id)["task"]) == ["agnews", "agnews", "trec", "trec"]
+    capsys.readouterr()
+    assert main(["agreement", sweep_id, "--across", "task", "--n-perm", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "agnews" in out and "trec" in out and "classification" not in out
