@@ -370,6 +370,39 @@ def shipped_code() -> list[str]:
     return [importlib.util.find_spec(name).submodule_search_locations[0] for name in PACKAGES]
 
 
+def plugin_code(value: str) -> tuple[list[str], list[str]]:
+    """Where the method modules ``HEADSWEEP_METHODS`` names (``value``) live: the folders of those
+    in a package, and the files of single-file modules (each one's top-level module). Modules inside
+    headsweep's packages ship already; one that cannot be found here was refused at validation."""
+    import importlib.util
+
+    packages, files = [], []
+    for path in (p.strip() for p in value.split(",")):
+        top = path.split(".", 1)[0]
+        spec = importlib.util.find_spec(top) if top and top not in PACKAGES else None
+        if spec is None:
+            continue
+        if spec.submodule_search_locations:
+            packages.append(spec.submodule_search_locations[0])
+        elif spec.origin:
+            files.append(spec.origin)
+    return sorted(set(packages)), sorted(set(files))
+
+
+def _plugin_files_dir(files: list[str]) -> str:
+    """A folder of this home holding copies of the single-file plug-ins (Ray ships folders, not files),
+    named by their content, so a job ships them as its working dir (on the trials' path)."""
+    import shutil
+
+    digest = hashlib.sha256(b"".join(Path(f).name.encode() + Path(f).read_bytes() for f in files)).hexdigest()[:16]
+    folder = settings.home() / "plugins" / digest
+    if not folder.is_dir():
+        folder.mkdir(parents=True)
+        for file in files:
+            shutil.copy2(file, folder / Path(file).name)
+    return str(folder)
+
+
 def job_runtime_env(env: dict[str, str]) -> dict:
     """The driver job's runtime env: the submitting checkout's code and the given variables.
 
@@ -379,16 +412,49 @@ def job_runtime_env(env: dict[str, str]) -> dict:
     """
     from experiments.core.runner import code_version
 
+    packages, files = plugin_code(env.get("HEADSWEEP_METHODS", ""))  # plug-in methods ship with the job too
     return {
-        "py_modules": shipped_code(),
+        "py_modules": shipped_code() + packages,
+        **({"working_dir": _plugin_files_dir(files)} if files else {}),
         "excludes": ["__pycache__", "*.pyc"],
         "env_vars": env | {"HEADSWEEP_CODE_COMMIT": code_version().split(" ", 1)[0]},
     }
 
 
+@contextlib.contextmanager
+def ray_logs_to(path: Path):
+    """Ray's INFO lines (``Uploading package gcs://...``) go to ``path`` instead of the terminal, where
+    the user asked for a sweep id and a progress bar; Ray's warnings and errors still reach stderr."""
+    import logging
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    logger = logging.getLogger("ray")
+    to_file = logging.FileHandler(path)
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    saved = (logger.level, [(h, h.level) for h in logger.handlers])
+    for handler, _ in saved[1]:
+        handler.setLevel(max(handler.level, logging.WARNING))
+    logger.setLevel(logging.INFO)
+    logger.addHandler(to_file)
+    try:
+        yield
+    finally:
+        logger.removeHandler(to_file)
+        to_file.close()
+        logger.setLevel(saved[0])
+        for handler, level in saved[1]:
+            handler.setLevel(level)
+
+
 def submit_driver(dashboard: str, sweep_id: str, env: dict[str, str]) -> str:
-    """Start ``python -m orchestrator.driver SWEEP`` as a Ray Job; return the job's submission id."""
-    client = job_client(dashboard)
+    """Start ``python -m orchestrator.driver SWEEP`` as a Ray Job; return the job's submission id.
+    Ray's own INFO lines go to ``$HEADSWEEP_HOME/logs/<sweep>.log``."""
+    client = job_client(dashboard)  # imports Ray, which sets up its loggers: redirect them after
+    with ray_logs_to(settings.home() / "logs" / f"{sweep_id}.log"):
+        return _submit_driver(client, sweep_id, env)
+
+
+def _submit_driver(client, sweep_id: str, env: dict[str, str]) -> str:
     submission_id = f"{sweep_id}-driver-{int(time.time())}"
     for attempt in range(10):  # a just-started node's job agent may not be up yet
         try:

@@ -40,6 +40,8 @@ def driver_env(head: dict[str, str], track: bool) -> dict[str, str]:
         "RAY_ADDRESS": head["address"],
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        # plug-in methods: the job ships their modules (cluster.plugin_code); the trials import them by name
+        **({"HEADSWEEP_METHODS": os.environ["HEADSWEEP_METHODS"]} if os.environ.get("HEADSWEEP_METHODS") else {}),
     }
 
 

@@ -130,10 +130,12 @@ def ensure(head: dict[str, str]) -> str:
         return found[0]
     submission_id = f"{job_prefix(settings.registry_url())}{time.time_ns() // 1_000_000}"
     env = driver_env(head, track=True) | {"HEADSWEEP_SUPERVISOR_POLL_S": str(settings.supervisor_poll_s())}
-    cluster.job_client(head["dashboard"]).submit_job(
-        entrypoint=f"{sys.executable} -m orchestrator.supervisor {submission_id} {head['dashboard']} {head['address']}",
-        submission_id=submission_id, runtime_env=cluster.job_runtime_env(env), entrypoint_num_cpus=0,
-    )
+    client = cluster.job_client(head["dashboard"])
+    with cluster.ray_logs_to(settings.home() / "logs" / "supervisor.log"):
+        client.submit_job(
+            entrypoint=f"{sys.executable} -m orchestrator.supervisor {submission_id} {head['dashboard']} {head['address']}",
+            submission_id=submission_id, runtime_env=cluster.job_runtime_env(env), entrypoint_num_cpus=0,
+        )
     return submission_id
 
 

@@ -149,3 +149,41 @@ def test_headsweep_methods_lists_it_in_a_fresh_process(tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "headsweep: error: HEADSWEEP_METHODS: module 'nope_mod' cannot be imported: no module named 'nope_mod' "
         "(is its folder on PYTHONPATH?)"]
+
+
+SUBMIT = """
+import sys
+sys.path.insert(0, sys.argv[1])  # the plug-in is on this process's path only, not in the environment
+from orchestrator.cli import main
+sys.exit(main(["submit", sys.argv[2], "--wait", "--no-track"]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_submit_ships_the_plugin_to_a_head_that_cannot_import_it(tmp_path):
+    """``headsweep submit`` passes HEADSWEEP_METHODS to its driver and ships the module with the job:
+    the local head it starts has no PYTHONPATH, so its driver and trials find tiny_method only in
+    what the job brought."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "tiny_method.py").write_text((PLUGINS / "tiny_method.py").read_text())
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump(GRID | {"axes": {"seed": [0, 1]}}))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI",
+                                                            "RAY_ADDRESS", "HEADSWEEP_RAY_DASHBOARD")}
+    env |= {methods.ENV_VAR: "tiny_method", "HEADSWEEP_HOME": str(tmp_path / "home")}
+    try:
+        done = subprocess.run([sys.executable, "-c", SUBMIT, str(plugins), str(grid)], capture_output=True,
+                              text=True, env=env, cwd=ROOT, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        # a quiet submit: Ray's INFO lines are in the sweep's log, not on the terminal
+        assert "INFO" not in done.stderr and "Uploading package" not in done.stderr + done.stdout, done.stderr[-2000:]
+        registry = Registry(f"sqlite:///{tmp_path}/home/registry.db")
+        sweep = registry.list_sweeps()[0]
+        runs = registry.sweep_runs(sweep["id"])
+        assert sweep["status"] == "finished" and list(runs["status"]) == ["finished", "finished"]
+        assert "Uploading package" in (tmp_path / "home" / "logs" / f"{sweep['id']}.log").read_text()
+        assert all("heads.tiny" in names for names in runs["run_maps"])  # the plug-in's own map, from its trials
+    finally:
+        subprocess.run([sys.executable, "-m", "orchestrator.cluster", "stop"], env=env, cwd=ROOT, timeout=120)
