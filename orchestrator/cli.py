@@ -20,7 +20,7 @@ from rich.table import Table
 
 from experiments.common.naming import suggest
 from experiments.core.sections import ConfigError, read_yaml
-from orchestrator import settings
+from orchestrator import settings, slurm
 from orchestrator.status import RUN_DONE, SWEEP_DONE, RunStatus
 
 STATUSES = tuple(RunStatus)
@@ -465,6 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cancel)
 
     register(sub)
+    slurm.register(sub)  # headsweep slurm: orchestrator/slurm.py
 
     p = sub.add_parser("report", help="log a sweep's figures and summary metrics to its MLflow parent run "
                                       "(its driver does when the sweep finishes)")

@@ -199,9 +199,16 @@ def stop_local_head(home: Path | None = None) -> bool:
     """Stop the local head of ``home`` (default: HEADSWEEP_HOME): its processes only, by PID, never another
     Ray on the machine. True if something was running."""
     home = Path(home).resolve() if home else settings.home()
-    pids = _head_pids(temp_dir(home))
-    _kill_tree(pids)
+    stopped = stop_ray(temp_dir(home))
     _state_file(home).unlink(missing_ok=True)
+    return stopped
+
+
+def stop_ray(tmp: str) -> bool:
+    """Stop the Ray processes of one node that use the temp dir ``tmp`` (and their children), by PID,
+    never another Ray on the machine. True if something was running."""
+    pids = _head_pids(tmp)
+    _kill_tree(pids)
     return bool(pids)
 
 
