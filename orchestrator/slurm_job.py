@@ -36,6 +36,7 @@ import logging
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -124,11 +125,21 @@ def start_node(tmp: str, ip: str, head: str | None = None) -> tuple[subprocess.P
 
 def stop_node(process: subprocess.Popen | None, tmp: str) -> None:
     """Stop this node's Ray: every process under the job's temp dir, by PID, then ``ray start --block``
-    (killed: its SIGTERM would drain the node for up to 30 s, of SLURM's 30 s before SIGKILL)."""
+    (killed: its SIGTERM would drain the node for up to 30 s, of SLURM's 30 s before SIGKILL); the
+    temp dir goes too (what went wrong is in the job's log)."""
     cluster.stop_ray(tmp)
     if process is not None and process.poll() is None:
         process.kill()
         process.wait()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _start_log(tmp: str, lines: int = 20) -> str:
+    """The end of this node's ``ray start`` output."""
+    try:
+        return "\n".join((Path(tmp) / "ray-start.log").read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no output)"
 
 
 def _wait_for_nodes(dashboard: str, count: int, processes: list[subprocess.Popen], tmp: str) -> None:
@@ -138,7 +149,7 @@ def _wait_for_nodes(dashboard: str, count: int, processes: list[subprocess.Popen
         for process in processes:
             if process.poll() is not None:
                 raise ConfigError(f"Ray did not start: `{shlex.join(process.args[:4])} ...` exited with "
-                                  f"{process.returncode} (Ray's output: {tmp}/ray-start.log on each node)")
+                                  f"{process.returncode}; this node's Ray said:\n{_start_log(tmp)}")
         try:
             seen = len(cluster.cluster_nodes(dashboard))
         except Exception:  # noqa: BLE001 - the dashboard is not up yet
@@ -146,8 +157,8 @@ def _wait_for_nodes(dashboard: str, count: int, processes: list[subprocess.Popen
         if seen >= count:
             return
         time.sleep(1)
-    raise ConfigError(f"{seen} of {count} Ray nodes joined within {NODE_WAIT_S:g} s (Ray's output: "
-                      f"{tmp}/ray-start.log on each node)")
+    raise ConfigError(f"{seen} of {count} Ray nodes joined within {NODE_WAIT_S:g} s; this node's Ray said:\n"
+                      f"{_start_log(tmp)}")
 
 
 def start_ray(tmp: str, nodes: int, ip: str) -> tuple[list[subprocess.Popen], dict[str, str]]:
@@ -193,7 +204,9 @@ def run_node(head: str) -> int:
     signal.signal(signal.SIGTERM, stop)
     try:
         process, _ = start_node(tmp, node_ip(), head)
-        return process.wait()
+        code = process.wait()
+        print(f"Ray on {socket.gethostname()} ended ({code}):\n{_start_log(tmp)}", file=sys.stderr)
+        return code
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stop_node(process, tmp)

@@ -203,8 +203,9 @@ def slurm_env(tmp_path_factory):
             _run(["scancel", *jobs], env)
             _until(lambda: not _run(["squeue", "-h"], env).stdout.strip(), 60, "", fail=False)
         slurmd_tree = cluster.process_tree({daemons[-1].pid}) if daemons else set()
-        for job in range(first_job, first_job + 20):
-            cluster.stop_ray(slurm_job.ray_temp_dir(str(job)))  # what a killed job's Ray left, if any
+        for job in range(first_job, first_job + 20):  # what a killed job's Ray left, if any
+            cluster.stop_ray(slurm_job.ray_temp_dir(str(job)))
+            shutil.rmtree(slurm_job.ray_temp_dir(str(job)), ignore_errors=True)
         for daemon in reversed(daemons):
             _stop(daemon)
         for pid in slurmd_tree - {d.pid for d in daemons}:  # slurmstepd of a job that did not end
@@ -313,7 +314,8 @@ def test_a_sweep_on_slurm_finishes(submit):
     _finished_once_in_mlflow(env, registry, sweep_id)
     log = _log(folder, job_id)
     assert f"{sweep_id}: finished" in log and "INFO" not in log.split("Ray: 1 node(s)")[1], log[-3000:]
-    assert not cluster.stop_ray(slurm_job.ray_temp_dir(job_id))  # the job stopped its Ray
+    tmp = slurm_job.ray_temp_dir(job_id)
+    assert not cluster.stop_ray(tmp) and not Path(tmp).exists()  # the job stopped its Ray and removed its temp dir
     # the comments after #SBATCH options are comments: the job ran where `headsweep slurm` ran
     assert f"WorkDir={folder.parents[2]} " in _run(["scontrol", "-o", "show", "job", job_id], env).stdout
     print(f"\nsubmit -> sweep finished -> SLURM job ended: {took:.0f} s")
