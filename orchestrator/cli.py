@@ -491,6 +491,7 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # MLflow sets its loggers' level from it on import
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local clusters; set it to "token" for a secured one
     for name in ("mlflow", "alembic", "ray", "ray.tune", "ray.serve", "filelock"):
         logging.getLogger(name).setLevel(logging.WARNING)
