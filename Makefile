@@ -24,13 +24,14 @@ demo: venv
 	$(VENV)/bin/headsweep agreement last --across seed
 	@echo "Look at it: .venv/bin/headsweep ui (MLflow, http://127.0.0.1:5000); .venv/bin/headsweep serve (analysis API)"
 
-# The default run stays under 10 minutes on 2 cores (993 tests: 3 min 12 s at load 1-2 on 2026-11-26, 5 min 17 s
-# at load 2-3 beside other work; 931 tests: 5 min 46 s quiet; 13 min 58 s at load 7-15,
-# beside other work; 11 min 27 s at load 3-8 before the test-time cuts of 2026-11-25). The slow tests (a SIGKILLed
-# driver resumed by the supervisor, a stopped one left failed and resumed by hand, a killed worker
-# retried, orphans rerun, GPU packing, two nodes, two homes' heads,
-# another checkout's code, the MLflow UI, serve's Ctrl-C, every endpoint through serve, API
-# fuzzing: ~8 minutes) run in CI after it (.ci/run).
+# The default run stays under 10 minutes on 2 cores (1052 tests: 7 min 44 s at load 2.7-3.5 beside the SLURM
+# tests on 2026-11-26; 993 tests: 3 min 12 s at load 1-2). The slow tests (a SIGKILLed driver resumed by the
+# supervisor, a stopped one left failed and resumed by hand, a killed worker retried, orphans rerun, GPU packing
+# counted by a barrier, cancel with a live driver, two nodes, two homes' heads, another checkout's code, a plug-in
+# shipped to a head that cannot import it, the MLflow UI, serve's Ctrl-C, every endpoint through serve, API
+# fuzzing, mask/transfer sweeps through the CLI, the Python API's submit, pip keeping the user's torch, and a
+# real single-node SLURM: finish, scancel + resubmit, time-limit requeue; 25 tests, 16 min 53 s at load ~2.5)
+# run in CI after it (.ci/run).
 test: venv
 	$(PY) -m pytest
 
