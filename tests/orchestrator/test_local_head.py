@@ -59,7 +59,7 @@ def test_nothing_the_local_head_starts_listens_beyond_loopback(head_a, tmp_path)
     try:
         pids = cluster.head_pids(head_a["home"])
         sockets = cluster.listening_sockets(pids)
-        table = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in pids}
+        table = {pid: cmdline(pid) for pid in pids}  # a short-lived worker may be gone by now: ""
         assert [s for s in sockets if not cluster.is_loopback(s[0])] == [], sockets
         ports = {port for _, port, _ in sockets}
         state = json.loads((head_a["home"] / "ray.json").read_text())
@@ -69,6 +69,14 @@ def test_nothing_the_local_head_starts_listens_beyond_loopback(head_a, tmp_path)
         assert 10001 not in ports and not any("ray_client_server" in cmd for cmd in table.values())
     finally:
         client.stop_job(job)
+
+
+def cmdline(pid: int) -> str:
+    """The process's command line; "" once it has exited (between listing a head's processes and reading them)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
