@@ -9,8 +9,6 @@ killed worker resumes mid-run, and writes status and results back.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import tempfile
 import threading
 import time
@@ -19,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import ray
 import torch
 from ray import tune
 
@@ -27,6 +26,7 @@ from experiments.core.context import RunCancelled, RunContext
 from experiments.core.result import RunResult
 from experiments.core.tracking import MemoryTracker
 from orchestrator.registry import Registry
+from orchestrator.registry.history import worker_name
 from orchestrator.status import RunStatus
 
 HEARTBEAT_S = 5.0
@@ -144,7 +144,7 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
     run_key, sweep_id, env = config["run_key"], config["sweep_id"], config["env"]
     registry = registry_for(env["registry_url"])
     context = tune.get_context()
-    worker = f"{context.get_trial_id()}@{socket.gethostname()}:{os.getpid()}"
+    worker = worker_name(context.get_trial_id(), ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
     claimed = claim_when_free(registry, run_key, worker, env["stale_after_s"])
     if claimed is None:  # finished or cancelled meanwhile: never run twice
         tune.report({"outcome": "skipped"})

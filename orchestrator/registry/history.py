@@ -3,9 +3,10 @@
 Kinds (``detail`` in brackets): ``driver_lost`` {driver, state, orphaned}: the sweep's Ray job
 ended without the driver writing the sweep's final status (killed, crashed, its head gone), with
 ``orphaned`` runs still RUNNING then; ``worker_lost`` {run_key, worker, attempt, then}: a trial's
-worker process died mid-run (killed, out of memory) and Tune ``retried`` the run or ``failed`` it
-(no retry left); ``orphaned`` {run_keys}: runs whose worker stopped heartbeating while the driver
-lived, back to pending;
+worker process died mid-run (killed, out of memory, its Ray node lost) and Tune ``retried`` the
+run or ``failed`` it (no retry left); the worker (:func:`worker_name`) names its Ray node, and the
+runs lost with one node at once are one line of ``status``; ``orphaned`` {run_keys}: runs whose
+worker stopped heartbeating while the driver lived, back to pending;
 ``resumed`` {driver, auto, attempt, of, by}: a new driver, by hand (``headsweep resume``; ``by``
 names who, e.g. the SLURM job that resumed it) or by the supervisor; ``gave_up`` {used, of}: the automatic resumes are used up.
 
@@ -16,7 +17,11 @@ job's state) and :func:`history` (the lines ``status`` and ``GET /sweeps/{id}`` 
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 from datetime import UTC, datetime
+from itertools import takewhile
 from typing import Any, NamedTuple
 
 from sqlalchemy import func, insert, select, update
@@ -33,6 +38,8 @@ ALIVE = ("PENDING", "RUNNING")
 """States of a driver's Ray job while it lives."""
 DIED = ("FAILED", "STOPPED")
 """States of a driver's Ray job that ended without its driver writing the sweep's final status."""
+NODE_BURST_S = 60.0
+"""Workers of one Ray node lost within this many seconds of the first are one loss of the node."""
 ALLOCATION_ENDED = "ALLOCATION_ENDED"
 """The state of a driver that ended with its SLURM allocation (``orchestrator/slurm.py``): not
 resumed by the supervisor (its Ray goes too), but by the job's next allocation."""
@@ -149,8 +156,11 @@ def history(sweep: dict[str, Any]) -> list[str]:
     'driver failed at 14:02; resumed automatically (1/3)'."""
     lines: list[str] = []
     open_lost = False  # the last line is a lost driver nothing answered yet
-    for event in sweep["events"]:
+    for event in _node_losses(sweep["events"]):
         kind, detail = event["kind"], event["detail"]
+        if kind == WORKER_LOST and len(event["lost"]) > 1:  # a lost node: one line for its runs
+            lines.append(node_lost(event["node"], event["lost"], clock(event["at"])))
+            continue
         if kind == DRIVER_LOST:
             word = {"UNKNOWN": "gone (with its Ray head?)", ALLOCATION_ENDED: "ended with its SLURM allocation"}.get(
                 detail["state"], detail["state"].lower())
@@ -195,8 +205,55 @@ def run_event(kind: str, detail: dict[str, Any], when: str) -> str:
                 f"({', '.join(key[:12] for key in keys[:5])}{', ...' if len(keys) > 5 else ''})")
     then = {"retried": "Tune retried it",
             "failed": "no retry left (max_failures), the run failed; --rerun-failed requeues it"}
-    return (f"worker of run {detail['run_key'][:12]} died at {when} (attempt {detail['attempt']}): "
-            f"{then.get(detail['then'], detail['then'])}")
+    node = worker_node(detail.get("worker"))
+    return (f"worker of run {detail['run_key'][:12]} died at {when} (attempt {detail['attempt']})"
+            + (f" on node {node[0]} ({node[1]})" if node else "") + f": {then.get(detail['then'], detail['then'])}")
+
+
+def node_lost(node: tuple[str, str], lost: list[dict[str, Any]], when: str) -> str:
+    """One line for the runs whose workers died together on one Ray node ('workers lost on node
+    3f2a9c01 (10.0.0.7) at 14:02: 37 runs rerun by Tune'); ``lost``: their ``worker_lost`` details."""
+    retried = sum(detail["then"] == "retried" for detail in lost)
+    parts = [f"{_runs(retried)} rerun by Tune"] if retried else []
+    if len(lost) > retried:
+        parts.append(f"{_runs(len(lost) - retried)} failed, no retry left (max_failures); --rerun-failed "
+                     "requeues them")
+    return f"workers lost on node {node[0]} ({node[1]}) at {when}: {'; '.join(parts)}"
+
+
+def _node_losses(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events, each ``worker_lost`` with ``node`` (:func:`worker_node`) and ``lost`` (its detail),
+    and those of one node that follow each other (other nodes' between them, nothing else) within
+    ``NODE_BURST_S`` of the first as one event whose ``lost`` lists them all: Tune tells of every
+    trial of a lost node within seconds, and ``status`` says it once."""
+    grouped: list[dict[str, Any]] = []
+    for event in events:
+        if event["kind"] != WORKER_LOST:
+            grouped.append(event)
+            continue
+        node = worker_node(event["detail"].get("worker"))
+        burst = next((g for g in takewhile(lambda g: g["kind"] == WORKER_LOST, reversed(grouped))
+                      if node and g["node"] == node and (event["at"] - g["at"]).total_seconds() <= NODE_BURST_S), None)
+        if burst is None:
+            grouped.append(event | {"node": node, "lost": [event["detail"]]})
+        else:
+            burst["lost"].append(event["detail"])
+    return grouped
+
+
+def worker_name(trial_id: str, node_id: str, node_ip: str) -> str:
+    """Who holds a run, for this process (the ``worker`` of its row and of a ``worker_lost`` event):
+    ``<Tune trial id>@<host>[<Ray node id, 8 hex> <node IP>]:<pid>``, e.g. ``a1b2c_00003@gpu7[3f2a9c01
+    10.0.0.7]:4242``. The trial id first (``split("@", 1)[0]``: a retry of the same trial takes its
+    run over), the pid last; the Ray node tells apart nodes that share a host name (containers,
+    nodes simulated on one machine), so ``status`` can say which node was lost."""
+    return f"{trial_id}@{socket.gethostname()}[{node_id[:8]} {node_ip}]:{os.getpid()}"
+
+
+def worker_node(worker: str | None) -> tuple[str, str] | None:
+    """(node id, IP) of a :func:`worker_name`; None for a worker recorded without them (``host:pid``)."""
+    found = re.search(r"\[(\w+) ([^\]]+)\]:\d+$", worker or "")
+    return (found[1], found[2]) if found else None
 
 
 def _runs(n: int) -> str:

@@ -22,6 +22,8 @@ from orchestrator.registry.history import (
     clock,
     decide,
     history,
+    worker_name,
+    worker_node,
 )
 
 
@@ -102,6 +104,37 @@ def test_history_names_orphans_and_lost_workers():
     assert lines[1].startswith(f"worker of run aa2a9c01d4e5 died at {hhmm} (attempt 2): no retry left")
     assert "--rerun-failed" in lines[1]
     assert lines[2] == f"1 run orphaned at {hhmm} (worker stopped heartbeating): back to pending (bb2a9c01d4e5)"
+
+
+def test_history_says_which_node_was_lost():
+    """The workers of one Ray node that died together (Tune tells of each trial within seconds) are
+    one line naming the node; one worker of a node that died alone keeps its run's line, with its
+    node; a later loss of the same node, or one after another event, is a line of its own."""
+    at = registry_db.now().replace(hour=9, minute=5)
+    hhmm = clock(at)
+    worker = "3f2a9c_00007@box[3f2a9c01 127.0.0.1]:4242"
+    assert worker_node(worker) == ("3f2a9c01", "127.0.0.1") and worker.split("@", 1)[0] == "3f2a9c_00007"
+    assert worker_node("t1@h:9") is None  # recorded before workers named their node
+    named = worker_name("a1b2c_00003", "3f2a9c01d4e5" * 4, "10.0.0.7")
+    assert named.split("@", 1)[0] == "a1b2c_00003" and worker_node(named) == ("3f2a9c01", "10.0.0.7")
+
+    def lost(key, node, then="retried", after_s=0.0):
+        return {"kind": WORKER_LOST, "at": at + timedelta(seconds=after_s), "detail": {
+            "run_key": key * 16, "worker": f"t{key}_0001@box[{node} 127.0.0.1]:{ord(key)}", "attempt": 1, "then": then}}
+
+    events = [lost("a", "3f2a9c01"), lost("b", "77777777", after_s=1), lost("c", "3f2a9c01", after_s=2),
+              lost("d", "3f2a9c01", "failed", after_s=3), lost("e", "3f2a9c01", after_s=300),
+              _event(ORPHANED, run_keys=["f" * 16]) | {"at": at}, lost("g", "3f2a9c01", after_s=301)]
+    assert history(_sweep("running", events=events)) == [
+        f"workers lost on node 3f2a9c01 (127.0.0.1) at {hhmm}: 2 runs rerun by Tune; 1 run failed, no retry "
+        "left (max_failures); --rerun-failed requeues them",
+        f"worker of run bbbbbbbbbbbb died at {hhmm} (attempt 1) on node 77777777 (127.0.0.1): Tune retried it",
+        f"worker of run eeeeeeeeeeee died at {clock(at + timedelta(seconds=300))} (attempt 1) on node 3f2a9c01 "
+        "(127.0.0.1): Tune retried it",
+        f"1 run orphaned at {hhmm} (worker stopped heartbeating): back to pending (ffffffffffff)",
+        f"worker of run gggggggggggg died at {clock(at + timedelta(seconds=301))} (attempt 1) on node 3f2a9c01 "
+        "(127.0.0.1): Tune retried it",
+    ]
 
 
 @pytest.mark.parametrize("counts, cancel_requested, expected", [
