@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from experiments.common.costs import Costs
 from experiments.core.tracking import MemoryTracker, Tracker
 
 __all__ = ["Checkpointer", "RunCancelled", "RunContext", "Tracker"]
@@ -51,6 +52,9 @@ class RunContext:
     save_weights: Callable[[dict], None] | None = None
     """Stages: when set, the run hands its final weights (``RunState.weights()``: encoder and
     decoders) to it once, at the end (``loop.train_steps`` does); other runs start from them."""
+    costs: Costs = field(default_factory=Costs)
+    """Where the run's parts are timed (``cost.<part>_s``): the caller starts it when the run starts
+    (a trial: when it is entered) and records it; the runner times the parts it sees."""
 
     def progress(self, step: int, total: int, metrics: Mapping[str, float]) -> None:
         """Report one step; raises :class:`RunCancelled` when the caller asked the run to stop."""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.common.costs import active, timed
 from experiments.core.config import RunConfig
 from experiments.core.context import RunContext
 from experiments.core.plots import gate_map_png, map_png
@@ -31,17 +32,22 @@ def run(cfg: RunConfig, ctx: RunContext | None = None) -> RunResult:
     A precision the run's device cannot run (fp16 off CUDA) is a ConfigError before anything runs."""
     ctx = ctx or RunContext()
     check_precision(cfg, ctx.device)
-    ctx.tracker.set_tags(run_tags(cfg))
-    ctx.tracker.log_params(flatten(cfg.to_dict()) | {f"seeds.{k}": v for k, v in sub_seeds(cfg.seed).items()})
-    started = time.perf_counter()
-    result = METHODS[cfg.method].run(cfg, ctx)
-    result = replace(result, seconds=time.perf_counter() - started)
-    ctx.tracker.log_metrics({"run_seconds": result.seconds}, result.steps)
-    log_maps(ctx.tracker, result, cfg.labels())
-    for name, data in result.artifacts.items():
-        ctx.tracker.log_artifact(name, data)
-        if ctx.save_artifact is not None:
-            ctx.save_artifact(name, data)
+    with active(ctx.costs):  # the method's model and data loads time themselves (costs.timed)
+        with timed("mlflow"):
+            ctx.tracker.set_tags(run_tags(cfg))
+            ctx.tracker.log_params(flatten(cfg.to_dict()) | {f"seeds.{k}": v for k, v in sub_seeds(cfg.seed).items()})
+        started = time.perf_counter()
+        with timed("train"):
+            result = METHODS[cfg.method].run(cfg, ctx)
+        result = replace(result, seconds=time.perf_counter() - started)
+        with timed("mlflow"):
+            ctx.tracker.log_metrics({"run_seconds": result.seconds}, result.steps)
+        log_maps(ctx.tracker, result, cfg.labels())
+        with timed("artifacts"):
+            for name, data in result.artifacts.items():
+                ctx.tracker.log_artifact(name, data)
+                if ctx.save_artifact is not None:
+                    ctx.save_artifact(name, data)
     return result
 
 
@@ -51,9 +57,20 @@ def log_maps(tracker: Tracker, result: RunResult, labels: dict) -> None:
 
     A run without maps (plain fine-tuning learns no gates) logs only the (empty) ``maps.npz``.
     """
-    tracker.log_artifact("maps.npz", result.maps_npz())
+    with timed("artifacts"):
+        tracker.log_artifact("maps.npz", result.maps_npz())
+    with timed("figures"):
+        pngs = map_pngs(result, labels)
+    with timed("artifacts"):
+        for name, png in pngs.items():
+            tracker.log_artifact(name, png)
+
+
+def map_pngs(result: RunResult, labels: dict) -> dict[str, bytes]:
+    """``<map name>.png`` -> the heat map :func:`log_maps` logs for each map that gets one."""
     method = "/".join(str(labels[k]) for k in ("method", "pipeline") if labels.get(k) is not None)
     title = f"{method} {labels['task']} {labels['model']} seed {labels['seed']}"
+    pngs = {}
     for name, unit_map in result.maps.items():
         if unit_map.kind == "weights" and unit_map.values.shape[1] == len(ROLES):  # a mask's layer x matrix
             png = map_png(unit_map.values, f"{title}\n{name}: fraction of each matrix kept", name,
@@ -67,7 +84,8 @@ def log_maps(tracker: Tracker, result: RunResult, labels: dict) -> None:
                                _expected_open(result, name))
         else:
             png = map_png(unit_map.values, f"{title}\n{name}: {unit_map.meaning}", name, xlabel="head")
-        tracker.log_artifact(f"{name}.png", png)
+        pngs[f"{name}.png"] = png
+    return pngs
 
 
 def _expected_open(result: RunResult, gate_map: str) -> float | None:

@@ -27,6 +27,7 @@ from torch import nn
 from experiments.core.precision import autocast, grad_scaler
 from experiments.core.seeding import derive_seed
 from experiments.models import head_layout, load_backbone
+from experiments.tasks.cache import load_task
 
 
 @dataclass
@@ -223,7 +224,7 @@ def set_up(cfg, ctx) -> RunState:
 
     task = TASKS[cfg.task.name]
     encoder, tokenizer = load_backbone(cfg.model, derive_seed(cfg.seed, "model_init"))
-    data = task.load(cfg.task, tokenizer)
+    data = load_task(cfg.task, tokenizer)  # tokenised once per grid (experiments/tasks/cache.py)
     decoder = build_decoder(task, encoder.config.hidden_size, data.num_labels, cfg.seed)
     precision = cfg.train.precision
     state = RunState(cfg=cfg, task=task, data=data, encoder=encoder, decoders={"task": decoder}, device=ctx.device,

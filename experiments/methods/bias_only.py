@@ -32,6 +32,7 @@ from experiments.core.seeding import derive_seed
 from experiments.maths.losses import task_loss
 from experiments.models import load_tokenizer
 from experiments.tasks import TASKS, bias_feature_names
+from experiments.tasks.cache import load_task
 
 VERSION = "1"
 PIPELINES = ("none",)
@@ -58,7 +59,7 @@ def check(cfg) -> None:
 
 def run(cfg, ctx: RunContext) -> RunResult:
     hp, task = cfg.section, TASKS[cfg.task.name]
-    data = task.load(cfg.task, load_tokenizer(cfg.model))
+    data = load_task(cfg.task, load_tokenizer(cfg.model))
     x, y = data.train.features, data.train.labels  # (N, F), (N,)
     with torch.random.fork_rng(devices=[]):  # the 'decoder' stream, global RNG untouched
         torch.manual_seed(derive_seed(cfg.seed, "decoder"))

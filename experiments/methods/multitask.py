@@ -88,6 +88,7 @@ from experiments.maths.task_sampling import (
 )
 from experiments.models import load_tokenizer
 from experiments.tasks import TASKS, TaskData
+from experiments.tasks.cache import load_task
 
 VERSION = "1"
 PIPELINES = ("none", "shared", "per_task")
@@ -176,7 +177,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
     tokenizer = load_tokenizer(cfg.model)
     for entry in hp.tasks:
         module = TASKS[entry.name]
-        data = module.load(entry, tokenizer)
+        data = load_task(entry, tokenizer)
         decoder = _decoder(module, encoder.config.hidden_size, data.num_labels, cfg.seed, entry.name).to(ctx.device)
         state.decoders[entry.name] = decoder
         tasks.append(_Task(entry.name, module, data, decoder, derive_seed(cfg.seed, f"data_order:{entry.name}")))

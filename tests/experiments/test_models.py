@@ -146,3 +146,44 @@ def test_check_model_name_rejects_with_suggestion(name, suggestion):
 def test_check_model_name_rejects_nonsense_without_loading():
     with pytest.raises(ValueError, match="unknown model"):
         check_model_name("zzzz")
+
+
+# --------------------------------------------------------------------------- the per-process cache
+
+
+def test_pretrained_loads_are_equal_but_independent_and_leave_the_cache_alone(minilm):
+    """Two runs of one worker get the same weights, never shared: a run that trains (or prunes its
+    config) changes neither the other run nor what the next run loads."""
+    kept, _ = minilm
+    a, tokenizer_a = load_backbone("minilm-l6", 0)
+    b, tokenizer_b = load_backbone("minilm-l6", 7)  # a pretrained model ignores the seed
+    assert tokenizer_a is tokenizer_b  # loaded once
+    for p, q in zip(a.state_dict().values(), b.state_dict().values(), strict=True):
+        assert torch.equal(p, q) and p.data_ptr() != q.data_ptr()
+    before = _first_weight(b).clone()
+    with torch.no_grad():
+        _first_weight(a).add_(1.0)
+    a.config.num_attention_heads = 3
+    assert torch.equal(_first_weight(b), before)
+    c, _ = load_backbone("minilm-l6", 0)
+    assert torch.equal(_first_weight(c), before) and torch.equal(_first_weight(kept), before)
+    assert c.config.num_attention_heads == b.config.num_attention_heads == 12
+
+
+@pytest.mark.parametrize("name", ["tiny-bert", "random:minilm-l6"])
+def test_a_seeded_random_model_is_what_it_was_without_the_cache(name):
+    """The cached config builds the same weights from the seed as a config read afresh."""
+    from transformers import AutoConfig, AutoModel
+
+    spec = MODELS[name.removeprefix("random:")]
+    if spec.config is not None:
+        config = AutoConfig.for_model(**spec.config)
+    else:
+        config = AutoConfig.from_pretrained(spec.path())
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        fresh = AutoModel.from_config(config, dtype=torch.float32)
+    for _ in range(2):  # the second one from the cache
+        cached, _ = load_backbone(name, 5)
+        for (key, p), q in zip(cached.state_dict().items(), fresh.state_dict().values(), strict=True):
+            assert torch.equal(p, q), key
