@@ -21,6 +21,7 @@ import ray
 import torch
 from ray import tune
 
+from experiments.common.costs import Costs
 from experiments.core.config import parse_config
 from experiments.core.context import RunCancelled, RunContext
 from experiments.core.result import RunResult
@@ -33,6 +34,7 @@ HEARTBEAT_S = 5.0
 log = logging.getLogger("headsweep.trial")
 CANCEL_POLL_S = 2.0
 _registries: dict[str, Registry] = {}  # one per worker process; reused actors keep it
+_worker_runs = {"started": 0}  # runs this worker process started: its first pays the imports
 
 
 def registry_for(url: str) -> Registry:
@@ -141,14 +143,17 @@ def _default_run(cfg, ctx) -> RunResult:
 
 def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None) -> None:
     """The Tune function trainable. ``config``: run_key, sweep_id and ``env`` (where things live)."""
+    costs = Costs(first_in_worker=_worker_runs["started"] == 0)  # cost.<part>_s: see record_costs
     run_key, sweep_id, env = config["run_key"], config["sweep_id"], config["env"]
-    registry = registry_for(env["registry_url"])
-    context = tune.get_context()
-    worker = worker_name(context.get_trial_id(), ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
-    claimed = claim_when_free(registry, run_key, worker, env["stale_after_s"])
+    with costs.part("claim"):
+        registry = registry_for(env["registry_url"])
+        context = tune.get_context()
+        worker = worker_name(context.get_trial_id(), ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
+        claimed = claim_when_free(registry, run_key, worker, env["stale_after_s"])
     if claimed is None:  # finished or cancelled meanwhile: never run twice
         tune.report({"outcome": "skipped"})
         return
+    _worker_runs["started"] += 1
 
     beat = _Heartbeat(registry, run_key, worker)
     beat.start()
@@ -156,32 +161,37 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
     try:  # from here, whatever fails (a database gone for longer than the retries wait) fails the run
         cpus = context.get_trial_resources().required_resources.get("CPU", 1)
         torch.set_num_threads(max(1, int(cpus)))  # a reused worker keeps its first trial's threads otherwise
-        cfg = parse_config(claimed["config"], check_files=False)
+        with costs.part("claim"):
+            cfg = parse_config(claimed["config"], check_files=False)
         tracker = MemoryTracker()
         if env.get("tracking_uri"):
-            from orchestrator import tracking
+            with costs.part("mlflow"):
+                from orchestrator import tracking
 
-            mlflow = tracking.client(env["tracking_uri"])
-            run_id = claimed.get("mlflow_run_id") or tracking.start_run(
-                mlflow, env["experiment_id"], tracking.run_name(cfg, env.get("name_keys", ())),
-                tags={"sweep": sweep_id}, parent_run_id=env.get("parent_run_id"),
-            )
-            tracker = mlflow_run = tracking.MlflowTracker(mlflow, run_id)
-            registry.set_mlflow_run(run_key, run_id)
-            mlflow.update_run(run_id, status="RUNNING")
+                mlflow = tracking.client(env["tracking_uri"])
+                run_id = claimed.get("mlflow_run_id") or tracking.start_run(
+                    mlflow, env["experiment_id"], tracking.run_name(cfg, env.get("name_keys", ())),
+                    tags={"sweep": sweep_id}, parent_run_id=env.get("parent_run_id"),
+                )
+                tracker = mlflow_run = tracking.MlflowTracker(mlflow, run_id)
+                registry.set_mlflow_run(run_key, run_id)
+                mlflow.update_run(run_id, status="RUNNING")
 
         device = "cuda" if torch.cuda.is_available() and context.get_trial_resources().required_resources.get("GPU") else "cpu"
         ctx = RunContext(
             tracker=tracker, checkpointer=TuneCheckpointer(env["checkpoint_every_s"]),
-            should_stop=_cancel_poll(registry, sweep_id), device=device,
+            should_stop=_cancel_poll(registry, sweep_id), device=device, costs=costs,
             **stage_hooks(claimed, env.get("checkpoints")),
         )
         result = (run_fn or _default_run)(cfg, ctx)
         # MLflow first: should the registry write then fail, the run is retried and its MLflow run
         # reused; the other way round, a lost MLflow write would leave a finished run RUNNING there
-        if mlflow_run:
-            mlflow_run.finish("FINISHED")
-        registry.finish(run_key, result.metrics, worker=worker, maps=result.maps)
+        with costs.part("finish"):
+            if mlflow_run:
+                mlflow_run.finish("FINISHED")
+            registry.finish(run_key, result.metrics | costs.metrics(), worker=worker, maps=result.maps)
+        costs.end()
+        record_costs(registry, run_key, mlflow_run, costs)
     except RunCancelled:
         registry.cancel_run(run_key, worker)
         if mlflow_run:
@@ -194,6 +204,20 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
     finally:
         beat.stopped.set()
     tune.report({"outcome": "finished", **{k: float(v) for k, v in result.metrics.items()}})
+
+
+def record_costs(registry: Registry, run_key: str, mlflow_run: Any, costs: Costs) -> None:
+    """A finished run's ``cost.<part>_s``, once it is done: ``cost.finish_s`` and ``cost.total_s``
+    (entered -> its result in the registry) join the parts its registry finish already holds, and
+    MLflow gets them all as metrics. These two writes (one UPDATE, one MLflow batch) are the one
+    cost the numbers leave out; a failed one is logged, never fails the finished run."""
+    metrics = costs.metrics()
+    try:
+        registry.add_metrics(run_key, {k: v for k, v in metrics.items() if k in ("cost.finish_s", "cost.total_s")})
+        if mlflow_run:
+            mlflow_run.log_metrics(metrics, 0)
+    except Exception as err:  # noqa: BLE001 - the run is finished; its costs are not worth more
+        log.warning("run %s: could not record its costs (%s)", run_key, type(err).__name__)
 
 
 def _record_failure(registry: Registry, run_key: str, worker: str, mlflow_run: Any, err: Exception) -> None:

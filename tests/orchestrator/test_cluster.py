@@ -1,13 +1,16 @@
 """A real multi-process Ray cluster on this machine, on loopback only: the project's local head (of a
-temp home) with 4 logical GPUs, a second node, detached sweeps as Ray Jobs, a driver killed mid-sweep
-and resumed (by the supervisor, or by hand with --no-auto-resume); and cluster.yaml's schema."""
+temp home) with 4 logical GPUs, a second node (and that node lost: its processes killed), detached
+sweeps as Ray Jobs, a driver killed mid-sweep and resumed (by the supervisor, or by hand with
+--no-auto-resume); and cluster.yaml's schema."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -16,20 +19,12 @@ import yaml
 from experiments.core.result import RunResult, UnitMap
 from orchestrator import cluster, settings, supervisor, tracking
 from orchestrator.grid import expand, parse_grid
-from orchestrator.registry import Registry
+from orchestrator.registry import Registry, history
 from orchestrator.registry import db as registry_db
 
 pytestmark = pytest.mark.ray
-ENV = os.environ | cluster.HEAD_ENV
-# A second node joining a loopback head on the same machine: Ray's single-machine mode refuses to
-# start a worker node, and would turn 127.0.0.1 into the machine's address without it.
-JOIN = (
-    "import sys; import ray._private.ray_constants as constants; import ray.scripts.scripts as cli; "
-    "constants.ENABLE_RAY_CLUSTER = True; "
-    "cli.services.resolve_ip_for_localhost = lambda host: '127.0.0.1' if cli.services.is_localhost(host) else host; "
-    "cli.get_ray_client_dependency_error = lambda: ImportError('no Ray client server'); "
-    "sys.argv[0] = 'ray'; sys.exit(cli.main())"
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import ray_nodes  # noqa: E402  (tests/ray_nodes.py: simulated worker nodes on this machine)
 
 
 @pytest.fixture(scope="module")
@@ -99,13 +94,19 @@ print(json.dumps(counts))
 ARRIVALS = 'arrivals = test_cluster.Arrivals.options(name="arrivals", namespace=test_cluster.NAMESPACE).remote()'
 
 
-def _drive(sweep_id: str, home, run_fn: str = "_where", timeout: float = 300, **kwargs) -> dict:
-    """Run the sweep's driver in a process of its own, connected to the cluster, as a real driver is:
+def _driver_command(sweep_id: str, home, run_fn: str = "_where", **kwargs) -> list[str]:
+    """The sweep's driver as a process of its own, connected to the cluster, as a real driver is:
     each run is ``run_fn(cfg, ctx, **kwargs)`` (a function of this module)."""
     code = DRIVER.format(here=os.path.dirname(__file__), address=os.environ["RAY_ADDRESS"], sweep=sweep_id,
                          url=f"sqlite:///{home}/registry.db", run_fn=run_fn, kwargs=kwargs,
                          arrivals=ARRIVALS if run_fn == "_packed" else "")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    return [sys.executable, "-c", code]
+
+
+def _drive(sweep_id: str, home, run_fn: str = "_where", timeout: float = 300, **kwargs) -> dict:
+    """Run the sweep's driver (:func:`_driver_command`) to its end; its counts, all finished."""
+    done = subprocess.run(_driver_command(sweep_id, home, run_fn, **kwargs), capture_output=True, text=True,
+                          timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     counts = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(counts) == {"finished"}, done.stderr[:4000]
@@ -407,24 +408,71 @@ def test_cancel_stops_a_detached_sweep_through_its_live_driver(home, ray_cluster
     assert parent.info.status == "KILLED"
 
 
-# last in the module: the second node stays until the module's cluster is torn down
+@pytest.fixture
+def second_node(ray_cluster):
+    """A worker node with 4 CPUs and no GPU joining the module's head, with a temp dir (and so
+    processes) of its own; stopped by PID after the test."""
+    tmp = f"/tmp/hs-node-{os.getpid()}"  # short: Ray's unix sockets live under it
+    try:
+        node = ray_nodes.start_node(ray_cluster["address"], tmp, cpus=4, gpus=0)
+        deadline = time.time() + 60
+        while len(cluster.cluster_nodes(ray_cluster["dashboard"])) < 2 and time.time() < deadline:
+            time.sleep(1)
+        yield node
+    finally:
+        ray_nodes.stop_node(tmp)
+        deadline = time.time() + 60  # gone from the cluster before the next test counts nodes
+        while len(cluster.cluster_nodes(ray_cluster["dashboard"])) > 1 and time.time() < deadline:
+            time.sleep(1)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
-def test_trials_land_on_both_nodes(home, ray_cluster, tmp_path):
-    base = ray_cluster["ports"]["gcs"] + len(cluster.PORTS)  # the rest of the head's block
-    ports = [f"--dashboard-agent-listen-port={base}", f"--dashboard-agent-grpc-port={base + 1}",
-             f"--runtime-env-agent-port={base + 2}", f"--metrics-export-port={base + 3}",
-             f"--node-manager-port={base + 4}", f"--object-manager-port={base + 5}"]
-    subprocess.run([sys.executable, "-c", JOIN, "start", f"--address={ray_cluster['address']}", "--node-ip-address=127.0.0.1",
-                    "--num-cpus=2", "--num-gpus=0", "--disable-usage-stats", *ports],
-                   check=True, capture_output=True, env=ENV, timeout=120)
-    deadline = time.time() + 60
-    while len(cluster.cluster_nodes(ray_cluster["dashboard"])) < 2 and time.time() < deadline:
-        time.sleep(1)
-    assert [a for a, _, _ in cluster.listening_sockets(cluster.head_pids(ray_cluster["home"])) if not cluster.is_loopback(a)] == []
+def test_trials_land_on_both_nodes(home, ray_cluster, second_node):
+    assert [a for a, _, _ in cluster.listening_sockets(cluster.head_pids(ray_cluster["home"]) | ray_nodes.node_pids(second_node["tmp"]))
+            if not cluster.is_loopback(a)] == []
     grid = {**TRIVIAL, "axes": {"seed": list(range(8))}, "resources": {"cpus": 1}, "max_concurrent": 4}
     registry, sweep_id = _register(grid)
     assert _drive(sweep_id, home, seconds=2.0) == {"finished": 8}
     assert len({m["node"] for m in registry.sweep_runs(sweep_id)["metrics"]}) == 2
+
+
+@pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
+def test_a_lost_node_s_runs_rerun_elsewhere_and_status_names_the_node(home, ray_cluster, second_node):
+    """Six 10-second runs of a CPU each on the head (2 CPUs) and a second node (4): at least four run
+    on the second node, whose processes (raylet, agents, workers) are then SIGKILLed at once, a
+    machine that died. Tune retries their trials on the head: every run finishes once (only the
+    lost node's ran twice), each loss is in the sweep's history with the worker that names the
+    node, and `headsweep status` says in one line which node was lost and how many runs it cost."""
+    lost_node = second_node["node_id"][:8]
+    grid = {**TRIVIAL, "axes": {"seed": list(range(6))}, "resources": {"cpus": 1}, "max_concurrent": 6, "max_failures": 2}
+    registry, sweep_id = _register(grid)
+    driver = subprocess.Popen(_driver_command(sweep_id, home, seconds=10.0), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        while len(on_node := [r for r in map(registry.get_run, registry.sweep_runs(sweep_id)["run_key"])
+                              if r["status"] == "running" and history.worker_node(r["worker"])[0] == lost_node]) < 4:
+            assert time.time() < deadline and driver.poll() is None, registry.sweep_counts(sweep_id)
+            time.sleep(0.2)
+        assert all(r["worker"].split("@", 1)[0] for r in on_node)  # the trial id still comes first
+        killed = ray_nodes.kill_node(second_node["tmp"])
+        assert killed and not ray_nodes.node_pids(second_node["tmp"])
+        out, err = driver.communicate(timeout=400)
+    finally:
+        driver.kill()
+    assert driver.returncode == 0 and json.loads(out.strip().splitlines()[-1]) == {"finished": 6}, err[-3000:]
+    lost = {r["run_key"] for r in on_node}
+    runs = {key: registry.get_run(key) for key in registry.sweep_runs(sweep_id)["run_key"]}
+    assert {key: run["attempts"] for key, run in runs.items()} == {key: 2 if key in lost else 1 for key in runs}
+    assert all(history.worker_node(runs[key]["worker"])[0] != lost_node for key in lost)  # rerun elsewhere
+    events = registry.events(sweep_id)
+    assert sorted((e["kind"], e["detail"]["run_key"], e["detail"]["then"]) for e in events) == sorted(
+        ("worker_lost", key, "retried") for key in lost)
+    assert {history.worker_node(e["detail"]["worker"]) for e in events} == {(lost_node, "127.0.0.1")}
+    told = " ".join(_cli("status", sweep_id).stdout.split())
+    assert "finished: 6 of 6 runs finished" in told, told
+    assert f"workers lost on node {lost_node} (127.0.0.1) at " in told and f": {len(lost)} runs rerun by Tune" in told, told
 
 
 def test_cluster_yaml_is_valid_for_the_ray_launcher():

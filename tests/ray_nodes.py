@@ -1,0 +1,79 @@
+"""Simulated Ray worker nodes on this machine, joining a loopback head (the project's local head).
+
+Each node has its own temp dir (``ray start --temp-dir``: "can be specified per node") and its
+own block of ports, so its processes are found by that dir (its raylet and agents name it; its
+workers are the raylet's children) and stopped, or killed as a crashed machine would be, by PID,
+never with ``ray stop`` (which ends every Ray on the machine). Used by the two-node and lost-node
+tests (tests/orchestrator/test_cluster.py) and the 64-logical-GPU scale run
+(tests/benchmarks/scale_gpus.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from orchestrator import cluster
+
+# Ray's single-machine mode refuses to start a worker node, and would turn 127.0.0.1 into the
+# machine's address without the second patch; the third leaves out the Ray client server.
+JOIN = (
+    "import sys; import ray._private.ray_constants as constants; import ray.scripts.scripts as cli; "
+    "constants.ENABLE_RAY_CLUSTER = True; "
+    "cli.services.resolve_ip_for_localhost = lambda host: '127.0.0.1' if cli.services.is_localhost(host) else host; "
+    "cli.get_ray_client_dependency_error = lambda: ImportError('no Ray client server'); "
+    "sys.argv[0] = 'ray'; sys.exit(cli.main())"
+)
+
+
+def start_node(address: str, tmp: str, cpus: int, gpus: int, env: dict[str, str] | None = None) -> dict:
+    """Start a worker node joining the head at ``address`` with ``cpus`` logical CPUs and ``gpus``
+    logical GPUs (no CUDA: Ray only counts them and sets ``CUDA_VISIBLE_DEVICES`` per task); return
+    its temp dir, ports and Ray node id (hex). ``tmp`` must be short (unix sockets live under it)."""
+    Path(tmp).mkdir(parents=True, exist_ok=True)
+    ports = cluster.head_ports(Path(tmp))  # a free block keyed by the node's temp dir
+    command = [sys.executable, "-c", JOIN, "start", f"--address={address}", "--node-ip-address=127.0.0.1",
+               f"--temp-dir={tmp}", f"--num-cpus={cpus}", f"--num-gpus={gpus}", "--disable-usage-stats",
+               f"--dashboard-agent-listen-port={ports['agent_http']}", f"--dashboard-agent-grpc-port={ports['agent_grpc']}",
+               f"--runtime-env-agent-port={ports['runtime_env_agent']}", f"--metrics-export-port={ports['metrics_export']}",
+               f"--node-manager-port={ports['node_manager']}", f"--object-manager-port={ports['object_manager']}"]
+    environ = {k: v for k, v in (env or os.environ).items() if k != "RAY_ADDRESS"} | cluster.HEAD_ENV
+    subprocess.run(command, check=True, capture_output=True, env=environ, cwd=tmp, timeout=180)
+    return {"tmp": tmp, "ports": ports, "node_id": node_id(tmp)}
+
+
+def node_pids(tmp: str) -> set[int]:
+    """Every process of the node that uses ``tmp``: its raylet, agents, log monitor, and their children
+    (the workers, whose command lines Ray retitles, e.g. ``ray::ImplicitFunc.train``)."""
+    return cluster._head_pids(tmp)
+
+
+def node_id(tmp: str) -> str:
+    """The node's Ray node id (hex), from its raylet's command line (``--node_id=``)."""
+    table = cluster._processes()
+    for pid in node_pids(tmp):
+        found = re.search(r"--node_id=([0-9a-f]+)", table.get(pid, (0, ""))[1])
+        if found and "raylet" in table[pid][1]:
+            return found[1]
+    raise RuntimeError(f"no raylet under {tmp}")
+
+
+def kill_node(tmp: str) -> set[int]:
+    """SIGKILL every process of the node at once (a machine that died: no drain, no goodbye to the
+    GCS); the PIDs killed."""
+    pids = node_pids(tmp)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def stop_node(tmp: str) -> None:
+    """Stop the node's processes by PID (SIGTERM, then SIGKILL)."""
+    cluster.stop_ray(tmp)
