@@ -82,6 +82,8 @@ def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, t
         tracking.MlflowTracker(mlflow, parent).log_params({
             "runs": counts["total"], "cells": len(configs), "upstream_runs": dag["upstream"],
             "runs_with_stages": dag["dependants"]})
+        keys = tracking.name_keys(registry.sweep_runs(sweep_id)["config"])  # as the driver names the children
+        mlflow.set_tag(parent, tracking.NOTE_TAG, tracking.sweep_note(experiment_id, sweep_id, counts["total"], configs, keys))
     driver = start_driver(registry, sweep_id, where, track)
     return Submitted(sweep_id, counts, driver, supervisor.ensure(where) if driver else None)
 

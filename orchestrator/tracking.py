@@ -141,15 +141,16 @@ def start_run(
     return retry.call(create, transient_mlflow_error, what="mlflow create_run")
 
 
-_IN_THE_NAME = {"seed", "task.name", "method", "model"}
-"""Keys ``RunConfig.run_name`` already shows (task, method, pipeline, seed) or that a sweep's
-experiment view shows as its own column (model)."""
+_BY_LABEL = {"task.name": "task", "task.id": "task", "model": "model"}
+"""Config keys a child run's name shows by the run's label (its task, its model) when they vary."""
+_NEVER_IN_THE_NAME = {"seed", "method"}
+"""Keys every child run's name shows anyway (the method, the seed at its end)."""
 
 
 def name_keys(configs: Sequence[Mapping[str, Any]]) -> list[str]:
     """The dotted config keys that vary across a sweep's runs (``head_gates.lambda``,
-    ``finetune.loss``), less what the run name shows already and the stages' own keys: what a
-    child run's name must add so that no two runs of the sweep share a name."""
+    ``finetune.loss``, ``task.name``), less the seed, the method, the pipelines and the stages'
+    own keys: what a child run's name shows so that no two runs of the sweep share a name."""
     from experiments.core.sections import STAGE_ROLES, flatten
 
     values: dict[str, set[str]] = {}
@@ -157,20 +158,77 @@ def name_keys(configs: Sequence[Mapping[str, Any]]) -> list[str]:
         for key, value in flatten(dict(config)).items():
             values.setdefault(key, set()).add(json.dumps(value, sort_keys=True, default=str))
     varying = [key for key, seen in values.items() if len(seen) > 1]
-    return sorted(key for key in varying if key not in _IN_THE_NAME and not key.endswith(".pipeline")
+    return sorted(key for key in varying if key not in _NEVER_IN_THE_NAME and not key.endswith(".pipeline")
                   and key.split(".", 1)[0] not in STAGE_ROLES)
 
 
-def run_name(cfg, keys: Sequence[str]) -> str:
-    """``synthetic-tag-head_gates-dp-seed0-lambda=0.05``: the run's name plus each of ``keys`` it
-    has (a method section's key by its short name, ``lambda``; ``train.lr`` whole)."""
+def run_name(cfg, keys: Sequence[str], seed: bool = True) -> str:
+    """``head_gates-dp-lambda=0.05-seed0``: what tells a sweep's runs apart, and nothing the whole
+    sweep shares, so that MLflow's narrow run-name column shows the difference: the task and the
+    model when they vary, the method and its pipeline, each of ``keys`` the run has (a method
+    section's key by its short name, ``lambda``; ``train.lr`` whole), then the seed. Without the
+    seed (``seed=False``) it names the run's cell, which its seeds share (the ``cell`` tag)."""
     from experiments.core.config_keys import short_name
     from experiments.core.sections import flatten
 
-    flat = flatten(cfg.to_dict())
-    parts = [f"{short_name(key, cfg.method)}={flat[key]}"
-             for key in keys if key in flat and key.split(".", 1)[0] in (cfg.method, "task", "train", "model")]
-    return "-".join([cfg.run_name(), *parts])
+    labels, flat = cfg.labels(), flatten(cfg.to_dict())
+    shown = [labels[label] for label in ("task", "model") if label in {_BY_LABEL.get(key) for key in keys}]
+    settings = [f"{short_name(key, cfg.method)}={flat[key]}" for key in keys
+                if key not in _BY_LABEL and key in flat and key.split(".", 1)[0] in (cfg.method, "task", "train", "model")]
+    parts = [*shown, labels["method"], labels.get("pipeline"), *settings, f"seed{labels['seed']}" if seed else None]
+    return "-".join(str(part) for part in parts if part is not None)
+
+
+def search_link(experiment_id: str, search: str) -> str:
+    """The MLflow UI's runs table of an experiment filtered by ``search`` (MLflow's search syntax,
+    run on the server over every run, not only the 100 a page of the table loads), as a link
+    relative to the UI's root (``#/experiments/...``): what a run's description can link to."""
+    from urllib.parse import urlencode
+
+    return f"#/experiments/{experiment_id}/runs?" + urlencode({"searchFilter": search, "workflowType": "machine_learning"})
+
+
+NOTE_TAG = "mlflow.note.content"
+"""The tag MLflow's UI shows (as Markdown) as a run's description."""
+_MAX_LINKED_VALUES = 12  # an axis with more values gets one example link, not one per value
+
+
+def sweep_note(experiment_id: str, sweep_id: str, runs: int, configs: Sequence[Any], keys: Sequence[str]) -> str:
+    """The sweep's parent run's description: links to its runs as MLflow searches, by axis value.
+
+    MLflow's run page lists a parent's children 10 at a time and its runs table loads 100 runs a
+    page (mlflow issues 1896, 17248): at thousands of children the parent page is no way to reach
+    them. A search is: it runs on the server over every run. So the note links to every run of
+    the sweep, to each value of each axis with few values, and shows how to find one cell's seeds
+    (its ``cell`` tag, the run name without the seed). ``configs``: the grid's cells; ``keys``:
+    the sweep's :func:`name_keys`, as its children's names use them."""
+    from experiments.core.sections import flatten
+
+    sweep = f"tags.sweep = '{sweep_id}'"
+    lines = [f"**{runs:,} runs** in this sweep. MLflow lists a parent run's children 10 at a time; "
+             "these links search all of them (each opens the runs table: expand the sweep's row).", "",
+             f"- [every run of the sweep]({search_link(experiment_id, sweep)})"]
+    flat = [flatten(cfg.to_dict()) for cfg in configs]
+    pipelines = sorted({key for row in flat for key in row if key.endswith(".pipeline")})  # the name shows them bare
+    for key in ["seed", *pipelines, *keys]:
+        values = sorted({row.get(key) for row in flat} - {None}, key=str)
+        if len(values) < 2:
+            continue
+        field = f"params.`{key}`"
+        shown = values if len(values) <= _MAX_LINKED_VALUES else values[:1]
+        links = " · ".join(f"[{value}]({search_link(experiment_id, f'{sweep} and {field} = {_quoted(value)}')})"
+                           for value in shown)
+        more = "" if len(values) <= _MAX_LINKED_VALUES else f" (one of {len(values)} values; search ``{field} = '...'``)"
+        lines.append(f"- {key}: {links}{more}")
+    cell = run_name(configs[0], keys, seed=False)
+    lines.append(f"- one cell's seeds: [`tags.cell = '{cell}'`]"
+                 f"({search_link(experiment_id, f'{sweep} and tags.cell = {_quoted(cell)}')})")
+    return "\n".join(lines)
+
+
+def _quoted(value: Any) -> str:
+    """A value as MLflow's search compares it to a param or tag: the string it was logged as."""
+    return "'" + str(value).replace("'", "\\'") + "'"
 
 
 class MlflowTracker:

@@ -171,7 +171,8 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
                 mlflow = tracking.client(env["tracking_uri"])
                 run_id = claimed.get("mlflow_run_id") or tracking.start_run(
                     mlflow, env["experiment_id"], tracking.run_name(cfg, env.get("name_keys", ())),
-                    tags={"sweep": sweep_id}, parent_run_id=env.get("parent_run_id"),
+                    tags={"sweep": sweep_id, "cell": tracking.run_name(cfg, env.get("name_keys", ()), seed=False)},
+                    parent_run_id=env.get("parent_run_id"),
                 )
                 tracker = mlflow_run = tracking.MlflowTracker(mlflow, run_id)
                 registry.set_mlflow_run(run_key, run_id)

@@ -1,5 +1,7 @@
 """MlflowTracker against real MLflow stores (SQLite file and PostgreSQL), with a parent run active."""
 
+import re
+
 import mlflow
 import numpy as np
 import pytest
@@ -73,7 +75,8 @@ def test_round_trip_with_a_parent_run_active(store, tmp_path):
 
 
 def test_child_names_carry_every_axis_that_varies():
-    """Two lambdas of a pipeline, three losses of finetune: no two runs share a name."""
+    """Two lambdas of a pipeline, three losses of finetune on another task: no two runs share a
+    name; the task shows because it varies, the seed comes last."""
     from experiments.core.config import parse_config
     from orchestrator import tracking
 
@@ -83,8 +86,53 @@ def test_child_names_carry_every_axis_that_varies():
                               "task": {"name": "synthetic-shortcut"}}, check_files=False)
                 for loss in ("ce", "poe")]
     keys = tracking.name_keys([c.to_dict() for c in configs])
-    assert keys == ["finetune.loss", "head_gates.lambda"]
+    assert keys == ["finetune.loss", "head_gates.lambda", "task.name"]
     names = [tracking.run_name(c, keys) for c in configs]
     assert len(set(names)) == len(names)
-    assert names[0] == "synthetic-cls-head_gates-dp-seed0-lambda=0.05"
-    assert names[-1] == "synthetic-shortcut-finetune-seed0-loss=poe"
+    assert names[0] == "synthetic-cls-head_gates-dp-lambda=0.05-seed0"
+    assert names[-1] == "synthetic-shortcut-finetune-loss=poe-seed0"
+
+
+def test_child_names_leave_out_what_the_sweep_shares_and_name_the_cell():
+    """One task and model: the name starts with what differs (MLflow's run-name column shows ~20
+    characters); without the seed it names the cell, the same for every seed of it."""
+    from experiments.core.config import parse_config
+    from orchestrator import tracking
+
+    configs = [parse_config({"seed": s, "model": "tiny-bert", "head_gates": {"lambda": lam, "lr": lr}}, check_files=False)
+               for s in (0, 1, 2) for lam in (0.05, 0.2) for lr in (0.1, 0.3)]
+    keys = tracking.name_keys([c.to_dict() for c in configs])
+    assert keys == ["head_gates.lambda", "head_gates.lr"]
+    assert tracking.run_name(configs[0], keys) == "head_gates-dp-lambda=0.05-head_gates.lr=0.1-seed0"
+    cells = {tracking.run_name(c, keys, seed=False) for c in configs}
+    assert len(cells) == 4 and "head_gates-dp-lambda=0.2-head_gates.lr=0.3" in cells
+    assert all(tracking.run_name(c, keys, seed=False) == tracking.run_name(c.with_seed(9), keys, seed=False)
+               for c in configs)
+
+
+def test_sweep_note_links_every_axis_value_as_a_search_that_finds_the_runs(tmp_path):
+    """The parent run's description links MLflow searches: each one, run through MlflowClient on a
+    real store holding the children as a sweep logs them, finds exactly the runs it names."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from experiments.core.config import parse_config
+    from orchestrator import tracking
+
+    configs = [parse_config({"seed": s, "model": "tiny-bert", "head_gates": {"lambda": lam, "pipeline": p}},
+                            check_files=False)
+               for s in (0, 1, 2) for lam in (0.05, 0.2) for p in ("dp", "sp")]
+    client = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = tracking.ensure_experiment(client, "note")
+    parent = tracking.start_run(client, experiment_id, "sw-1", tags={"sweep": "sw-1"})
+    keys = tracking.name_keys([c.to_dict() for c in configs])
+    for cfg in configs:
+        child = tracking.start_run(client, experiment_id, tracking.run_name(cfg, keys), parent_run_id=parent,
+                                   tags={"sweep": "sw-1", "cell": tracking.run_name(cfg, keys, seed=False)})
+        tracking.MlflowTracker(client, child).log_params(flatten(cfg.to_dict()))
+    note = tracking.sweep_note(experiment_id, "sw-1", len(configs), configs, keys)
+    links = {text: parse_qs(urlsplit(url).fragment.split("?", 1)[1])["searchFilter"][0]
+             for text, url in re.findall(r"\[([^]]+)\]\((#/experiments/[^)]+)\)", note)}
+    found = {text: len(client.search_runs([experiment_id], search)) for text, search in links.items()}
+    assert found == {"every run of the sweep": 13, "0": 4, "1": 4, "2": 4, "dp": 6, "sp": 6, "0.05": 6, "0.2": 6,
+                     "`tags.cell = 'head_gates-dp-lambda=0.05'`": 3}, note
+    assert note.startswith("**12 runs**") and f"#/experiments/{experiment_id}/runs?" in note

@@ -96,6 +96,8 @@ def test_a_sweep_runs_every_cell_once_and_tracks_it(local_ray, home):
     assert len(children) == 6 and {r.info.status for r in runs} == {"FINISHED"}
     assert {r.data.tags["run_key"] for r in children} == set(results["run_key"])
     assert len({r.info.run_name for r in children}) == 6  # every child its own name
+    # a cell's seeds share its `cell` tag (the name without the seed): one per group_key
+    assert len({(r.data.tags["cell"], r.data.tags["group_key"]) for r in children}) == len(set(results["group_key"])) == 3
     gated = next(r for r in children if r.data.tags["method"] == "head_gates")
     assert {a.path for a in mlflow.list_artifacts(gated.info.run_id)} == {
         "maps.npz", "heads.gate.png", "heads.log_alpha.png"}
