@@ -148,6 +148,19 @@ class RunLifecycle(Database):
         return True
 
     @retrying
+    def add_metrics(self, run_key: str, metrics: Mapping[str, Any]) -> bool:
+        """Merge ``metrics`` into a finished run's: what is known only once its finish is written
+        (``cost.finish_s``, ``cost.total_s``). False when the run is not finished."""
+        finished = (Run.run_key == run_key, Run.status == RunStatus.FINISHED)
+        with self._write() as connection:
+            stored = connection.execute(select(Run.metrics).where(*finished).with_for_update()).one_or_none()
+            if stored is None:
+                return False
+            merged = dict(stored.metrics or {}) | json_safe(dict(metrics))
+            connection.execute(update(Run).where(*finished).values(metrics=merged, updated_at=now()))
+        return True
+
+    @retrying
     def fail(self, run_key: str, error: str, worker: str | None = None) -> bool:
         """A running run -> failed, keeping the traceback; False when it was not running."""
         when = now()

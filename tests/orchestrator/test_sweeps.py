@@ -100,7 +100,7 @@ def test_a_sweep_runs_every_cell_once_and_tracks_it(local_ray, home):
     assert len({(r.data.tags["cell"], r.data.tags["group_key"]) for r in children}) == len(set(results["group_key"])) == 3
     gated = next(r for r in children if r.data.tags["method"] == "head_gates")
     assert {a.path for a in mlflow.list_artifacts(gated.info.run_id)} == {
-        "maps.npz", "heads.gate.png", "heads.log_alpha.png"}
+        "maps.npz", "heads.gate.png"}
 
     every = [registry.get_run(k) for k in results["run_key"]]
     fine_tunes = [r for r in every if r["method"] == "finetune"]
