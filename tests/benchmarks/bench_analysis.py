@@ -29,15 +29,14 @@ a 6 x 1536 ``neurons.predictivity`` map (random floats: ~370 MB).
   the first request (loads the sweep and answers), then 20 concurrent clients
   (threads with httpx, a bounded number of requests each) once it is cached
 
-"seconds" is one measured run unless said otherwise. "load_1m" is the 1-minute load average: the
-machine is shared, read timings next to it. Not a pytest test.
+"seconds" is one measured run unless said otherwise. Every line carries its target, whether it was
+met and the 1-minute load average (``_bench.emit``): the machine is shared, read timings next to it.
+The script exits 1 when a target was missed. Not a pytest test.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import socket
 import sys
 import tempfile
@@ -52,6 +51,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _bench import below, emit, finish  # noqa: E402
 from pg_schema import pg_schema  # noqa: E402
 
 from analysis import queries  # noqa: E402
@@ -65,15 +65,8 @@ SPARSITIES, LAMBDAS, SEEDS = (0.1, 0.3, 0.5, 0.7, 0.9), tuple(np.geomspace(1e-3,
 CLIENTS = 20
 
 
-def _emit(figure: str, seconds: float | None, target: str | None, **extra: object) -> None:
-    row: dict[str, object] = {"bench": "analysis", "figure": figure}
-    if seconds is not None:
-        row["seconds"] = round(seconds, 4)
-    if target:
-        row["target"] = target
-    row["load_1m"] = round(os.getloadavg()[0], 2)
-    row.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in extra.items()})
-    print(json.dumps(row), flush=True)
+def _emit(figure: str, seconds: float, target, **extra: object) -> None:
+    emit("analysis", figure, target=target, measured="seconds" if target else None, seconds=seconds, **extra)
 
 
 def _timed(fn):
@@ -144,11 +137,12 @@ def bench_loading(registry: Registry, sweep_id: str, neuron_sweep_id: str | None
     (data, gates), seconds = _timed(load_gates)
     assert gates.shape == (10_000, LAYERS, HEADS) and data.has_gates.all()
     assert len(data.config) >= 30 and data.config["head_gates.lambda"].dtype == np.float64
-    _emit("load_10000_cold", seconds, "< 2", runs=len(data), config_keys=len(data.config),
+    _emit("load_10000_cold", seconds, below(2, "s"), runs=len(data), config_keys=len(data.config),
           map="heads.gate (6, 12)", **extra)
     again, seconds = _timed(lambda: load_sweep(registry, sweep_id))
     assert again is data
-    _emit("load_10000_cached", seconds, None, ms=seconds * 1000, **extra)
+    _emit("load_10000_cached", seconds, None, ms=seconds * 1000, note="informational: one version check",
+          **extra)
     if neuron_sweep_id is None:
         return
     clear_cache()
@@ -159,7 +153,7 @@ def bench_loading(registry: Registry, sweep_id: str, neuron_sweep_id: str | None
 
     (data, (values, has)), seconds = _timed(load_neurons)
     assert values.shape == (10_000, LAYERS, NEURONS) and has.all()
-    _emit("load_10000_neurons", seconds, "< 5", map="neurons.predictivity (6, 1536)",
+    _emit("load_10000_neurons", seconds, below(5, "s"), map="neurons.predictivity (6, 1536)",
           megabytes=round(values.nbytes / 2**20), **extra)
     if backend == "sqlite":  # the same numbers whatever the backend: once
         # two groups of 1,000 runs (one task's dp runs of 20 seeds each), the neuron map
@@ -171,7 +165,7 @@ def bench_loading(registry: Registry, sweep_id: str, neuron_sweep_id: str | None
                 data, a, b, map_name="neurons.predictivity", k_frac=0.2, n_perm=1000))
             times.append(seconds)
         assert (rho["n_a"], rho["n_b"]) == (1_000, 1_000)
-        _emit("spearman_neurons_1000_vs_1000", min(times[1:]), "< 1", cold_seconds=times[0],
+        _emit("spearman_neurons_1000_vs_1000", min(times[1:]), below(1, "s"), cold_seconds=times[0],
               map="neurons.predictivity (6, 1536)", n_perm=1000, spearman=rho["spearman"])
     clear_cache()
 
@@ -183,7 +177,7 @@ def loading(url: str, backend: str) -> str:
     with Registry(url) as registry:
         sweep_id, seconds = _timed(lambda: fill(registry, rng))
         neuron_sweep_id, neuron_seconds = _timed(lambda: fill(registry, rng, neurons=True))
-        _emit("fill_10000", seconds, None, neurons_seconds=neuron_seconds, note="bulk insert, not a target",
+        _emit("fill_10000", seconds, None, neurons_seconds=neuron_seconds, note="informational: the bulk insert that fills the registry",
               **({} if backend == "sqlite" else {"backend": backend}))
         bench_loading(registry, sweep_id, neuron_sweep_id, backend)
     return sweep_id
@@ -197,12 +191,12 @@ def bench_queries(registry: Registry, sweep_id: str) -> None:
         assert result.matrix.shape == (10_000, 10_000)
         times.append(seconds)
         del result
-    _emit("pearson_agreement_10000", min(times[1:]), "< 1", cold_seconds=times[0], dtype="float32")
+    _emit("pearson_agreement_10000", min(times[1:]), below(1, "s"), cold_seconds=times[0], dtype="float32")
 
     # not a target: what the stem cell statistic costs at this size (50 seeds per cell)
     result, seconds = _timed(lambda: queries.agreement(data, "task", n_perm=0))
     _emit("stem_cell_10000_once", seconds, None, cells=result.n_cells, stem_cell=result.stem_cell.observed,
-          note="200 cells x 50 seeds, no null; the service refuses nulls above 200,000 fits")
+          note="informational: 200 cells x 50 seeds, no null; the service refuses nulls above 200,000 fits")
 
     a, b = {"task": [TASKS[0]]}, {"task": [TASKS[1]]}
     times = []
@@ -210,11 +204,11 @@ def bench_queries(registry: Registry, sweep_id: str) -> None:
         rho, seconds = _timed(lambda: queries.spearman_overlap(data, a, b, k_frac=0.2, n_perm=1000))
         assert (rho["n_a"], rho["n_b"]) == (5_000, 5_000)
         times.append(seconds)
-    _emit("spearman_5000_vs_5000", min(times[1:]), "< 1", cold_seconds=times[0], spearman=rho["spearman"],
+    _emit("spearman_5000_vs_5000", min(times[1:]), below(1, "s"), cold_seconds=times[0], spearman=rho["spearman"],
           n_perm=1000, mean_pairwise=rho["mean_pairwise"], jaccard=rho["jaccard"])
 
     rows, seconds = _timed(lambda: queries.aggregate(data, ["task", "pipeline"], "accuracy"))
-    _emit("aggregate_10000", seconds, None, groups=len(rows))
+    _emit("aggregate_10000", seconds, None, groups=len(rows), note="informational: uncached, for scale")
 
 
 def _free_port() -> int:
@@ -237,7 +231,7 @@ def bench_http(url: str, sweep_id: str, requests_per_client: int) -> None:
         with httpx.Client(base_url=base, timeout=60) as client:
             response, seconds = _timed(lambda: client.get(path))
             assert response.status_code == 200, response.text
-            _emit("http_aggregate_first", seconds, None, note="loads the sweep and computes the answer")
+            _emit("http_aggregate_first", seconds, None, note="informational: loads the sweep and computes the answer")
 
         latencies: list[float] = []
         lock = threading.Lock()
@@ -262,8 +256,9 @@ def bench_http(url: str, sweep_id: str, requests_per_client: int) -> None:
         wall = time.perf_counter() - start
         ms = np.array(latencies) * 1000
         p50, p99 = np.percentile(ms, [50, 99])
-        _emit("http_aggregate_20_clients", None, "p99 < 200 ms", clients=CLIENTS, requests=len(ms),
-              p50_ms=float(p50), p99_ms=float(p99), max_ms=float(ms.max()), requests_per_s=len(ms) / wall)
+        emit("analysis", "http_aggregate_20_clients", target=below(200, "ms (p99)"), measured="p99_ms",
+             clients=CLIENTS, requests=len(ms), p50_ms=float(p50), p99_ms=float(p99), max_ms=float(ms.max()),
+             requests_per_s=len(ms) / wall)
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -282,12 +277,12 @@ def main() -> None:
         if args.pg:
             with pg_schema(args.pg) as pg_url:
                 loading(pg_url, "postgresql")
-        if args.only_loading:
-            return
-        with Registry(url) as registry:
-            bench_queries(registry, sweep_id)
-        if not args.no_http:
-            bench_http(url, sweep_id, args.requests_per_client)
+        if not args.only_loading:
+            with Registry(url) as registry:
+                bench_queries(registry, sweep_id)
+            if not args.no_http:
+                bench_http(url, sweep_id, args.requests_per_client)
+    finish()
 
 
 if __name__ == "__main__":

@@ -11,13 +11,16 @@ so machine noise hits both alike.
    sampled and attached, vs the plain MiniLM. Target ratio <= 1.10.
 2. ``pruned_inference``: ``torch.inference_mode`` forward of MiniLM with half
    the heads of every layer physically removed, vs the full model. Target
-   speed-up >= 1.10x.
+   speed-up >= 1.10x. The pruned model must equal the gated one (max difference < 1e-4, fp32), or
+   the script fails.
+
+Every line carries its target, whether it was met and the load (``_bench.emit``); the script
+exits 1 when a target was missed.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import os
 import statistics
 import time
@@ -26,6 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
+from _bench import at_least, at_most, emit, finish  # noqa: E402
 from torch import nn  # noqa: E402
 
 from experiments.interventions.gates import HeadGates  # noqa: E402
@@ -37,6 +41,7 @@ THREADS = 2
 BATCH, TOKENS = 32, 64
 NUM_LABELS = 2
 TRAIN_REPS, INFER_REPS = 5, 15
+PRUNED_TOLERANCE = 1e-4  # fp32 hidden states of order 1 through 6 layers: ~1e-6 is rounding
 
 
 def _batch(generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -108,12 +113,9 @@ def bench_gated_train_step(model, batch) -> dict:
     )
     handle.remove()
     return {
-        "bench": "heads",
-        "figure": "gated_train_step",
         "gated_ms": _ms(gated_times),
         "plain_ms": _ms(plain_times),
         "ratio": round(_ms(gated_times) / _ms(plain_times), 3),
-        "target": "<= 1.10",
         "ratio_of_min": round(min(gated_times) / min(plain_times), 3),
         "batch": [BATCH, TOKENS],
         "threads": torch.get_num_threads(),
@@ -136,17 +138,15 @@ def bench_pruned_inference(model, batch) -> dict:
         reference = full(**batch).last_hidden_state
         handle.remove()
         max_diff = (pruned(**batch).last_hidden_state - reference).abs().max().item()
+        assert max_diff < PRUNED_TOLERANCE, f"the pruned model differs from the gated one by {max_diff:.3g}"
 
         pruned_times, full_times = _interleaved(
             lambda: pruned(**batch), lambda: full(**batch), INFER_REPS
         )
     return {
-        "bench": "heads",
-        "figure": "pruned_inference",
         "pruned_ms": _ms(pruned_times),
         "full_ms": _ms(full_times),
         "speedup": round(_ms(full_times) / _ms(pruned_times), 3),
-        "target": ">= 1.10",
         "speedup_of_min": round(min(full_times) / min(pruned_times), 3),
         "full_params": sum(p.numel() for p in full.parameters()),
         "pruned_params": sum(p.numel() for p in pruned.parameters()),
@@ -163,8 +163,10 @@ def main() -> None:
     torch.manual_seed(0)
     model, _ = load_backbone("minilm-l6", 0)
     batch = _batch(torch.Generator().manual_seed(0))
-    print(json.dumps(bench_gated_train_step(model, batch)), flush=True)
-    print(json.dumps(bench_pruned_inference(model, batch)), flush=True)
+    emit("heads", "gated_train_step", target=at_most(1.10), measured="ratio", **bench_gated_train_step(model, batch))
+    emit("heads", "pruned_inference", target=at_least(1.10, "x"), measured="speedup",
+         **bench_pruned_inference(model, batch))
+    finish()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """Orchestration overhead per trial: trivial runs through the full path (registry + Ray Tune, MLflow off).
 
-Prints one JSON line per figure:
-- per-trial overhead for 1,000 trivial runs, median of 3 sweeps (target <= 15 ms);
+Prints one JSON line per figure (``_bench.emit``: target, met, load; exits 1 on a miss):
+- per-trial overhead for 1,000 trivial runs, median of 3 sweeps (target <= 15 ms): the driver's
+  wall time over the runs, split by the registry's timestamps into the wave's start-up (fit() to
+  the first run claimed: Tune's set-up and the new worker processes' imports) and the steady
+  part (first claim to last finish, per trial);
 - the driver's peak memory after 1,000 trials vs after 100 (target ratio <= 1.5), each
   measured in a fresh driver process.
 
@@ -21,6 +24,8 @@ import tempfile
 import time
 
 import numpy as np
+import sqlalchemy as sa
+from _bench import at_most, emit, finish
 
 
 def trivial_run(cfg, ctx):
@@ -41,21 +46,28 @@ def _grid(n: int) -> dict:
     }
 
 
-def one_sweep(n: int, home: str) -> float:
-    """Register n trivial runs and execute them; return wall seconds of the driver's Tuner."""
+def one_sweep(n: int, home: str) -> dict[str, float]:
+    """Register n trivial runs and execute them; return the driver's wall seconds (``seconds``), the
+    start-up (start to the first run claimed) and the steady part (first claim to last finish)."""
     from orchestrator.driver import execute_sweep
     from orchestrator.grid import expand, parse_grid
-    from orchestrator.registry import Registry
+    from orchestrator.registry import Registry, Run
+    from orchestrator.registry.db import now
 
     url = f"sqlite:///{home}/registry.db"
     spec = parse_grid(_grid(n))
     registry = Registry(url)
     sweep_id, _ = registry.create_sweep("bench", "", expand(spec), {"cpus": 1}, 2, 0, force=True)
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), now()
     counts = execute_sweep(sweep_id, registry_url=url, track=False, run_fn=trivial_run)
     seconds = time.perf_counter() - started
     assert counts == {"finished": n}, counts
-    return seconds
+    engine = sa.create_engine(url)
+    with engine.connect() as connection:
+        first, last = connection.execute(sa.select(sa.func.min(Run.started_at), sa.func.max(Run.finished_at))).one()
+    engine.dispose()
+    return {"seconds": seconds, "startup_s": (first - started_at).total_seconds(),
+            "steady_s": (last - first).total_seconds()}
 
 
 def _child(n: int) -> None:
@@ -86,26 +98,28 @@ def main() -> None:
     if not args.memory_only:
         overhead(args)
     memory_ratio(args)
+    finish()
 
 
 def overhead(args) -> None:
     import ray
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    one_sweep(20, tempfile.mkdtemp())  # warm the worker processes and imports
-    times = []
-    for _ in range(args.repeats):
+    sweeps = []
+    for _ in range(1 + args.repeats):  # the first warms Ray's worker pool and the driver's imports
         home = tempfile.mkdtemp()
         os.environ["HEADSWEEP_HOME"] = home
-        times.append(one_sweep(args.runs, home))
+        sweeps.append(one_sweep(args.runs if sweeps else 20, home))
     ray.shutdown()
-    per_trial_ms = 1000 * statistics.median(times) / args.runs
-    print(json.dumps({
-        "bench": "orchestration", "figure": "overhead_per_trial", "runs": args.runs,
-        "median_ms": round(per_trial_ms, 2), "sweeps_s": [round(t, 2) for t in times], "target": "<= 15 ms",
-        "note": "2 CPUs, 2 concurrent 1-CPU trials, reuse_actors, MLflow off; includes registry claim+finish",
-    }))
+    sweeps = sweeps[1:]
 
+    def median(part: str) -> float:
+        return statistics.median(sweep[part] for sweep in sweeps)
+
+    emit("orchestration", "overhead_per_trial", target=at_most(15, "ms"), measured="median_ms", runs=args.runs,
+         median_ms=1000 * median("seconds") / args.runs, sweeps_s=[round(sweep["seconds"], 2) for sweep in sweeps],
+         startup_s=median("startup_s"), steady_ms_per_trial=1000 * median("steady_s") / args.runs,
+         note="2 CPUs, 2 concurrent 1-CPU trials, reuse_actors, MLflow off; includes registry claim+finish")
 
 
 def memory_ratio(args) -> None:
@@ -113,12 +127,10 @@ def memory_ratio(args) -> None:
     for n in (100, args.runs):
         out = subprocess.run([sys.executable, __file__, "--child", str(n)], capture_output=True, text=True, check=True)
         memory[n] = json.loads(out.stdout.strip().splitlines()[-1])
-    print(json.dumps({
-        "bench": "orchestration", "figure": "driver_memory",
-        "rss_mb_100": round(memory[100]["rss_mb"], 1), f"rss_mb_{args.runs}": round(memory[args.runs]["rss_mb"], 1),
-        "ratio": round(memory[args.runs]["rss_mb"] / memory[100]["rss_mb"], 3),
-        "peak_ratio": round(memory[args.runs]["maxrss_mb"] / memory[100]["maxrss_mb"], 3), "target": "<= 1.5",
-    }))
+    emit("orchestration", "driver_memory", target=at_most(1.5), measured="ratio",
+         rss_mb_100=round(memory[100]["rss_mb"], 1), **{f"rss_mb_{args.runs}": round(memory[args.runs]["rss_mb"], 1)},
+         ratio=round(memory[args.runs]["rss_mb"] / memory[100]["rss_mb"], 3),
+         peak_ratio=round(memory[args.runs]["maxrss_mb"] / memory[100]["maxrss_mb"], 3))
 
 
 if __name__ == "__main__":

@@ -14,15 +14,14 @@ On SQLite (a temporary file) and PostgreSQL (a fresh schema, dropped after):
   ``sweep_runs`` (one query: columns, metrics, configs) + ``sweep_map`` (one query)
 
 "seconds" is one measured run after a warm-up of the imports (torch comes in
-with the task and method tables). "load_1m" is the 1-minute load average:
-the machine is shared, so read timings next to it. Not a pytest test.
+with the task and method tables). Every line carries its target and whether it was met, and the
+1-minute load average (``_bench.emit``); the script exits 1 when a target was missed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _bench import below, emit, finish  # noqa: E402
 from pg_schema import pg_schema  # noqa: E402
 
 from orchestrator.grid import expand, parse_grid  # noqa: E402
@@ -55,12 +55,9 @@ GRID = {
 }
 
 
-def _emit(figure: str, backend: str | None, seconds: float, target: str, **extra: object) -> None:
-    row = {"bench": "registry", "figure": figure}
-    if backend:
-        row["backend"] = backend
-    row.update({"seconds": round(seconds, 4), "target": target, "load_1m": os.getloadavg()[0], **extra})
-    print(json.dumps(row), flush=True)
+def _emit(figure: str, backend: str | None, seconds: float, target, **extra: object) -> None:
+    where = {"backend": backend} if backend else {}
+    emit("registry", figure, target=target, measured="seconds", seconds=seconds, **where, **extra)
 
 
 def _timed(fn):
@@ -98,17 +95,17 @@ def _finish_all(url: str, sweep_id: str, rng: np.random.Generator) -> None:
 
 def bench_backend(backend: str, url: str) -> None:
     registry, opened = _timed(lambda: Registry(url))
-    _emit("open_and_migrate", backend, opened, "< 1")
+    _emit("open_and_migrate", backend, opened, below(1, "s"))
     (sweep_id, counts), seconds = _timed(lambda: _submit(registry))
     assert counts["new"] == 10_000, counts
-    _emit("register_10000", backend, seconds, "< 2", new=counts["new"])
+    _emit("register_10000", backend, seconds, below(2, "s"), new=counts["new"])
     (_, counts), seconds = _timed(lambda: _submit(registry))
     assert counts["new"] == 0 and counts["total"] == 10_000, counts
-    _emit("resubmit_10000", backend, seconds, "< 1", new=counts["new"])
+    _emit("resubmit_10000", backend, seconds, below(1, "s"), new=counts["new"])
     _finish_all(url, sweep_id, np.random.default_rng(0))
     (runs, gate), seconds = _timed(lambda: (registry.sweep_runs(sweep_id), registry.sweep_map(sweep_id, "heads.gate")))
     assert gate.values.shape == (10_000, LAYERS, HEADS) and gate.has.all() and len(runs["config"]) == 10_000
-    _emit("results_10000", backend, seconds, "< 2", map_shape=list(gate.values.shape))
+    _emit("results_10000", backend, seconds, below(2, "s"), map_shape=list(gate.values.shape))
     registry.close()
 
 
@@ -118,7 +115,7 @@ def bench_stages(backend: str, url: str) -> None:
     assert counts["new"] == 10_200, counts
     dag = registry.sweep_dag(sweep_id)
     assert dag == {"upstream": 200, "dependants": 10_000}, dag
-    _emit("register_10000_with_stages", backend, seconds, "< 2", new=counts["new"], **dag)
+    _emit("register_10000_with_stages", backend, seconds, below(2, "s"), new=counts["new"], **dag)
     registry.close()
 
 
@@ -131,9 +128,11 @@ def main() -> None:
     expand(parse_grid({"name": "warm", "axes": {"seed": [0]}}))  # imports torch via the task table
     configs, seconds = _timed(lambda: expand(parse_grid(GRID)))
     assert len(configs) == 10_000
-    _emit("expand_10000", None, seconds, "< 1", cells=len(configs))
+    _emit("expand_10000", None, seconds, below(1, "s"), cells=len(configs))
     keys, seconds = _timed(lambda: [cfg.run_key for cfg in configs])
-    _emit("run_keys_10000", None, seconds, "", distinct=len(set(keys)))
+    assert len(set(keys)) == len(configs), "two cells of the grid got the same run key"
+    emit("registry", "run_keys_10000", target=None, seconds=seconds, distinct=len(set(keys)),
+         note="informational: the keys' part of expand_10000 (keyed there already, so cached here)")
 
     with tempfile.TemporaryDirectory() as tmp:
         bench_backend("sqlite", f"sqlite:///{Path(tmp) / 'registry.db'}")
@@ -143,6 +142,7 @@ def main() -> None:
             bench_backend("postgresql", url)
         with pg_schema(args.pg) as url:
             bench_stages("postgresql", url)
+    finish()
 
 
 if __name__ == "__main__":

@@ -5,26 +5,26 @@
 "seconds" is the best of the repeats after a first call; "cold_seconds" is
 that first call, which also pays for the first touch of the ~400 MB result
 (on this VM first-touch page faults cost more than the matmul itself).
-"load_1m" is the machine's 1-minute load average when the line was written:
-the machine is shared, so read timings next to it. Not a pytest test: it
-allocates ~1 GB and takes tens of seconds.
+Every line carries its target, whether it was met and the 1-minute load
+average (``_bench.emit``); ours must equal scipy's Spearman to 1e-6, or the
+script fails. Not a pytest test: it allocates ~1 GB and takes tens of seconds.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Callable
 
 import numpy as np
 import scipy.stats
+from _bench import below, emit, finish
 
 from analysis import stats
 from analysis.statistics import pearson, rbo, spearman, stem_cell
 
 P = 144  # 6 layers x 12 heads (MiniLM)
 SCIPY_LIMIT_S = 30.0
+SCIPY_TOLERANCE = 1e-6  # both in float64: equal but for rounding
 
 
 def _time(fn: Callable[[], object], repeats: int = 3) -> tuple[float, float]:
@@ -38,13 +38,8 @@ def _time(fn: Callable[[], object], repeats: int = 3) -> tuple[float, float]:
     return min(times[1:]), times[0]
 
 
-def _emit(figure: str, seconds: float, target: str | None, **extra) -> None:
-    row = {"bench": "stats", "figure": figure, "seconds": round(seconds, 4)}
-    if target is not None:
-        row["target"] = target
-    row["load_1m"] = os.getloadavg()[0]
-    row.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in extra.items()})
-    print(json.dumps(row), flush=True)
+def _emit(figure: str, seconds: float, target, **extra) -> None:
+    emit("stats", figure, target=target, measured="seconds" if target else None, seconds=seconds, **extra)
 
 
 def _gates(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -64,15 +59,15 @@ def main() -> None:
 
     x = _gates(rng, 10_000)
     warm, cold = _time(lambda: pearson.pearson_matrix(x))
-    _emit("pearson_10000x144", warm, "< 1", cold_seconds=cold, dtype="float32")
+    _emit("pearson_10000x144", warm, below(1, "s"), cold_seconds=cold, dtype="float32")
     warm, cold = _time(lambda: pearson.pearson_matrix(x, dtype=np.float64), repeats=2)
-    _emit("pearson_10000x144_float64", warm, "< 1", cold_seconds=cold)
+    _emit("pearson_10000x144_float64", warm, below(1, "s"), cold_seconds=cold)
 
     a, b = _gates(rng, 5_000), _gates(rng, 5_000)
     ours, cold = _time(lambda: spearman.spearman_between(a, b))
-    _emit("spearman_between_5000x5000", ours, "< 1", cold_seconds=cold, dtype="float32")
+    _emit("spearman_between_5000x5000", ours, below(1, "s"), cold_seconds=cold, dtype="float32")
     warm, cold = _time(lambda: spearman.spearman_rows(a.mean(axis=0)[None], b.mean(axis=0)[None]))
-    _emit("spearman_groups_5000_vs_5000", warm, "< 1", cold_seconds=cold)
+    _emit("spearman_groups_5000_vs_5000", warm, below(1, "s"), cold_seconds=cold)
 
     # scipy computes the full (Na + Nb)^2 matrix; time it small first and only run the
     # full size if the quadratic extrapolation stays under the limit.
@@ -82,6 +77,7 @@ def main() -> None:
     probe_s = time.perf_counter() - start
     ours_probe = spearman.spearman_between(a[:probe], b[:probe], dtype=np.float64)
     max_diff = float(np.nanmax(np.abs(ours_probe - full_probe[:probe, probe:])))
+    assert max_diff < SCIPY_TOLERANCE, f"ours differs from scipy.stats.spearmanr by {max_diff:.3g}"
     predicted = probe_s * (len(a) / probe) ** 2
     if predicted < SCIPY_LIMIT_S:
         start = time.perf_counter()
@@ -93,6 +89,7 @@ def main() -> None:
             None,
             ratio_vs_ours=scipy_s / ours,
             max_abs_diff_at_1000=max_diff,
+            note="informational: scipy's time, for scale (its values are checked equal to ours)",
         )
     else:
         ours_probe_s, _ = _time(lambda: spearman.spearman_between(a[:probe], b[:probe]))
@@ -100,8 +97,8 @@ def main() -> None:
             "scipy_spearmanr_1000_vs_1000",
             probe_s,
             None,
-            note=f"full 5000 vs 5000 predicted {predicted:.0f} s > {SCIPY_LIMIT_S:.0f} s: "
-            "measured on 2,000 runs (1,000 per group) instead",
+            note=f"informational: scipy's time, for scale (its values are checked equal to ours); full 5000 "
+            f"vs 5000 predicted {predicted:.0f} s > {SCIPY_LIMIT_S:.0f} s: measured on 2,000 runs (1,000 per group)",
             ratio_vs_ours=probe_s / ours_probe_s,
             max_abs_diff=max_diff,
         )
@@ -115,7 +112,7 @@ def main() -> None:
         warm, cold = _time(
             lambda fn=fn: stats.permutation_null(fn, z, 1000, np.random.default_rng(1)), repeats=2
         )
-        _emit(f"permutation_null_1000x3x144_{name}", warm, "< 1", cold_seconds=cold)
+        _emit(f"permutation_null_1000x3x144_{name}", warm, below(1, "s"), cold_seconds=cold)
 
     # the stem cell null of a whole sweep: 1,000 cells x 3 seeds, every cell in one batched Pearson
     x = (rng.random((3_000, 6, 12)) < 0.5).astype(np.float64)
@@ -123,11 +120,13 @@ def main() -> None:
     warm, cold = _time(lambda: stats.both_nulls(lambda z: stem_cell.stem_cell(z, cells), x, 100,
                                                 np.random.default_rng(3)), repeats=2)
     _emit("stem_cell_both_nulls_100perm_1000cells_x3x144", warm, None, cold_seconds=cold,
-          per_permutation_ms=1000 * warm / 200)
+          per_permutation_ms=1000 * warm / 200, note="informational: what a whole sweep's stem cell nulls cost")
 
     values = rng.random(1_000)
     warm, cold = _time(lambda: stats.aggregate(values, np.random.default_rng(2), n_boot=1000))
-    _emit("aggregate_bootstrap_1000x1000", warm, None, cold_seconds=cold)
+    _emit("aggregate_bootstrap_1000x1000", warm, None, cold_seconds=cold,
+          note="informational: a bootstrap CI of 1,000 values")
+    finish()
 
 
 if __name__ == "__main__":

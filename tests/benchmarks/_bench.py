@@ -1,0 +1,155 @@
+"""One way for every ``bench_*.py`` to report a figure, and ``make bench``'s runner.
+
+A bench script prints one JSON line per figure through :func:`emit`: the measured fields, the
+``target`` (text a person reads, e.g. ``"<= 15 ms"``), ``met`` (computed here from the measured
+value, never typed in) and the machine's 1-minute load average (these machines are shared: read
+absolute times next to it). A line with no target says why in its ``note`` and carries
+``"target": null, "met": null``. The script ends with :func:`finish`, which exits 1 naming the
+figures that missed their targets.
+
+    BENCH_TIGHTEN=FIGURE[,FIGURE...]   makes those figures' targets unmeetable, to see a miss
+
+Run as a script (``make bench``), it runs every ``bench_*.py`` next to it, one after the other,
+goes on past a failing one, and exits 1 at the end listing every missed figure of every script
+(and every script that failed without a miss: a correctness check that asserts, a crash).
+
+    .venv/bin/python tests/benchmarks/_bench.py [bench_x.py ...]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+_COMPARE = {"<": operator.lt, "<=": operator.le, ">=": operator.ge}
+_missed: list[str] = []
+
+
+@dataclass(frozen=True)
+class Target:
+    """``value <op> bound``, in ``unit`` (for the text only)."""
+
+    op: str
+    bound: float
+    unit: str = ""
+
+    def text(self) -> str:
+        return f"{self.op} {self.bound:g}" + (f" {self.unit}" if self.unit else "")
+
+    def met(self, value: float) -> bool:
+        return bool(_COMPARE[self.op](value, self.bound))
+
+    def tightened(self) -> Target:
+        """A target no measurement meets (times and ratios are never negative)."""
+        return Target(self.op, -1.0 if self.op in ("<", "<=") else math.inf, self.unit)
+
+
+def below(bound: float, unit: str = "") -> Target:
+    return Target("<", bound, unit)
+
+
+def at_most(bound: float, unit: str = "") -> Target:
+    return Target("<=", bound, unit)
+
+
+def at_least(bound: float, unit: str = "") -> Target:
+    return Target(">=", bound, unit)
+
+
+def _tightened() -> set[str]:
+    return {name.strip() for name in os.environ.get("BENCH_TIGHTEN", "").split(",") if name.strip()}
+
+
+def figure_name(bench: str, figure: str, backend: str | None = None) -> str:
+    """How a missed figure is named: ``bench.figure``, with the backend when a script measures
+    the same figure on several (``registry.resubmit_10000 (postgresql)``)."""
+    return f"{bench}.{figure}" + (f" ({backend})" if backend else "")
+
+
+def _rounded(value: object) -> object:
+    """Floats to 4 decimals, small ones (a max difference of 1e-7) to 3 significant digits."""
+    if not isinstance(value, float) or not math.isfinite(value):
+        return value
+    return round(value, 4) if abs(value) >= 0.01 else float(f"{value:.3g}")
+
+
+def emit(bench: str, figure: str, *, target: Target | None, measured: str | None = None,
+         note: str | None = None, **fields: object) -> dict:
+    """Print (and return) the figure's JSON line. ``measured`` names the field of ``fields`` that
+    ``target`` is checked against; a figure without a target must say why in ``note``."""
+    row: dict[str, object] = {"bench": bench, "figure": figure}
+    row.update({k: _rounded(v) for k, v in fields.items()})
+    if target is None:
+        if not note:
+            raise ValueError(f"{bench}.{figure}: a figure without a target says why in its note")
+        row.update(target=None, met=None)
+    else:
+        if measured not in fields:
+            raise ValueError(f"{bench}.{figure}: measured={measured!r} is not one of its fields")
+        if figure in _tightened() or f"{bench}.{figure}" in _tightened():
+            target = target.tightened()
+            row["tightened"] = "BENCH_TIGHTEN"
+        met = target.met(float(fields[measured]))
+        row.update(target=target.text(), measured=measured, met=met)
+        if not met:
+            _missed.append(figure_name(bench, figure, fields.get("backend")))
+    if note:
+        row["note"] = note
+    row["load_1m"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def finish() -> None:
+    """Exit 1 naming the figures that missed their targets; return when every one was met."""
+    if _missed:
+        print(f"MISSED: {', '.join(_missed)}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def run_scripts(scripts: list[Path]) -> list[str]:
+    """Run each script, echoing its lines; return every miss (``figure_name``) and every script that
+    failed without one. A line without ``target`` and ``met`` is a failure too."""
+    failures: list[str] = []
+    for script in scripts:
+        print(f"== {script.name}", flush=True)
+        process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+        missed_here: list[str] = []
+        for line in process.stdout:
+            print(line, end="", flush=True)
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(row, dict) or "figure" not in row:
+                continue
+            if "target" not in row or "met" not in row:
+                failures.append(f"{script.name}: line '{row['figure']}' has no target/met")
+            elif row["met"] is False:
+                missed_here.append(figure_name(str(row.get("bench")), row["figure"], row.get("backend")))
+        code = process.wait()
+        failures.extend(missed_here)
+        if code != 0 and not missed_here:
+            failures.append(f"{script.name}: exited {code} (a failed check or a crash: see above)")
+    return failures
+
+
+def main(argv: list[str]) -> int:
+    here = Path(__file__).resolve().parent
+    scripts = [Path(arg).resolve() for arg in argv] or sorted(here.glob("bench_*.py"))
+    failures = run_scripts(scripts)
+    if failures:
+        print(f"\n{len(failures)} missed:\n  " + "\n  ".join(failures), file=sys.stderr, flush=True)
+        return 1
+    print(f"\nevery target met ({len(scripts)} scripts)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
