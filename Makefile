@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv demo test test-slow bench real lint clean
+.PHONY: venv demo test test-slow bench real scale lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ real: venv
 # every missed target (BENCH_TIGHTEN=FIGURE makes one miss on purpose). Needs the machine to itself.
 bench: venv
 	@$(PY) tests/benchmarks/_bench.py
+
+# Scale runs (issue 19): in no test set, each loads the whole machine for minutes: run them alone.
+# scale_gpus.py: 8 simulated Ray nodes x 8 logical GPUs, 10,000 quarter-GPU trials through `headsweep submit`,
+# one node SIGKILLed mid-sweep (--nodes --gpus-per-node --trials --sleep --kill-after to size it).
+scale: venv
+	$(PY) tests/benchmarks/scale_gpus.py
 
 lint: venv
 	$(VENV)/bin/ruff check experiments orchestrator analysis tests
