@@ -90,19 +90,21 @@ def data_key(cfg, tokenizer) -> str:
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    """sha256 (16 hex) of what turns text into ids: the class, and a fast tokenizer's whole pipeline
-    (its ``tokenizers`` JSON less the truncation and padding each call sets) or else its vocabulary
-    and init arguments; with the padding and truncation sides. ~15 ms for MiniLM's."""
+    """sha256 (16 hex) of what turns text into ids: the class, the padding and truncation sides, and
+    a fast tokenizer's pipeline (normaliser, pre-tokeniser, model with its vocabulary, post-processor,
+    decoder: each as ``tokenizers`` serialises it) with its added tokens, or else its vocabulary and
+    init arguments. Not the truncation and padding that each call sets. ~2 ms for MiniLM's (its
+    whole JSON, re-serialised without them, took 15-50 ms: more than tokenising a tiny task)."""
+    digest = hashlib.sha256(f"{type(tokenizer).__name__}\0{tokenizer.padding_side}\0{tokenizer.truncation_side}".encode())
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        pipeline = json.loads(backend.to_str())
-        pipeline.pop("truncation", None), pipeline.pop("padding", None)
-    else:
-        pipeline = {"vocab": sorted(tokenizer.get_vocab().items()), "init": tokenizer.init_kwargs}
-    material = [type(tokenizer).__name__, tokenizer.padding_side, tokenizer.truncation_side, pipeline]
-    # no sort_keys: the pipeline's JSON comes in a fixed order (the vocabulary by id); sorting
-    # MiniLM's 30,522 vocabulary keys would add ~30 ms to every run's data load
-    return hashlib.sha256(json.dumps(material, default=str).encode()).hexdigest()[:16]
+    if backend is None:
+        digest.update(json.dumps([sorted(tokenizer.get_vocab().items()), tokenizer.init_kwargs], default=str).encode())
+        return digest.hexdigest()[:16]
+    for component in ("normalizer", "pre_tokenizer", "model", "post_processor", "decoder"):
+        part = getattr(backend, component)
+        digest.update(b"\0" + (part.__getstate__() if part is not None else b"none"))
+    digest.update(repr(sorted(backend.get_added_tokens_decoder().items())).encode())
+    return digest.hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=1)

@@ -100,6 +100,17 @@ def test_the_fingerprint_ignores_what_a_call_sets(minilm_tokenizer):
     assert tokenizer_fingerprint(minilm_tokenizer) == before
 
 
+def test_the_fingerprint_follows_the_normaliser_and_the_sides(minilm_tokenizer):
+    from tokenizers import normalizers
+
+    cased = copy.deepcopy(minilm_tokenizer)
+    cased.backend_tokenizer.normalizer = normalizers.BertNormalizer(lowercase=False)
+    left = copy.deepcopy(minilm_tokenizer)
+    left.padding_side = "left"
+    prints = {tokenizer_fingerprint(t) for t in (minilm_tokenizer, cased, left)}
+    assert len(prints) == 3
+
+
 def test_runs_loading_at_once_write_one_whole_entry(home, loads, minilm_tokenizer):
     cfg = TaskConfig(**SHORTCUT)
     results, barrier = [], threading.Barrier(4)

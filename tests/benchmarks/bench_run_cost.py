@@ -1,0 +1,139 @@
+"""What a run pays besides its training (issue 19), measured where it is paid.
+
+Prints one JSON line per figure (``_bench.emit``: target, met, load; exits 1 on a miss):
+- ``minilm_warm_setup``: MiniLM and SST-2 (20,000 train phrases, 1,000 dev, max_length 64) loaded
+  as a run's ``set_up`` loads them (``load_backbone`` + ``load_task``: the ``cost.model_s`` and
+  ``cost.data_s`` of the run), in one process with its own ``HEADSWEEP_HOME``: the first run
+  (model read, data tokenised and cached) then ``--repeats`` warm ones; target: the warm median
+  <= 0.5 s. Beside it, interleaved with the warm ones, what every run paid before the caches
+  (``from_pretrained`` of model and tokenizer + the task's own load).
+- ``tiny_in_trial``: ``--runs`` tiny-bert head_gates runs (a generated task, a few steps each)
+  through a real sweep (local Ray, 2 concurrent 1-CPU trials, SQLite registry, MLflow on): the
+  median ``cost.total_s`` of the warm runs (a worker's first pays the imports), with each part's
+  median; target <= 0.3 s.
+
+    .venv/bin/python tests/benchmarks/bench_run_cost.py [--repeats 3] [--runs 20] [--max-train 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+from _bench import at_most, emit, finish
+
+TINY_GRID = {
+    "name": "bench-run-cost",
+    "base": {
+        "model": "tiny-bert", "method": "head_gates",
+        "task": {"name": "synthetic-cls", "num_train": 256, "num_eval": 64, "max_length": 32},
+        "train": {"max_steps": 8, "batch_size": 16, "eval_every": 8},
+        "head_gates": {"pipeline": "dp", "lambda": 0.1, "lr": 0.1},
+    },
+    "resources": {"cpus": 1},
+    "max_concurrent": 2,
+    "max_failures": 0,
+}
+
+
+def minilm_setup(args) -> None:
+    from experiments.common.costs import Costs, active
+    from experiments.core.sections import TaskConfig
+    from experiments.models import load_backbone
+    from experiments.tasks.cache import load_task
+
+    cfg = TaskConfig(name="sst2", max_train=args.max_train, max_eval=1000, max_length=64)
+
+    def cached() -> dict[str, float]:
+        costs = Costs()
+        with active(costs):
+            _, tokenizer = load_backbone("minilm-l6", 0)
+            load_task(cfg, tokenizer)
+        return {"model": costs.seconds["model"], "data": costs.seconds["data"]}
+
+    first = cached()
+    warm, before = [], []
+    for _ in range(args.repeats):
+        warm.append(cached())
+        before.append(uncached(cfg))
+    total = [w["model"] + w["data"] for w in warm]
+    emit("run_cost", "minilm_warm_setup", target=at_most(0.5, "s"), measured="warm_s",
+         warm_s=statistics.median(total), warm_model_s=statistics.median(w["model"] for w in warm),
+         warm_data_s=statistics.median(w["data"] for w in warm), first_s=first["model"] + first["data"],
+         first_model_s=first["model"], first_data_s=first["data"],
+         uncached_s=statistics.median(before), repeats=args.repeats, train_phrases=args.max_train,
+         note="one process, its own HEADSWEEP_HOME (cold cache); uncached = from_pretrained + the task's "
+              "own load, what each run paid before (interleaved with the warm ones)")
+
+
+def uncached(cfg) -> float:
+    """Seconds of a run's model and data set-up without the caches: what it was before them."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from experiments.models import MODELS
+    from experiments.tasks import TASKS
+
+    started = time.perf_counter()
+    path = MODELS["minilm-l6"].path()
+    AutoModel.from_pretrained(path, dtype=torch.float32).eval()
+    TASKS[cfg.name].load(cfg, AutoTokenizer.from_pretrained(path))
+    return time.perf_counter() - started
+
+
+def tiny_in_trial(args) -> None:
+    import ray
+    import yaml
+
+    from experiments.common.costs import PARTS
+    from orchestrator import settings, tracking
+    from orchestrator.driver import execute_sweep
+    from orchestrator.grid import expand, parse_grid
+    from orchestrator.registry import Registry
+
+    grid = TINY_GRID | {"axes": {"seed": list(range(args.runs))}}
+    spec = parse_grid(grid)
+    registry = Registry(settings.registry_url())
+    sweep_id, _ = registry.create_sweep(spec.name, yaml.safe_dump(grid), expand(spec), spec.resources.model_dump(),
+                                        spec.max_concurrent, spec.max_failures, force=True)
+    mlflow = tracking.client()
+    experiment_id = tracking.ensure_experiment(mlflow, spec.name)
+    registry.set_sweep(sweep_id, mlflow_experiment_id=experiment_id,
+                       mlflow_parent_run_id=tracking.start_run(mlflow, experiment_id, sweep_id))
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"HEADSWEEP_HOME": os.environ["HEADSWEEP_HOME"]}})
+    try:
+        counts = execute_sweep(sweep_id, registry_url=settings.registry_url())
+    finally:
+        ray.shutdown()
+    assert counts == {"finished": args.runs}, counts
+    warm = [m for m in registry.sweep_runs(sweep_id)["metrics"] if not m["cost.first_in_worker"]]
+    parts = {f"{part}_s": statistics.median(m[f"cost.{part}_s"] for m in warm) for part in PARTS}
+    emit("run_cost", "tiny_in_trial", target=at_most(0.3, "s"), measured="warm_total_s",
+         warm_total_s=statistics.median(m["cost.total_s"] for m in warm), warm_runs=len(warm), runs=args.runs,
+         **parts, note="median cost.total_s (trial entered -> result in the registry) of the runs that were not "
+                       "their worker's first; the parts are medians too, so they need not add up")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--max-train", type=int, default=20000)
+    args = parser.parse_args()
+    os.environ["HEADSWEEP_HOME"] = tempfile.mkdtemp(prefix="bench-run-cost-")
+    for name in ("HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI"):
+        os.environ.pop(name, None)
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    minilm_setup(args)
+    tiny_in_trial(args)
+    finish()
+
+
+if __name__ == "__main__":
+    main()
