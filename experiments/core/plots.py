@@ -38,8 +38,17 @@ def gate_map_png(gates: np.ndarray, title: str, expected_open: float | None = No
         counts += f"\nexpected open {expected_open:.1f} (sum of P(gate > 0) in training)"
     ax.set_title(f"{title}\n{counts}", fontsize=9)
     fig.colorbar(image, ax=ax, label="gate")
-    fig.tight_layout()
+    _margins(fig, title_lines=ax.get_title().count("\n") + 1)
     return figure_png(fig)
+
+
+def _margins(fig: Figure, title_lines: int) -> None:
+    """Fixed margins in inches for a heat map with numbered ticks, axis labels, a colour bar and a
+    title of ``title_lines`` lines at 9 pt: what ``tight_layout`` finds for the gate map, without
+    measuring every text first (40 % of drawing it: 0.11-0.14 s instead of 0.18-0.22 s, issue 19)."""
+    width, height = fig.get_size_inches()
+    fig.subplots_adjust(left=0.55 / width, right=1 - 0.1 / width, bottom=0.5 / height,
+                        top=1 - (0.12 + 0.16 * title_lines) / height)
 
 
 def _wrap(title: str, width_inches: float, fontsize: float = 9) -> str:
