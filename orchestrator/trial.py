@@ -169,14 +169,17 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
                 from orchestrator import tracking
 
                 mlflow = tracking.client(env["tracking_uri"])
-                run_id = claimed.get("mlflow_run_id") or tracking.start_run(
+                retried = claimed.get("mlflow_run_id")  # an earlier attempt's MLflow run, reused
+                run_id = retried or tracking.start_run(
                     mlflow, env["experiment_id"], tracking.run_name(cfg, env.get("name_keys", ())),
                     tags={"sweep": sweep_id, "cell": tracking.run_name(cfg, env.get("name_keys", ()), seed=False)},
                     parent_run_id=env.get("parent_run_id"),
                 )
                 tracker = mlflow_run = tracking.MlflowTracker(mlflow, run_id)
-                registry.set_mlflow_run(run_key, run_id)
-                mlflow.update_run(run_id, status="RUNNING")
+                if retried:  # FAILED or KILLED by that attempt; a new run starts RUNNING (one write less)
+                    mlflow.update_run(run_id, status="RUNNING")
+                else:
+                    registry.set_mlflow_run(run_key, run_id)
 
         device = "cuda" if torch.cuda.is_available() and context.get_trial_resources().required_resources.get("GPU") else "cpu"
         ctx = RunContext(
