@@ -208,6 +208,9 @@ def sweep_note(experiment_id: str, sweep_id: str, runs: int, configs: Sequence[A
     lines = [f"**{runs:,} runs** in this sweep. MLflow lists a parent run's children 10 at a time; "
              "these links search all of them (each opens the runs table: expand the sweep's row).", "",
              f"- [every run of the sweep]({search_link(experiment_id, sweep)})"]
+    cell = run_name(configs[0], keys, seed=False)
+    lines.append(f"- one cell's seeds: [`tags.cell = '{cell}'`]"
+                 f"({search_link(experiment_id, f'{sweep} and tags.cell = {_quoted(cell)}')})")
     flat = [flatten(cfg.to_dict()) for cfg in configs]
     pipelines = sorted({key for row in flat for key in row if key.endswith(".pipeline")})  # the name shows them bare
     for key in ["seed", *pipelines, *keys]:
@@ -220,9 +223,6 @@ def sweep_note(experiment_id: str, sweep_id: str, runs: int, configs: Sequence[A
                            for value in shown)
         more = "" if len(values) <= _MAX_LINKED_VALUES else f" (one of {len(values)} values; search ``{field} = '...'``)"
         lines.append(f"- {key}: {links}{more}")
-    cell = run_name(configs[0], keys, seed=False)
-    lines.append(f"- one cell's seeds: [`tags.cell = '{cell}'`]"
-                 f"({search_link(experiment_id, f'{sweep} and tags.cell = {_quoted(cell)}')})")
     return "\n".join(lines)
 
 
