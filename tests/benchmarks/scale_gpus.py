@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -60,7 +61,6 @@ from _bench import at_least, at_most, emit, finish  # noqa: E402
 from orchestrator import cluster  # noqa: E402
 from orchestrator.registry import Registry  # noqa: E402
 from orchestrator.registry.history import worker_node  # noqa: E402
-from orchestrator.status import SWEEP_DONE  # noqa: E402
 
 BENCH = "scale_gpus"
 PER_GPU = 4  # trials at gpus: 0.25
@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--memory-gib", type=float, default=16.0, help="memory the trial workers may use together")
     p.add_argument("--max-concurrent", type=int, help="trials at once (default: what fits --memory-gib)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds the sweep may take")
-    p.add_argument("--keep", action="store_true", help="keep the temp home (registry, records, logs)")
+    p.add_argument("--keep", action="store_true", help="keep the temp home (registry, records) and Ray's temp dirs (logs)")
     args = p.parse_args(argv)
     args.cpus_per_node = args.cpus_per_node or PER_GPU * args.gpus_per_node
     args.kill_after = args.trials // 3 if args.kill_after is None else args.kill_after
@@ -127,6 +127,17 @@ def probe_worker(address: str, nodes: list[dict]) -> dict:
         probe.communicate(timeout=60)
 
 
+def _measured(pids: list[int]) -> list[dict[str, float]]:
+    """``memory_mib`` of each of the processes that still lives."""
+    measured = []
+    for pid in pids:
+        try:
+            measured.append(memory_mib(pid))
+        except OSError:  # ended meanwhile
+            continue
+    return measured
+
+
 def trial_workers(nodes: list[dict]) -> list[int]:
     """The Tune trial processes (``ray::ImplicitFunc``) of the worker nodes."""
     table = cluster._processes()
@@ -134,20 +145,19 @@ def trial_workers(nodes: list[dict]) -> list[int]:
     return [pid for pid in pids if table.get(pid, (0, ""))[1].startswith("ray::ImplicitFunc")]
 
 
-def sample_memory(nodes: list[dict]) -> dict[str, float]:
-    """The trial workers now: how many, their USS summed and median, and the machine's available memory."""
-    used = []
-    for pid in trial_workers(nodes):
-        try:
-            used.append(memory_mib(pid))
-        except OSError:  # ended meanwhile
-            continue
+def sample_memory(home: Path, sweep_id: str, nodes: list[dict]) -> dict[str, float]:
+    """The trial workers now: how many, their USS summed and median; the driver's RSS; and the
+    machine's available memory."""
+    table = cluster._processes()
+    driver = [pid for pid in cluster.head_pids(home) if table.get(pid, (0, ""))[1].strip().endswith(
+        f"-m orchestrator.driver {sweep_id}")]
+    used = _measured(trial_workers(nodes))
     uss = sorted(m["uss"] for m in used)
     with open("/proc/meminfo") as meminfo:
         available = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable")) / 1024
     return {"workers": len(used), "uss_sum_mib": sum(uss), "uss_median_mib": uss[len(uss) // 2] if uss else 0.0,
             "rss_median_mib": sorted(m["rss"] for m in used)[len(used) // 2] if used else 0.0,
-            "available_mib": available}
+            "driver_rss_mib": sum(m["rss"] for m in _measured(driver)), "available_mib": available}
 
 
 # --------------------------------------------------------------------------- the records (pure)
@@ -205,24 +215,27 @@ def open_attempts(path: Path) -> Counter:
 # --------------------------------------------------------------------------- the cluster and the sweep
 
 
-def start_cluster(home: Path, args: argparse.Namespace) -> tuple[dict, list[dict]]:
-    """The head (no GPUs) and the worker nodes, once all of them joined."""
+def start_cluster(home: Path, args: argparse.Namespace, nodes: list[dict]) -> dict:
+    """The head (no GPUs), and the worker nodes appended to ``nodes`` as they start (so that a failed
+    start stops those already up), once all of them joined."""
     head = cluster.local_head(num_cpus=2, num_gpus=0, home=home)
-    nodes = [ray_nodes.start_node(head["address"], f"/tmp/hsg{os.getpid()}-{i}", args.cpus_per_node, args.gpus_per_node)
-             for i in range(args.nodes)]
+    for i in range(args.nodes):
+        nodes.append(ray_nodes.start_node(head["address"], f"/tmp/hsg{os.getpid()}-{i}", args.cpus_per_node,
+                                          args.gpus_per_node))
     deadline = time.monotonic() + 120
     while len(cluster.cluster_nodes(head["dashboard"])) < args.nodes + 1:
         assert time.monotonic() < deadline, "the worker nodes did not all join"
         time.sleep(1)
-    return head, nodes
+    return head
 
 
-def stop_cluster(home: Path, nodes: list[dict]) -> None:
+def stop_cluster(home: Path, nodes: list[dict], keep: bool) -> None:
+    """Stop every node by PID; their temp dirs (Ray's logs: the driver's is the head's) go unless ``keep``."""
     for node in nodes:
         ray_nodes.stop_node(node["tmp"])
-        shutil.rmtree(node["tmp"], ignore_errors=True)
     cluster.stop_local_head(home=home)
-    shutil.rmtree(cluster.temp_dir(home), ignore_errors=True)
+    for tmp in ([] if keep else [node["tmp"] for node in nodes] + [cluster.temp_dir(home)]):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def cli_env(home: Path, head: dict) -> dict[str, str]:
@@ -248,24 +261,33 @@ def grid(args: argparse.Namespace, max_concurrent: int) -> dict:
             "max_concurrent": max_concurrent, "max_failures": 3}
 
 
-def follow(registry: Registry, sweep_id: str, records: Path, nodes: list[dict], args: argparse.Namespace) -> dict:
-    """Wait for the sweep, killing a node once ``kill_after`` runs finished; memory sampled every ~5 s."""
-    started, lost, samples, last_sample = time.monotonic(), None, [], 0.0
-    while (sweep := registry.get_sweep(sweep_id))["status"] not in SWEEP_DONE:
-        assert time.monotonic() - started < args.timeout, registry.sweep_counts(sweep_id)
-        finished = registry.sweep_counts(sweep_id).get("finished", 0)
-        if time.monotonic() - last_sample > 5:
-            last_sample = time.monotonic()
-            samples.append(sample_memory(nodes) | {"finished": finished})
-            print(f"  {finished}/{args.trials} finished; {samples[-1]['workers']} trial workers", file=sys.stderr)
-        running = open_attempts(records) if lost is None and args.kill_after and finished >= args.kill_after else None
+def follow(sweep_id: str, home: Path, nodes: list[dict], args: argparse.Namespace) -> dict:
+    """Follow the sweep as ``headsweep submit --wait`` does (``sweeps.wait``: a dead driver is recorded,
+    the supervisor's resume awaited), killing a node once ``kill_after`` runs finished; memory sampled
+    every ~5 s. Ray's memory monitor sees the whole machine from every simulated node: under memory
+    pressure it kills workers on all of them, the head's job supervisor (and so the driver) included."""
+    from orchestrator.sweeps import wait
+
+    started, state = time.monotonic(), {"lost": None, "samples": [], "sampled": 0.0}
+
+    def update(sweep: dict, counts: dict) -> None:
+        assert time.monotonic() - started < args.timeout, counts
+        finished = counts.get("finished", 0)
+        if time.monotonic() - state["sampled"] > 5:
+            state["sampled"] = time.monotonic()
+            state["samples"].append(sample_memory(home, sweep_id, nodes) | {"finished": finished})
+            print(f"  {finished}/{args.trials} finished ({sweep['status']}); {state['samples'][-1]['workers']} "
+                  "trial workers", file=sys.stderr)
+        running = open_attempts(home / scale_methods.RECORD) if (
+            state["lost"] is None and args.kill_after and finished >= args.kill_after) else None
         if running:
             busiest = running.most_common(1)[0][0]
             (node,) = [n for n in nodes if n["node_id"] == busiest]
-            lost = {"node": node, "killed_at": time.time(), "pids": len(ray_nodes.kill_node(node["tmp"]))}
-            print(f"  killed node {busiest[:8]} ({lost['pids']} processes) at {finished} finished", file=sys.stderr)
-        time.sleep(0.5)
-    return {"sweep": sweep, "lost": lost, "samples": samples}
+            state["lost"] = {"node": node, "killed_at": time.time(), "pids": len(ray_nodes.kill_node(node["tmp"]))}
+            print(f"  killed node {busiest[:8]} ({state['lost']['pids']} processes) at {finished} finished", file=sys.stderr)
+
+    wait(sweep_id, on_update=update, poll_s=0.5)
+    return {"lost": state["lost"], "samples": state["samples"]}
 
 
 # --------------------------------------------------------------------------- main
@@ -273,32 +295,35 @@ def follow(registry: Registry, sweep_id: str, records: Path, nodes: list[dict], 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still stops its cluster (finally)
     home = Path(tempfile.mkdtemp(prefix="hsg-"))
     nodes: list[dict] = []
     load_before = os.getloadavg()
     try:
-        head, nodes = start_cluster(home, args)
+        head = start_cluster(home, args, nodes)
         worker = probe_worker(head["address"], nodes)
         fits = int(args.memory_gib * 1024 // worker["uss"])
         slots = PER_GPU * args.gpus_per_node * args.nodes
         cap = args.max_concurrent or min(slots, fits)
         env = cli_env(home, head)
+        os.environ.update({name: env[name] for name in ("HEADSWEEP_HOME", "HEADSWEEP_RAY_DASHBOARD", "RAY_ADDRESS")})
         grid_file = home / "grid.yaml"
         grid_file.write_text(json.dumps(grid(args, cap)))  # JSON is YAML
         submitted_at = time.time()
         headsweep(env, "submit", str(grid_file), "--no-track")
         registry = Registry(f"sqlite:///{home}/registry.db")
         (sweep,) = registry.list_sweeps()
-        records = home / scale_methods.RECORD
-        followed = follow(registry, sweep["id"], records, nodes, args)
+        followed = follow(sweep["id"], home, nodes, args)
         done_at = time.time()
-        status = " ".join(headsweep(env, "status", sweep["id"]).split())
-        report(args, registry, sweep["id"], records, followed, status, worker, fits, cap, slots,
+        told = headsweep(env, "status", sweep["id"])
+        print(told, file=sys.stderr)
+        status = " ".join(told.split())
+        report(args, registry, sweep["id"], home / scale_methods.RECORD, followed, status, worker, fits, cap, slots,
                submitted_at, done_at, load_before)
     finally:
-        stop_cluster(home, nodes)
+        stop_cluster(home, nodes, args.keep)
         if args.keep:
-            print(f"kept {home}", file=sys.stderr)
+            print(f"kept {home} and Ray's logs under {cluster.temp_dir(home)}", file=sys.stderr)
         else:
             shutil.rmtree(home, ignore_errors=True)
     finish()
@@ -358,7 +383,7 @@ def report(args, registry, sweep_id, records, followed, status, worker, fits, ca
     first_start = min(a["start"] for a in runs)
     last_end = max(a["end"] for a in runs if a["end"] is not None)
     span = last_end - first_start
-    useful = sum(run["metrics"].get("slept_s", 0.0) for run in registry_runs.values())  # each run's own sleep, once
+    useful = sum((run["metrics"] or {}).get("slept_s", 0.0) for run in registry_runs.values())  # each run's own sleep, once
     occupied = sum(a["until"] - a["start"] for a in runs if a["until"] is not None)
     alive = sum((min(last_end, killed_at) if node == lost_node else last_end) - first_start
                 for node in {a["node"] for a in runs})  # GPU-node seconds
@@ -381,6 +406,7 @@ def report(args, registry, sweep_id, records, followed, status, worker, fits, ca
          most_workers=busiest.get("workers", 0), their_uss_sum_mib=busiest.get("uss_sum_mib", 0.0),
          uss_median_mib=busiest.get("uss_median_mib", 0.0), rss_median_mib=busiest.get("rss_median_mib", 0.0),
          min_available_mib=min((s["available_mib"] for s in samples), default=0.0),
+         driver_rss_max_mib=max((s["driver_rss_mib"] for s in samples), default=0.0),
          note="informational: a trial worker imports torch, Ray Tune, SQLAlchemy and matplotlib before its "
               "method; max_concurrent = min(4 x GPUs, budget / probe USS) unless given")
 
