@@ -29,6 +29,7 @@ os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1000000")
 from ray import tune  # noqa: E402
 from ray.tune.experiment import Trial  # noqa: E402
 from ray.tune.schedulers import FIFOScheduler  # noqa: E402
+from ray.tune.search.basic_variant import BasicVariantGenerator  # noqa: E402
 
 from orchestrator import settings, trial  # noqa: E402
 from orchestrator.registry import Registry  # noqa: E402
@@ -126,15 +127,6 @@ def _trial_name(trial) -> str:
     return trial.config["run_key"]
 
 
-class _RunKeys(tuple):
-    """A wave's run keys as Tune's grid: immutable, so a deep copy is the tuple itself. Tune deep-copies
-    the whole search space for every trial it generates; with a list of n keys that is O(n) per
-    trial, O(n^2) per wave (1.4 s of the driver's 1,000-trial wave, minutes at 10,000)."""
-
-    def __deepcopy__(self, memo: dict) -> _RunKeys:
-        return self
-
-
 def _await_running(registry: Registry, sweep_id: str, stale_after_s: float, tracking_uri: str | None) -> bool:
     """Wait while runs of the sweep are RUNNING outside this driver's Tuner: a killed driver's
     trials (their heartbeats stop, so within ``stale_after_s`` they are orphans, pending again)
@@ -159,9 +151,13 @@ def _run_wave(sweep: dict[str, Any], keys: list[str], env: dict[str, Any], run_f
     )
     tuner = tune.Tuner(
         trainable,
-        param_space={"run_key": tune.grid_search(_RunKeys(keys)), "sweep_id": sweep["id"], "env": env},
+        param_space={"run_key": None, "sweep_id": sweep["id"], "env": env},
         tune_config=tune.TuneConfig(
-            max_concurrent_trials=sweep["max_concurrent"], reuse_actors=True, scheduler=_Fifo(),
+            # a trial per key, as points of the variant generator: a grid_search over the keys is deep-copied
+            # (a list, whatever it was given) for every trial Tune generates, O(n^2) per wave
+            search_alg=BasicVariantGenerator(points_to_evaluate=[{"run_key": key} for key in keys],
+                                             max_concurrent=sweep["max_concurrent"] or 0),
+            num_samples=len(keys), reuse_actors=True, scheduler=_Fifo(),
             trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,
         ),
         run_config=tune.RunConfig(
@@ -175,6 +171,21 @@ def _run_wave(sweep: dict[str, Any], keys: list[str], env: dict[str, Any], run_f
         ),
     )
     tuner.fit()
+
+
+def _left_pending(registry: Registry, sweep_id: str, keys: list[str]) -> list[str]:
+    """The wave's runs still pending once its Tuner returned: Tune gave their trial up without the
+    run failing, or the orphan reset put them back. Seen with a lost node: both in-flight calls to a
+    dead trial actor fail, Tune requeues the trial on the first failure and errors it on the second,
+    before the trial ever claimed its run (its worker and the run's attempts never changed)."""
+    wave = set(keys)
+    left = [key for key in registry.unfinished(sweep_id)  # few after a wave: those failed or left
+            if key in wave and registry.get_run(key)["status"] == RunStatus.PENDING]
+    if left:
+        logging.getLogger("headsweep.driver").warning(
+            "%d run(s) left pending by their wave (their trial ended before its run did): %s", len(left),
+            ", ".join(key[:12] for key in left[:5]))
+    return left
 
 
 def final_status(counts: dict[str, int], cancel_requested: bool) -> str:
@@ -220,6 +231,7 @@ def execute_sweep(
         "name_keys": tracking.name_keys(registry.sweep_runs(sweep_id)["config"]) if tracking_uri else [],
     }
     attempted: set[str] = set()
+    relaunched: dict[str, int] = {}
     # Waves (DESIGN.md decision 10): the runs whose upstream runs have all finished, until none is
     # left; a run whose upstream failed is blocked, not run. Without stages this is one wave.
     while not registry.cancel_requested(sweep_id):
@@ -230,6 +242,10 @@ def execute_sweep(
             break
         attempted.update(keys)
         _run_wave(sweep, keys, env, run_fn, registry)
+        for key in _left_pending(registry, sweep_id, keys):  # in another wave, max_failures + 1 times at most
+            relaunched[key] = relaunched.get(key, 0) + 1
+            if relaunched[key] <= sweep["max_failures"] + 1:
+                attempted.discard(key)
 
     counts = registry.sweep_counts(sweep_id)
     status = final_status(counts, registry.cancel_requested(sweep_id))

@@ -62,6 +62,13 @@ def node_id(tmp: str) -> str:
     raise RuntimeError(f"no raylet under {tmp}")
 
 
+def alive(tmp: str) -> bool:
+    """The node's raylet runs (a raylet the GCS marked dead, e.g. after missed health checks on a
+    loaded machine, exits by itself)."""
+    table = cluster._processes()
+    return any("raylet" in table.get(pid, (0, ""))[1] for pid in node_pids(tmp))
+
+
 def kill_node(tmp: str) -> set[int]:
     """SIGKILL every process of the node at once (a machine that died: no drain, no goodbye to the
     GCS); the PIDs killed."""

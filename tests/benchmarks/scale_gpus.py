@@ -278,6 +278,9 @@ def follow(sweep_id: str, home: Path, nodes: list[dict], args: argparse.Namespac
             state["samples"].append(sample_memory(home, sweep_id, nodes) | {"finished": finished})
             print(f"  {finished}/{args.trials} finished ({sweep['status']}); {state['samples'][-1]['workers']} "
                   "trial workers", file=sys.stderr)
+            died = [n["node_id"][:8] for n in nodes if n is not (state["lost"] or {}).get("node") and not ray_nodes.alive(n["tmp"])]
+            assert not died, (f"node(s) {died} died by themselves (a raylet the GCS marks dead after missed health "
+                              f"checks exits; load {os.getloadavg()[0]:.0f}): the run measures nothing more")
         running = open_attempts(home / scale_methods.RECORD) if (
             state["lost"] is None and args.kill_after and finished >= args.kill_after) else None
         if running:

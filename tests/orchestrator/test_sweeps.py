@@ -254,6 +254,32 @@ def test_a_killed_worker_with_no_retry_left_fails_with_what_happened(local_ray, 
     assert mlflow_run.info.status == "FAILED" and "died during attempt 1" in mlflow_run.data.tags["error"]
 
 
+def _given_up_once(cfg, ctx, marker_dir, registry_url) -> RunResult:
+    """First attempt: puts its own run back to pending (the orphan reset) and raises, so that with
+    max_failures 0 Tune errors the trial while the run neither failed nor finished: what a lost node
+    does when Tune sees its dead trial actor fail twice (it requeues the trial, then errors it,
+    before the trial claimed its run). Later attempts run."""
+    marker = os.path.join(marker_dir, f"given-up-{cfg.run_key}")
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        registry = Registry(registry_url)
+        (sweep,) = registry.list_sweeps()
+        assert [r["run_key"] for r in registry.reset_orphans(sweep["id"], stale_after_s=0)] == [cfg.run_key]
+        raise RuntimeError("trial given up by Tune")
+    return real_run(cfg, ctx)
+
+
+def test_a_run_its_wave_left_pending_runs_in_another_wave(local_ray, home):
+    grid = {**GRID, "axes": {"seed": [0]}, "max_failures": 0}
+    registry, sweep_id = _submit(grid, track=False)
+    counts = _execute(sweep_id, run_fn=functools.partial(_given_up_once, marker_dir=str(home),
+                                                                registry_url=settings.registry_url()), track=False)
+    assert counts == {"finished": 1}  # was {"pending": 1}: the driver never tried it again
+    (run_key,) = registry.sweep_runs(sweep_id)["run_key"]
+    assert registry.get_run(run_key)["attempts"] == 2
+    assert registry.get_sweep(sweep_id)["status"] == "finished"
+
+
 def _slow(cfg, ctx) -> RunResult:
     """Runs until cancelled; one not cancelled within 2 minutes of its start fails. Cancellation is
     seen within CANCEL_POLL_S (2 s) of the request, which comes as soon as a run is running: the
