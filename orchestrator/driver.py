@@ -29,6 +29,7 @@ os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1000000")
 from ray import tune  # noqa: E402
 from ray.tune.experiment import Trial  # noqa: E402
 from ray.tune.schedulers import FIFOScheduler  # noqa: E402
+from ray.tune.search.basic_variant import BasicVariantGenerator  # noqa: E402
 
 from orchestrator import settings, trial  # noqa: E402
 from orchestrator.registry import Registry  # noqa: E402
@@ -126,15 +127,6 @@ def _trial_name(trial) -> str:
     return trial.config["run_key"]
 
 
-class _RunKeys(tuple):
-    """A wave's run keys as Tune's grid: immutable, so a deep copy is the tuple itself. Tune deep-copies
-    the whole search space for every trial it generates; with a list of n keys that is O(n) per
-    trial, O(n^2) per wave (1.4 s of the driver's 1,000-trial wave, minutes at 10,000)."""
-
-    def __deepcopy__(self, memo: dict) -> _RunKeys:
-        return self
-
-
 def _await_running(registry: Registry, sweep_id: str, stale_after_s: float, tracking_uri: str | None) -> bool:
     """Wait while runs of the sweep are RUNNING outside this driver's Tuner: a killed driver's
     trials (their heartbeats stop, so within ``stale_after_s`` they are orphans, pending again)
@@ -159,9 +151,13 @@ def _run_wave(sweep: dict[str, Any], keys: list[str], env: dict[str, Any], run_f
     )
     tuner = tune.Tuner(
         trainable,
-        param_space={"run_key": tune.grid_search(_RunKeys(keys)), "sweep_id": sweep["id"], "env": env},
+        param_space={"run_key": None, "sweep_id": sweep["id"], "env": env},
         tune_config=tune.TuneConfig(
-            max_concurrent_trials=sweep["max_concurrent"], reuse_actors=True, scheduler=_Fifo(),
+            # a trial per key, as points of the variant generator: a grid_search over the keys is deep-copied
+            # (a list, whatever it was given) for every trial Tune generates, O(n^2) per wave
+            search_alg=BasicVariantGenerator(points_to_evaluate=[{"run_key": key} for key in keys],
+                                             max_concurrent=sweep["max_concurrent"] or 0),
+            num_samples=len(keys), reuse_actors=True, scheduler=_Fifo(),
             trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,
         ),
         run_config=tune.RunConfig(

@@ -1,0 +1,49 @@
+"""How the driver drives Tune: every key of a wave becomes one trial, in order, and a sweep's
+``max_concurrent`` holds (the keys are handed to Tune as points of its variant generator, not a
+grid_search, and a FIFO scheduler with a queue picks the next trial)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import ray
+
+from experiments.core.result import RunResult, UnitMap
+from orchestrator.driver import execute_sweep
+from orchestrator.grid import expand, parse_grid
+from orchestrator.registry import Registry
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _slow_run(cfg, ctx) -> RunResult:
+    time.sleep(0.3)
+    gate = UnitMap(np.ones((2, 4), dtype=np.float32), "heads", "test")
+    return RunResult(cfg.run_key, cfg.group_key, {"accuracy": 1.0}, {"heads.gate": gate}, steps=1)
+
+
+def test_one_trial_per_key_and_max_concurrent_holds(local_ray, tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
+    url = f"sqlite:///{tmp_path}/registry.db"
+    grid = {"name": "one", "base": {"model": "tiny-bert", "task": {"name": "synthetic-cls"}},
+            "axes": {"seed": list(range(5))}, "resources": {"cpus": 1}, "max_concurrent": 1, "max_failures": 0}
+    registry = Registry(url)
+    sweep_id, _ = registry.create_sweep("one", "", expand(parse_grid(grid)), {"cpus": 1}, 1, 0)
+    # two CPUs would let two 1-CPU trials run at once: only max_concurrent stops the second
+    assert execute_sweep(sweep_id, registry_url=url, track=False, run_fn=_slow_run) == {"finished": 5}
+    runs = sorted((registry.get_run(key) for key in registry.sweep_runs(sweep_id)["run_key"]),
+                  key=lambda run: run["started_at"])
+    assert [run["attempts"] for run in runs] == [1] * 5  # each key ran once
+    assert all(run["metrics"]["accuracy"] == 1.0 for run in runs)
+    for before, after in zip(runs[:-1], runs[1:], strict=True):
+        assert before["finished_at"] <= after["started_at"], "two runs at once under max_concurrent 1"
+    assert registry.sweep_map(sweep_id, "heads.gate").has.all()
