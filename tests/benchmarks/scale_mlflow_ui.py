@@ -120,7 +120,9 @@ def _text_has(text: str) -> str:
     return f"!!document.body && document.body.innerText.includes({json.dumps(text)})"
 
 
-ROW_IDS = "[...new Set([...document.querySelectorAll('[role=row][row-id]')].map(r => r.getAttribute('row-id')))]"
+ROW_IDS = ("[...new Set([...document.querySelectorAll('[role=row][row-id]')].map(r => r.getAttribute('row-id'))"
+           ".filter(id => /^[0-9a-f]{32}$/.test(id)))]")
+"""The run ids of the runs table's rendered rows (not its "Load more" row)."""
 MATCHING = "(document.body.innerText.match(/([0-9,]+) matching runs/) || [null, '0'])[1].replace(/,/g, '') * 1"
 EXPAND = """(id => { const row = document.querySelector(`[role=row][row-id="${id}"]`);
   const button = row && [...row.querySelectorAll('button')].find(b => !b.innerText.trim() && !b.getAttribute('aria-label'));
@@ -129,7 +131,10 @@ CHILDREN_LISTED = """(t => { const at = t.indexOf('Child runs\\n'); if (at < 0) 
   return t.slice(at + 11, t.indexOf('\\nSource', at)).split('\\n').map(s => s.trim())
     .filter(s => s && s !== 'Load more').length; })(document.body.innerText)"""
 """How many children the run page's "Child runs" list names (0 while it loads)."""
-LOAD_MORE = "(b => { if (b) b.click(); return !!b; })([...document.querySelectorAll('button')].find(b => b.innerText.trim() === 'Load more'))"
+LOAD_MORE = """(() => { document.querySelectorAll('.ag-body-viewport').forEach(v => { v.scrollTop = v.scrollHeight; });
+  const button = [...document.querySelectorAll('button')].find(b => b.innerText.trim() === 'Load more');
+  if (button) button.click(); return !!button; })()"""
+"""Click the runs table's "Load more" (the grid renders only the rows in view: scroll to its end first)."""
 
 
 def _expanded(browser: Browser, parent: str, since: float, limit_s: float = 120) -> float | None:
@@ -175,9 +180,11 @@ def check_ui(sweep_id: str, env: dict[str, str], out: Path) -> list[tuple[str, f
             "ok": shown is not None, "until": "its first children show", "children": children,
             "loaded": browser.js(MATCHING), "screenshot": browser.screenshot(out / "experiment_expanded.png")}))
         since, clicks = time.perf_counter(), 0
-        while browser.js(MATCHING) < children + 1 and clicks < MAX_LOAD_MORE and browser.js(LOAD_MORE):
-            clicks += 1
+        while browser.js(MATCHING) < children + 1 and clicks < MAX_LOAD_MORE:
             loaded = browser.js(MATCHING)
+            if browser.until(LOAD_MORE, time.perf_counter(), limit_s=10) is None:
+                break  # no "Load more" any more
+            clicks += 1
             browser.until(f"{MATCHING} > {loaded}", time.perf_counter(), limit_s=60)
         rows.append(("load_every_child", time.perf_counter() - since, "s", {
             "ok": browser.js(MATCHING) >= children + 1, "load_more_clicks": clicks, "loaded": browser.js(MATCHING),
