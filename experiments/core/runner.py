@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from experiments.common.costs import active, timed
+from experiments.common.sources import hash_sources
 from experiments.core.config import RunConfig
 from experiments.core.context import RunContext
 from experiments.core.plots import gate_map_png, map_png
@@ -145,8 +146,5 @@ def source_hash() -> str:
         spec = importlib.util.find_spec(package)  # finds, does not import
         if spec is None or not spec.submodule_search_locations:
             continue
-        folder = Path(spec.submodule_search_locations[0])
-        for file in sorted(folder.rglob("*.py")):
-            if "__pycache__" not in file.parts:
-                digest.update(f"{package}/{file.relative_to(folder).as_posix()}\0".encode() + file.read_bytes() + b"\0")
+        hash_sources(digest, Path(spec.submodule_search_locations[0]), package)
     return digest.hexdigest()[:12]

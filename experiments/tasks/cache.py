@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from experiments.common.costs import timed
+from experiments.common.sources import hash_sources
 from experiments.tasks import get_task
 from experiments.tasks._common import Split, TaskData
 
@@ -111,8 +112,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
 def _tasks_source_hash() -> str:
     """sha256 of this package's sources: a reader or tokenising change is a new key even without a VERSION bump."""
     digest = hashlib.sha256()
-    for file in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    hash_sources(digest, Path(__file__).parent, "tasks")
     return digest.hexdigest()[:16]
 
 
