@@ -47,3 +47,26 @@ def test_one_trial_per_key_and_max_concurrent_holds(local_ray, tmp_path, monkeyp
     for before, after in zip(runs[:-1], runs[1:], strict=True):
         assert before["finished_at"] <= after["started_at"], "two runs at once under max_concurrent 1"
     assert registry.sweep_map(sweep_id, "heads.gate").has.all()
+
+
+def test_a_wave_looks_its_trainable_up_once_and_puts_tune_back(monkeypatch):
+    """Tune reads a trial's trainable from Ray's key-value store three times per trial; within a wave
+    the driver's cache answers from the first read, and Tune's own lookups are back after it."""
+    from ray.tune.experiment import trial as tune_trial
+
+    from orchestrator.driver import _trainable_looked_up_once
+
+    reads: list[str] = []
+    monkeypatch.setattr(tune_trial, "get_trainable_cls", lambda name: reads.append(name) or object())
+    monkeypatch.setattr(tune_trial, "validate_trainable", lambda name: reads.append(f"validate {name}"))
+    before = tune_trial.get_trainable_cls
+    with _trainable_looked_up_once():
+        first = [tune_trial.get_trainable_cls("trial") for _ in range(3)]
+        for _ in range(3):
+            tune_trial.validate_trainable("trial")
+        other = tune_trial.get_trainable_cls("another")
+    assert first[0] is first[1] is first[2] and other is not first[0]
+    assert reads == ["trial", "validate trial", "another"]
+    assert tune_trial.get_trainable_cls is before  # the next wave registers its own trainable: read again
+    tune_trial.get_trainable_cls("trial")
+    assert reads[-1] == "trial"
