@@ -126,6 +126,37 @@ class _WorkerLost(tune.Callback):
         self._record(trial, "failed")
 
 
+class _WaveTrials(tune.Callback):
+    """The ids of the wave's trials, as Tune starts them: a run held by one of them is this wave's."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+
+    def on_trial_start(self, iteration: int, trials: list, trial, **info: Any) -> None:
+        self.ids.add(trial.trial_id)
+
+
+def _cancel_held(registry: Registry, keys: list[str], trial_ids: set[str], tracking_uri: str | None) -> list[str]:
+    """After a cancelled wave, the wave's runs still RUNNING under one of its (now ended) trials ->
+    cancelled. Two polls race after ``headsweep cancel``: the trial's (it cancels its own run) and the
+    driver's ``_Stopper.stop_all`` (Tune then ends every trial). When the driver's wins, the trial
+    never reaches its ``cancel_run`` and nothing else would mark the run: it would show "running"
+    in a cancelled sweep (seen on a loaded machine, 2 of 4 runs). A run held by another driver's
+    trial (a run shared with a live sweep) is left to that driver."""
+    cancelled = []
+    for key in keys:
+        run = registry.get_run(key)
+        if run["status"] != RunStatus.RUNNING or (run["worker"] or "").split("@", 1)[0] not in trial_ids:
+            continue
+        if registry.cancel_run(key, worker=run["worker"]):
+            cancelled.append(key)
+            if tracking_uri and run["mlflow_run_id"]:
+                from orchestrator import tracking
+
+                tracking.client(tracking_uri).set_terminated(run["mlflow_run_id"], status="KILLED")
+    return cancelled
+
+
 @contextlib.contextmanager
 def _trainable_looked_up_once() -> Iterator[None]:
     """Tune looks a wave's trainable up by name in Ray's GCS key-value store, and unpickles it, three
@@ -162,7 +193,9 @@ def _await_running(registry: Registry, sweep_id: str, stale_after_s: float, trac
 
 def _run_wave(sweep: dict[str, Any], keys: list[str], env: dict[str, Any], run_fn: Callable | None,
               registry: Registry) -> None:
-    """One Tune run over ``keys`` (a trial per run key), with the sweep's resources and retries."""
+    """One Tune run over ``keys`` (a trial per run key), with the sweep's resources and retries; once
+    it returns on a cancel, no run of it is left "running"."""
+    wave_trials = _WaveTrials()
     resources = sweep["resources"]
     trainable = tune.with_resources(
         tune.with_parameters(trial.trial, run_fn=run_fn),
@@ -185,12 +218,14 @@ def _run_wave(sweep: dict[str, Any], keys: list[str], env: dict[str, Any], run_f
             failure_config=tune.FailureConfig(max_failures=sweep["max_failures"]),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             stop=_Stopper(registry, sweep["id"]),
-            callbacks=[_WorkerLost(registry, sweep, env["tracking_uri"])],
+            callbacks=[_WorkerLost(registry, sweep, env["tracking_uri"]), wave_trials],
             verbose=0,
         ),
     )
     with _trainable_looked_up_once():
         tuner.fit()
+    if registry.cancel_requested(sweep["id"]):
+        _cancel_held(registry, keys, wave_trials.ids, env["tracking_uri"])
 
 
 def _left_pending(registry: Registry, sweep_id: str, keys: list[str]) -> list[str]:

@@ -4,6 +4,7 @@ grid_search, and a FIFO scheduler with a queue picks the next trial)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -70,3 +71,35 @@ def test_a_wave_looks_its_trainable_up_once_and_puts_tune_back(monkeypatch):
     assert tune_trial.get_trainable_cls is before  # the next wave registers its own trainable: read again
     tune_trial.get_trainable_cls("trial")
     assert reads[-1] == "trial"
+
+
+def _deaf_run(cfg, ctx) -> RunResult:
+    time.sleep(120)  # never looks at the cancel flag: only the driver's own poll can end it
+    return _slow_run(cfg, ctx)
+
+
+def test_a_cancel_the_driver_sees_first_leaves_no_run_running(local_ray, tmp_path, monkeypatch):
+    """After a cancel, the driver's poll can end the Tuner before a trial's own poll cancels its run
+    (a loaded machine: 2 of 4 runs were left "running" in a cancelled sweep). Trials that never poll
+    make the driver's poll win every time: the wave's runs are cancelled by the driver itself."""
+    monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
+    url = f"sqlite:///{tmp_path}/registry.db"
+    grid = {"name": "deaf", "base": {"model": "tiny-bert", "task": {"name": "synthetic-cls"}},
+            "axes": {"seed": list(range(3))}, "resources": {"cpus": 1}, "max_concurrent": 2, "max_failures": 0}
+    registry = Registry(url)
+    sweep_id, _ = registry.create_sweep("deaf", "", expand(parse_grid(grid)), {"cpus": 1}, 2, 0)
+
+    def cancel_once_two_run() -> None:
+        deadline = time.monotonic() + 100
+        while registry.sweep_counts(sweep_id).get("running", 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        registry.cancel_sweep(sweep_id)
+
+    canceller = threading.Thread(target=cancel_once_two_run)
+    canceller.start()
+    started = time.monotonic()
+    counts = execute_sweep(sweep_id, registry_url=url, track=False, run_fn=_deaf_run)
+    canceller.join()
+    assert time.monotonic() - started < 110, "the runs ended by themselves: the cancel never reached them"
+    assert counts == {"cancelled": 3}  # two held by the ended trials, one pending
+    assert registry.get_sweep(sweep_id)["status"] == "cancelled"
