@@ -123,6 +123,17 @@ def running(dashboard: str, registry_url: str | None = None) -> list[str]:
                   if (job.submission_id or "").startswith(prefix) and str(job.status.value) in ALIVE)
 
 
+def watching() -> bool:
+    """Whether a supervisor of this registry runs on the cluster in use (``status`` and ``wait`` ask
+    before they promise an automatic resume: Ray's OOM killer can take it with the driver). True
+    when it cannot tell: no local head on record, or its Jobs API does not answer."""
+    dashboard = cluster.known_dashboard()
+    try:
+        return not dashboard or bool(running(dashboard))
+    except Exception:  # noqa: BLE001 - a head that is gone or busy: say nothing rather than alarm
+        return True
+
+
 def ensure(head: dict[str, str]) -> str:
     """The submission id of this registry's supervisor on ``head``'s cluster, started if none runs."""
     found = running(head["dashboard"])

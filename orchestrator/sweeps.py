@@ -128,7 +128,8 @@ def wait(sweep_id: str, on_update=None, poll_s: float = 1.0) -> dict:
         counts = registry.sweep_counts(sweep_id)
         if on_update is not None:
             on_update(sweep, counts)
-        if sweep["status"] in DONE and not resume_pending(sweep | {"events": registry.events(sweep_id)}):
+        if sweep["status"] in DONE and not (resume_pending(sweep | {"events": registry.events(sweep_id)})
+                                            and supervisor.watching()):
             return sweep
         if time.monotonic() - last_driver_check > 10:
             last_driver_check = time.monotonic()

@@ -145,15 +145,16 @@ def decide(sweep: dict[str, Any], state: str | None = None) -> Action | None:
 
 def resume_pending(sweep: dict[str, Any], within_s: float = 120.0) -> bool:
     """The sweep (with ``events``) lost its driver less than ``within_s`` ago and the supervisor is
-    to resume it (``wait`` keeps following it)."""
+    to resume it (``wait`` keeps following it while a supervisor runs)."""
     action = decide(sweep)
     return (action is not None and action.kind == "resume"
             and (now() - sweep["events"][-1]["at"]).total_seconds() < within_s)
 
 
-def history(sweep: dict[str, Any]) -> list[str]:
+def history(sweep: dict[str, Any], supervised: bool = True) -> list[str]:
     """``status``'s lines for the sweep's events (``sweep`` with ``events``), oldest first:
-    'driver failed at 14:02; resumed automatically (1/3)'."""
+    'driver failed at 14:02; resumed automatically (1/3)'. ``supervised``: whether a supervisor runs
+    to resume a lost driver (False when its Ray job died too, e.g. the OOM killer took both)."""
     lines: list[str] = []
     open_lost = False  # the last line is a lost driver nothing answered yet
     for event in _node_losses(sweep["events"]):
@@ -191,8 +192,11 @@ def history(sweep: dict[str, Any]) -> list[str]:
         open_lost = False
     if open_lost:
         action = decide(sweep)
-        lines[-1] += ("; the supervisor resumes it within seconds" if action and action.kind == "resume"
-                      else f"; `headsweep resume {sweep['id']}` runs what is left")
+        if action and action.kind == "resume" and supervised:
+            lines[-1] += "; the supervisor resumes it within seconds"
+        else:
+            lines[-1] += ("; no supervisor runs to resume it (its Ray job ended too)" if action and action.kind == "resume"
+                          else "") + f"; `headsweep resume {sweep['id']}` runs what is left"
     return lines
 
 

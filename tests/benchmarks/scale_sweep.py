@@ -383,6 +383,8 @@ def sweep_figures(sweep_id: str, wall_s: float, report_s: float, sampler: RssSam
     cores = os.cpu_count() or 1
     ideal = float(train.sum()) / cores
     span = runs_span_s(sweep_id)
+    total = rows.get("metrics.cost.total_s")
+    in_trial = float(total.dropna().sum()) if total is not None else float("nan")
     throughput = 100 * ideal / wall_s
     first = rows.get("metrics.cost.first_in_worker")
     drivers = [(round(t, 1), round(d, 1)) for t, d, _ in sampler.samples if d is not None]
@@ -395,6 +397,9 @@ def sweep_figures(sweep_id: str, wall_s: float, report_s: float, sampler: RssSam
                note="ideal / wall"),
         figure("throughput_runs_span", 100 * ideal / span, "% of ideal", context, runs_span_s=span,
                note="ideal / (last run's end - first run's start)"),
+        figure("in_trial_share", 100 * in_trial / cores / wall_s, "% of wall x cores", context,
+               in_trial_cpu_s=in_trial, note="the runs' whole in-trial time (cost.total_s: training and every "
+               "fixed part) / cores / wall: what the orchestration around the trials leaves of the machine"),
         figure("report", report_s, "s", context, note="after --wait returned: the driver job's sweep report to MLflow"),
         figure("first_in_worker", int(first.sum()) if first is not None else -1, "runs", context,
                note="runs that were the first of their worker process (-1: not recorded)"),

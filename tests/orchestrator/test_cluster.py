@@ -228,7 +228,7 @@ def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ra
     assert f"{sweep_id} (detached): failed" in told and f"headsweep resume {sweep_id}" in told, told
     assert registry.get_sweep(sweep_id)["status"] == "failed"
     time.sleep(6)  # the supervisor looks every second: it leaves a sweep without auto-resume alone
-    assert supervisor.running(ray_cluster["dashboard"]) == [watching]
+    assert supervisor.running(ray_cluster["dashboard"]) == [watching] and supervisor.watching()
     assert registry.get_sweep(sweep_id)["status"] == "failed"
     assert [e["kind"] for e in registry.events(sweep_id)] == ["driver_lost"]
 
@@ -243,6 +243,11 @@ def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ra
 
     status = _cli("status", sweep_id)
     assert "finished: 4 of 4 runs finished" in status.stdout
+    supervisor.stop(ray_cluster["dashboard"])  # what `status` and `wait` ask before promising a resume
+    deadline = time.time() + 60
+    while supervisor.watching() and time.time() < deadline:
+        time.sleep(0.5)
+    assert not supervisor.watching()
 
 
 def _driver_pid(sweep_id: str) -> int:
