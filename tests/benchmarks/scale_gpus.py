@@ -145,6 +145,25 @@ def trial_workers(nodes: list[dict]) -> list[int]:
     return [pid for pid in pids if table.get(pid, (0, ""))[1].startswith("ray::ImplicitFunc")]
 
 
+def rss_by_kind(table: dict[int, tuple[int, str]]) -> dict[str, float]:
+    """MiB of resident memory of every process on the machine, summed by what it is (its command's
+    first word: ``ray::ImplicitFunc``, ``raylet``, ``gcs_server``, ``python``, ...): what grew when
+    memory ran out (three full-size runs died of it, each after ~3,300 trials)."""
+    page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
+    kinds: dict[str, float] = {}
+    for pid, (_, cmdline) in table.items():
+        try:
+            pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        words = cmdline.split()
+        kind = Path(words[0]).name if words else "?"
+        if kind.startswith("python") and len(words) > 2 and words[1] == "-m":
+            kind = f"python -m {words[2]}"
+        kinds[kind] = kinds.get(kind, 0.0) + pages * page_mib
+    return {kind: round(mib) for kind, mib in sorted(kinds.items(), key=lambda item: -item[1])[:8]}
+
+
 def sample_memory(home: Path, sweep_id: str, nodes: list[dict]) -> dict[str, float]:
     """The trial workers now: how many, their USS summed and median; the driver's RSS; and the
     machine's available memory."""
@@ -157,7 +176,8 @@ def sample_memory(home: Path, sweep_id: str, nodes: list[dict]) -> dict[str, flo
         available = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable")) / 1024
     return {"workers": len(used), "uss_sum_mib": sum(uss), "uss_median_mib": uss[len(uss) // 2] if uss else 0.0,
             "rss_median_mib": sorted(m["rss"] for m in used)[len(used) // 2] if used else 0.0,
-            "driver_rss_mib": sum(m["rss"] for m in _measured(driver)), "available_mib": available}
+            "driver_rss_mib": sum(m["rss"] for m in _measured(driver)), "available_mib": available,
+            "rss_by_kind_mib": rss_by_kind(table)}
 
 
 # --------------------------------------------------------------------------- the records (pure)
@@ -390,13 +410,14 @@ def report(args, registry, sweep_id, records, followed, status, worker, fits, ca
     occupied = sum(a["until"] - a["start"] for a in runs if a["until"] is not None)
     alive = sum((min(last_end, killed_at) if node == lost_node else last_end) - first_start
                 for node in {a["node"] for a in runs})  # GPU-node seconds
-    emit(BENCH, "throughput", target=None, trials_per_s=args.trials / span, span_s=span,
+    finished = sum(run["status"] == "finished" for run in registry_runs.values())  # all, unless the sweep failed
+    emit(BENCH, "throughput", target=None, trials_per_s=finished / span, finished=finished, span_s=span,
          submit_to_done_s=done_at - submitted_at, **size,
-         note="informational: trials / (first trial start to last trial end); submit_to_done_s includes "
+         note="informational: finished runs / (first trial start to last trial end); submit_to_done_s includes "
               "registering the grid and starting the driver")
     emit(BENCH, "wall_vs_ideal", target=None, wall_s=span, ideal_at_cap_s=useful / cap, ideal_at_4_per_gpu_s=useful / slots,
          of_ideal_at_cap=useful / cap / span, of_ideal_at_4_per_gpu=useful / slots / span,
-         slot_s_per_trial_beyond_its_sleep=(cap * span - useful) / args.trials, **size,
+         slot_s_per_trial_beyond_its_sleep=(cap * span - useful) / max(finished, 1), **size,
          note="informational: ideal = the runs' own sleeps / the slots (max_concurrent, and 4 x GPUs)")
     emit(BENCH, "gpu_busy", target=None, busy_of_cap=occupied / (cap * span),
          busy_of_4_per_gpu=occupied / (PER_GPU * args.gpus_per_node * alive), occupied_slot_s=occupied, **size,
@@ -409,6 +430,8 @@ def report(args, registry, sweep_id, records, followed, status, worker, fits, ca
          most_workers=busiest.get("workers", 0), their_uss_sum_mib=busiest.get("uss_sum_mib", 0.0),
          uss_median_mib=busiest.get("uss_median_mib", 0.0), rss_median_mib=busiest.get("rss_median_mib", 0.0),
          min_available_mib=min((s["available_mib"] for s in samples), default=0.0),
+         rss_by_kind_at_busiest_mib=busiest.get("rss_by_kind_mib", {}),
+         rss_by_kind_at_least_available_mib=min(samples, key=lambda s: s["available_mib"], default={}).get("rss_by_kind_mib", {}),
          driver_rss_max_mib=max((s["driver_rss_mib"] for s in samples), default=0.0),
          note="informational: a trial worker imports torch, Ray Tune, SQLAlchemy and matplotlib before its "
               "method; max_concurrent = min(4 x GPUs, budget / probe USS) unless given")

@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -341,12 +342,16 @@ def time_http(sweep_id: str, env: dict[str, str], out: Path) -> dict[str, dict]:
         for name, path in endpoints.items():
             for attempt in ("first", "cached"):
                 started = time.perf_counter()
+                error = None
                 try:
                     with urllib.request.urlopen(base + path, timeout=600) as reply:
                         ok = reply.status == 200 and len(reply.read()) > 0
-                except OSError:
-                    ok = False
-                timings[f"http_{name}_{attempt}"] = {"seconds": time.perf_counter() - started, "ok": ok}
+                except urllib.error.HTTPError as refused:  # the service's answer: what a user reads
+                    ok, error = False, f"{refused.code}: {refused.read().decode(errors='replace')[:300]}"
+                except OSError as err:
+                    ok, error = False, repr(err)
+                timings[f"http_{name}_{attempt}"] = {"seconds": time.perf_counter() - started, "ok": ok,
+                                                     **({"error": error} if error else {})}
     finally:
         stop_server(server)
     return timings
