@@ -32,13 +32,20 @@ def _slow_run(cfg, ctx) -> RunResult:
     return RunResult(cfg.run_key, cfg.group_key, {"accuracy": 1.0}, {"heads.gate": gate}, steps=1)
 
 
-def test_one_trial_per_key_and_max_concurrent_holds(local_ray, tmp_path, monkeypatch):
-    monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
-    url = f"sqlite:///{tmp_path}/registry.db"
-    grid = {"name": "one", "base": {"model": "tiny-bert", "task": {"name": "synthetic-cls"}},
-            "axes": {"seed": list(range(5))}, "resources": {"cpus": 1}, "max_concurrent": 1, "max_failures": 0}
+def _sweep(home, monkeypatch, seeds: int, max_concurrent: int) -> tuple[str, Registry, str]:
+    """(registry URL, registry, sweep id) of a sweep of ``seeds`` tiny runs, 1 CPU each, no retry, in ``home``."""
+    monkeypatch.setenv("HEADSWEEP_HOME", str(home))
+    url = f"sqlite:///{home}/registry.db"
+    grid = {"name": "tune", "base": {"model": "tiny-bert", "task": {"name": "synthetic-cls"}},
+            "axes": {"seed": list(range(seeds))}, "resources": {"cpus": 1}, "max_concurrent": max_concurrent,
+            "max_failures": 0}
     registry = Registry(url)
-    sweep_id, _ = registry.create_sweep("one", "", expand(parse_grid(grid)), {"cpus": 1}, 1, 0)
+    sweep_id, _ = registry.create_sweep("tune", "", expand(parse_grid(grid)), {"cpus": 1}, max_concurrent, 0)
+    return url, registry, sweep_id
+
+
+def test_one_trial_per_key_and_max_concurrent_holds(local_ray, tmp_path, monkeypatch):
+    url, registry, sweep_id = _sweep(tmp_path, monkeypatch, seeds=5, max_concurrent=1)
     # two CPUs would let two 1-CPU trials run at once: only max_concurrent stops the second
     assert execute_sweep(sweep_id, registry_url=url, track=False, run_fn=_slow_run) == {"finished": 5}
     runs = sorted((registry.get_run(key) for key in registry.sweep_runs(sweep_id)["run_key"]),
@@ -82,12 +89,7 @@ def test_a_cancel_the_driver_sees_first_leaves_no_run_running(local_ray, tmp_pat
     """After a cancel, the driver's poll can end the Tuner before a trial's own poll cancels its run
     (a loaded machine: 2 of 4 runs were left "running" in a cancelled sweep). Trials that never poll
     make the driver's poll win every time: the wave's runs are cancelled by the driver itself."""
-    monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
-    url = f"sqlite:///{tmp_path}/registry.db"
-    grid = {"name": "deaf", "base": {"model": "tiny-bert", "task": {"name": "synthetic-cls"}},
-            "axes": {"seed": list(range(3))}, "resources": {"cpus": 1}, "max_concurrent": 2, "max_failures": 0}
-    registry = Registry(url)
-    sweep_id, _ = registry.create_sweep("deaf", "", expand(parse_grid(grid)), {"cpus": 1}, 2, 0)
+    url, registry, sweep_id = _sweep(tmp_path, monkeypatch, seeds=3, max_concurrent=2)
 
     def cancel_once_two_run() -> None:
         deadline = time.monotonic() + 100

@@ -101,7 +101,9 @@ def test_the_budget_comes_from_the_environment(monkeypatch):
     fn, calls = _fails(1000)
     with pytest.raises(sa.exc.OperationalError):
         retry.call(fn, retry.transient_db_error, sleep=fake.sleep, clock=fake.clock)
-    assert 1.5 < fake.now <= 3
+    # it gives up once the next (jittered) delay would pass the budget: never past 3 s, and never
+    # while a whole delay (at most max_delay_s = 2 s) still fitted (1.5 s here was a race with the jitter)
+    assert 3 - retry.Backoff().max_delay_s < fake.now <= 3
 
 
 def _sa(orig, **kw):
