@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 HARNESS = Path(__file__).parent / "benchmarks" / "scale_sweep.py"
-SWEEP = ["runs", "wall", "ideal", "throughput", "throughput_runs_span", "report", "first_in_worker",
+SWEEP = ["runs", "wall", "ideal", "throughput", "throughput_runs_span", "in_trial_share", "report", "first_in_worker",
          *(f"cost.{part}" for part in ("claim", "mlflow", "model", "data", "train", "figures", "artifacts",
                                        "finish", "total")),
          "driver_rss", "head_rss", "stores"]
