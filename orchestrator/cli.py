@@ -283,12 +283,11 @@ def show_status(sweep_id: str) -> None:
     from orchestrator.drivers import driver_gone
     from orchestrator.registry import Registry
     from orchestrator.registry.history import history as sweep_history
-    from orchestrator.registry.history import resume_pending
 
     registry = Registry(settings.registry_url())
     driver_gone(registry, registry.get_sweep(sweep_id))  # a dead driver: failed, and its history says so
     sweep = registry.get_sweep(sweep_id) | {"events": registry.events(sweep_id)}
-    history = sweep_history(sweep, supervised=not resume_pending(sweep) or supervisor.watching())
+    history = sweep_history(sweep, supervised=supervisor.watching)
     counts = registry.sweep_counts(sweep_id)
     total = sum(counts.values())
     done = sum(counts.get(s, 0) for s in RUN_DONE)

@@ -136,25 +136,21 @@ class _WaveTrials(tune.Callback):
         self.ids.add(trial.trial_id)
 
 
-def _cancel_held(registry: Registry, keys: list[str], trial_ids: set[str], tracking_uri: str | None) -> list[str]:
+def _cancel_held(registry: Registry, keys: list[str], trial_ids: set[str], tracking_uri: str | None) -> None:
     """After a cancelled wave, the wave's runs still RUNNING under one of its (now ended) trials ->
     cancelled. Two polls race after ``headsweep cancel``: the trial's (it cancels its own run) and the
     driver's ``_Stopper.stop_all`` (Tune then ends every trial). When the driver's wins, the trial
     never reaches its ``cancel_run`` and nothing else would mark the run: it would show "running"
     in a cancelled sweep (seen on a loaded machine, 2 of 4 runs). A run held by another driver's
     trial (a run shared with a live sweep) is left to that driver."""
-    cancelled = []
     for key in keys:
         run = registry.get_run(key)
         if run["status"] != RunStatus.RUNNING or (run["worker"] or "").split("@", 1)[0] not in trial_ids:
             continue
-        if registry.cancel_run(key, worker=run["worker"]):
-            cancelled.append(key)
-            if tracking_uri and run["mlflow_run_id"]:
-                from orchestrator import tracking
+        if registry.cancel_run(key, worker=run["worker"]) and tracking_uri and run["mlflow_run_id"]:
+            from orchestrator import tracking
 
-                tracking.client(tracking_uri).set_terminated(run["mlflow_run_id"], status="KILLED")
-    return cancelled
+            tracking.client(tracking_uri).set_terminated(run["mlflow_run_id"], status="KILLED")
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from orchestrator import cluster
@@ -47,9 +48,10 @@ def start_node(address: str, tmp: str, cpus: int, gpus: int, env: dict[str, str]
 
 
 def node_pids(tmp: str) -> set[int]:
-    """Every process of the node that uses ``tmp``: its raylet, agents, log monitor, and their children
-    (the workers, whose command lines Ray retitles, e.g. ``ray::ImplicitFunc.train``)."""
-    return cluster._head_pids(tmp)
+    """Every living process of the node that uses ``tmp``: its raylet, agents, log monitor, and their
+    children (the workers, whose command lines Ray retitles, e.g. ``ray::ImplicitFunc.train``). A
+    zombie (killed, not yet reaped by its parent) is dead and left out."""
+    return {pid for pid in cluster._head_pids(tmp) if cluster._alive_pid(pid)}
 
 
 def node_id(tmp: str) -> str:
@@ -71,14 +73,20 @@ def alive(tmp: str) -> bool:
 
 def kill_node(tmp: str) -> set[int]:
     """SIGKILL every process of the node at once (a machine that died: no drain, no goodbye to the
-    GCS); the PIDs killed."""
-    pids = node_pids(tmp)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return pids
+    GCS); the PIDs killed. A SIGKILLed process leaves /proc only once the kernel has torn it down,
+    and a raylet may fork a worker between the listing and the kill: it kills again until none of
+    the node's processes lives (10 s at most)."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + 10
+    while (pids := node_pids(tmp)) and time.monotonic() < deadline:
+        for pid in pids - killed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        killed |= pids
+        time.sleep(0.05)
+    return killed
 
 
 def stop_node(tmp: str) -> None:

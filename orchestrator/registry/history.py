@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Callable
 from datetime import UTC, datetime
 from itertools import takewhile
 from typing import Any, NamedTuple
@@ -151,10 +152,11 @@ def resume_pending(sweep: dict[str, Any], within_s: float = 120.0) -> bool:
             and (now() - sweep["events"][-1]["at"]).total_seconds() < within_s)
 
 
-def history(sweep: dict[str, Any], supervised: bool = True) -> list[str]:
+def history(sweep: dict[str, Any], supervised: Callable[[], bool] = lambda: True) -> list[str]:
     """``status``'s lines for the sweep's events (``sweep`` with ``events``), oldest first:
-    'driver failed at 14:02; resumed automatically (1/3)'. ``supervised``: whether a supervisor runs
-    to resume a lost driver (False when its Ray job died too, e.g. the OOM killer took both)."""
+    'driver failed at 14:02; resumed automatically (1/3)'. ``supervised``: asked only when a lost driver
+    awaits its automatic resume, whether a supervisor runs to do it (not when its Ray job died too,
+    e.g. the OOM killer took both)."""
     lines: list[str] = []
     open_lost = False  # the last line is a lost driver nothing answered yet
     for event in _node_losses(sweep["events"]):
@@ -192,10 +194,11 @@ def history(sweep: dict[str, Any], supervised: bool = True) -> list[str]:
         open_lost = False
     if open_lost:
         action = decide(sweep)
-        if action and action.kind == "resume" and supervised:
+        awaited = action is not None and action.kind == "resume"
+        if awaited and supervised():
             lines[-1] += "; the supervisor resumes it within seconds"
         else:
-            lines[-1] += ("; no supervisor runs to resume it (its Ray job ended too)" if action and action.kind == "resume"
+            lines[-1] += ("; no supervisor runs to resume it (its Ray job ended too)" if awaited
                           else "") + f"; `headsweep resume {sweep['id']}` runs what is left"
     return lines
 

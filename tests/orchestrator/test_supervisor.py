@@ -77,7 +77,7 @@ def test_history_lines_say_when_the_driver_died_and_what_followed():
     auto = {"kind": RESUMED, "at": at, "detail": {"driver": "d1", "auto": True, "attempt": 1, "of": 3}}
     assert history(_sweep("running", events=[lost, auto])) == [f"driver failed at {hhmm}; resumed automatically (1/3)"]
     assert history(_sweep(events=[lost])) == [f"driver failed at {hhmm}; the supervisor resumes it within seconds"]
-    assert history(_sweep(events=[lost]), supervised=False) == [  # the OOM killer took the supervisor too
+    assert history(_sweep(events=[lost]), supervised=lambda: False) == [  # the OOM killer took the supervisor too
         f"driver failed at {hhmm}; no supervisor runs to resume it (its Ray job ended too); "
         "`headsweep resume sw-1` runs what is left"]
     assert history(_sweep(events=[lost], auto_resumes=0)) == [
