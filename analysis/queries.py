@@ -196,10 +196,10 @@ def _label_matrix(stat: Statistic, z: np.ndarray, at: np.ndarray, blocks: list[n
         idx = np.stack(members)  # (C, n)
         r = pair_stack(stat, flat[idx])  # (C, n, n)
         pos = at[idx]  # (C, n)
-        rows, cols = pos[:, :, None], pos[:, None, :]
-        ok = ~np.isnan(r)
-        np.add.at(total, (rows, cols), np.where(ok, r, 0.0))
-        np.add.at(count, (rows, cols), ok)
+        cells = (pos[:, :, None] * k + pos[:, None, :]).ravel()  # flat (row, col) of every pair
+        ok = ~np.isnan(r).ravel()
+        total += np.bincount(cells, np.where(ok, r.ravel(), 0.0), minlength=k * k).reshape(k, k)
+        count += np.bincount(cells, ok, minlength=k * k).reshape(k, k)
     with np.errstate(invalid="ignore"):
         return total / count
 

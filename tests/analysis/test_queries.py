@@ -469,3 +469,24 @@ def test_a_key_of_the_methods_own_sections_is_an_axis(data):
     assert select.check_axis("lr", data) == "lr"
     with pytest.raises(QueryError, match="unknown axis 'lrr'"):
         select.column(data, "lrr")
+
+
+def test_the_label_matrix_averages_each_label_pair_over_blocks():
+    """``_label_matrix`` (blocks of rows of several sizes, labels repeated within and across blocks,
+    a NaN pair left out of its cell's mean) equals the average written out pair by pair."""
+    rng = np.random.default_rng(3)
+    z = rng.random((9, 2, 4))
+    z[4] = np.nan  # row 4's pairs are NaN: they count nowhere
+    at = np.array([0, 1, 2, 0, 1, 2, 2, 0, 1])
+    blocks = [np.array([0, 1, 2]), np.array([3, 4, 5]), np.array([6, 7]), np.array([8, 0]), np.array([1, 6, 3])]
+    sums, counts = np.zeros((3, 3)), np.zeros((3, 3))
+    for block in blocks:
+        for i in block:
+            for j in block:
+                r = np.corrcoef(z[i].ravel(), z[j].ravel())[0, 1]
+                if not np.isnan(r):
+                    sums[at[i], at[j]] += r
+                    counts[at[i], at[j]] += 1
+    got = queries._label_matrix(pearson.STATISTICS[0], z, at, blocks, 3)
+    np.testing.assert_allclose(got, sums / counts, atol=1e-12)
+    assert counts.min() >= 2  # every cell pooled more than one pair: the averaging is what is tested
