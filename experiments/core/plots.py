@@ -9,6 +9,7 @@ from __future__ import annotations
 import textwrap
 
 import numpy as np
+from matplotlib.collections import PatchCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
@@ -31,8 +32,11 @@ def gate_map_png(gates: np.ndarray, title: str, expected_open: float | None = No
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     is_open = gates > OPEN_THRESHOLD  # outlined: a gate of 0.01 is open but prints nearly white
-    for layer, head in zip(*np.nonzero(is_open), strict=True):
-        ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="tab:orange", linewidth=1.5))
+    # one collection, not a patch per head: add_patch updates the axes' limits each time (a fifth
+    # of a run's gate map, issue 19)
+    ax.add_collection(PatchCollection([Rectangle((head - 0.5, layer - 0.5), 1, 1) for layer, head in
+                                       zip(*np.nonzero(is_open), strict=True)],
+                                      facecolor="none", edgecolor="tab:orange", linewidth=1.5), autolim=False)
     counts = f"{int(is_open.sum())}/{gates.size} heads open (test-time gate > {OPEN_THRESHOLD:g}, outlined)"
     if expected_open is not None:
         counts += f"\nexpected open {expected_open:.1f} (sum of P(gate > 0) in training)"
