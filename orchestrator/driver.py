@@ -36,7 +36,7 @@ from ray.tune.search.basic_variant import BasicVariantGenerator  # noqa: E402
 
 from orchestrator import settings, trial  # noqa: E402
 from orchestrator.registry import Registry  # noqa: E402
-from orchestrator.registry.history import WORKER_LOST  # noqa: E402
+from orchestrator.registry.history import WORKER_LOST, worker_trial  # noqa: E402
 from orchestrator.status import RunStatus, SweepStatus  # noqa: E402
 from orchestrator.supervisor import reconcile  # noqa: E402  (the supervisor reconciles too, without Tune)
 
@@ -93,7 +93,7 @@ class _WorkerLost(tune.Callback):
     def _held(self, trial) -> dict[str, Any] | None:
         """The trial's run when its (dead) attempt still holds it: a raised error has failed it already."""
         run = self.registry.get_run(trial.config["run_key"])
-        held = run["status"] == RunStatus.RUNNING and (run["worker"] or "").split("@", 1)[0] == trial.trial_id
+        held = run["status"] == RunStatus.RUNNING and worker_trial(run["worker"]) == trial.trial_id
         return run if held else None
 
     def _record(self, trial, then: str) -> None:
@@ -145,7 +145,7 @@ def _cancel_held(registry: Registry, keys: list[str], trial_ids: set[str], track
     trial (a run shared with a live sweep) is left to that driver."""
     for key in keys:
         run = registry.get_run(key)
-        if run["status"] != RunStatus.RUNNING or (run["worker"] or "").split("@", 1)[0] not in trial_ids:
+        if run["status"] != RunStatus.RUNNING or worker_trial(run["worker"]) not in trial_ids:
             continue
         if registry.cancel_run(key, worker=run["worker"]) and tracking_uri and run["mlflow_run_id"]:
             from orchestrator import tracking

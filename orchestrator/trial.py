@@ -27,7 +27,7 @@ from experiments.core.context import RunCancelled, RunContext
 from experiments.core.result import RunResult
 from experiments.core.tracking import MemoryTracker
 from orchestrator.registry import Registry
-from orchestrator.registry.history import worker_name
+from orchestrator.registry.history import worker_name, worker_trial
 from orchestrator.status import RunStatus
 
 HEARTBEAT_S = 5.0
@@ -103,7 +103,7 @@ def claim_when_free(registry: Registry, run_key: str, worker: str, stale_after_s
     A Tune retry of this same trial (its worker was killed) takes the run over at
     once: the worker field starts with this trial's id.
     """
-    trial_id = worker.split("@", 1)[0]
+    trial_id = worker_trial(worker)
     while True:
         claimed = registry.claim(run_key, worker, stale_after_s=stale_after_s)
         if claimed is not None:
@@ -111,7 +111,7 @@ def claim_when_free(registry: Registry, run_key: str, worker: str, stale_after_s
         run = registry.get_run(run_key)
         if run["status"] in (RunStatus.FINISHED, RunStatus.CANCELLED):
             return None
-        if run["status"] == RunStatus.RUNNING and (run["worker"] or "").split("@", 1)[0] == trial_id:
+        if run["status"] == RunStatus.RUNNING and worker_trial(run["worker"]) == trial_id:
             claimed = registry.claim(run_key, worker, stale_after_s=0)
             if claimed is not None:
                 return claimed

@@ -251,10 +251,15 @@ def _node_losses(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def worker_name(trial_id: str, node_id: str, node_ip: str) -> str:
     """Who holds a run, for this process (the ``worker`` of its row and of a ``worker_lost`` event):
     ``<Tune trial id>@<host>[<Ray node id, 8 hex> <node IP>]:<pid>``, e.g. ``a1b2c_00003@gpu7[3f2a9c01
-    10.0.0.7]:4242``. The trial id first (``split("@", 1)[0]``: a retry of the same trial takes its
+    10.0.0.7]:4242``. The trial id first (:func:`worker_trial`: a retry of the same trial takes its
     run over), the pid last; the Ray node tells apart nodes that share a host name (containers,
     nodes simulated on one machine), so ``status`` can say which node was lost."""
     return f"{trial_id}@{socket.gethostname()}[{node_id[:8]} {node_ip}]:{os.getpid()}"
+
+
+def worker_trial(worker: str | None) -> str:
+    """The Tune trial id of a :func:`worker_name` ("" for none)."""
+    return (worker or "").split("@", 1)[0]
 
 
 def worker_node(worker: str | None) -> tuple[str, str] | None:

@@ -24,6 +24,7 @@ from orchestrator.registry.history import (
     history,
     worker_name,
     worker_node,
+    worker_trial,
 )
 
 
@@ -116,10 +117,10 @@ def test_history_says_which_node_was_lost():
     at = registry_db.now().replace(hour=9, minute=5)
     hhmm = clock(at)
     worker = "3f2a9c_00007@box[3f2a9c01 127.0.0.1]:4242"
-    assert worker_node(worker) == ("3f2a9c01", "127.0.0.1") and worker.split("@", 1)[0] == "3f2a9c_00007"
+    assert worker_node(worker) == ("3f2a9c01", "127.0.0.1") and worker_trial(worker) == "3f2a9c_00007"
     assert worker_node("t1@h:9") is None  # recorded before workers named their node
     named = worker_name("a1b2c_00003", "3f2a9c01d4e5" * 4, "10.0.0.7")
-    assert named.split("@", 1)[0] == "a1b2c_00003" and worker_node(named) == ("3f2a9c01", "10.0.0.7")
+    assert worker_trial(named) == "a1b2c_00003" and worker_node(named) == ("3f2a9c01", "10.0.0.7")
 
     def lost(key, node, then="retried", after_s=0.0):
         return {"kind": WORKER_LOST, "at": at + timedelta(seconds=after_s), "detail": {
