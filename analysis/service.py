@@ -38,7 +38,6 @@ from analysis import compare, figure_plan, masks, queries, select, statistics
 from analysis.loading import AXES, SCALE_LABELS, SweepData, load_sweep
 from analysis.select import QueryError
 from experiments.common.naming import suggest
-from orchestrator import supervisor
 from orchestrator.registry import LABELS, LAST, NotFound, Registry
 from orchestrator.registry.history import history as sweep_history
 from orchestrator.status import RUN_DONE
@@ -442,8 +441,7 @@ def build_app(registry_url: str) -> FastAPI:
         data = state.data(sweep_id)
         sweep = state.registry.get_sweep(sweep_id)
         axes = {axis: select.axis_values(data, axis) for axis in AXES if axis not in ("run_key", "group_key")}
-        # a lost driver awaiting its automatic resume: promised only while a supervisor runs to do it
-        history = sweep_history(sweep | {"events": state.registry.events(sweep_id)}, supervised=supervisor.watching)
+        history = sweep_history(sweep | {"events": state.registry.events(sweep_id)})
         return _sweep_out(sweep, SweepDetailOut, axes=axes, metrics=sorted(data.metrics), history=history)
 
     @app.get("/sweeps/{sweep_id}/runs", response_model=RunsPage, summary="Runs, filtered by any axis")
