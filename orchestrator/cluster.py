@@ -145,7 +145,7 @@ def local_head(num_cpus: int | None = None, num_gpus: int | None = None, home: P
 
 def _start_head(home: Path, num_cpus: int | None, num_gpus: int | None) -> dict[str, str]:
     tmp = temp_dir(home)
-    _kill_tree(_head_pids(tmp))  # what is left of a dead head of this home
+    _kill_tree(tmp)  # what is left of a dead head of this home
     ports = head_ports(home)
     for name in ("gcs", "dashboard"):
         if not _port_free(ports[name]):
@@ -175,7 +175,7 @@ def _start_head(home: Path, num_cpus: int | None, num_gpus: int | None) -> dict[
     # cwd: the temp dir, so that no job or worker finds a checkout's packages in its working directory
     started = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp, timeout=180)
     if started.returncode != 0:
-        _kill_tree(_head_pids(tmp))
+        _kill_tree(tmp)
         raise ClusterError(f"could not start a local Ray head: {(started.stderr or started.stdout).strip()[-500:]}")
     state = {
         "home": str(home), "address": f"127.0.0.1:{ports['gcs']}", "dashboard": f"http://127.0.0.1:{ports['dashboard']}",
@@ -207,9 +207,7 @@ def stop_local_head(home: Path | None = None) -> bool:
 def stop_ray(tmp: str) -> bool:
     """Stop the Ray processes of one node that use the temp dir ``tmp`` (and their children), by PID,
     never another Ray on the machine. True if something was running."""
-    pids = _head_pids(tmp)
-    _kill_tree(pids)
-    return bool(pids)
+    return _kill_tree(tmp)
 
 
 # --- processes and sockets, from /proc (Linux) ------------------------------------------------
@@ -241,12 +239,13 @@ def process_tree(roots: set[int], table: dict[int, tuple[int, str]] | None = Non
 
 
 def _head_pids(tmp: str) -> set[int]:
-    """Every process of the head that uses this temp dir: its daemons (named by the dir) and their children."""
+    """Every living process of the head that uses this temp dir: its daemons (named by the dir) and their
+    children. A zombie (killed, not yet reaped by its parent) is dead and left out."""
     table = _processes()
     mine = {os.getpid(), os.getppid()}
     roots = {pid for pid, (_, cmdline) in table.items()
              if tmp in cmdline and "/ray/" in cmdline.replace(tmp, "") and pid not in mine}
-    return process_tree(roots, table) - mine
+    return {pid for pid in process_tree(roots, table) - mine if _alive_pid(pid)}
 
 
 def head_pids(home: Path | None = None) -> set[int]:
@@ -254,16 +253,31 @@ def head_pids(home: Path | None = None) -> set[int]:
     return _head_pids(temp_dir(Path(home).resolve() if home else None))
 
 
-def _kill_tree(pids: set[int], grace_s: float = 5.0) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        deadline = time.monotonic() + grace_s
-        while sig == signal.SIGTERM and time.monotonic() < deadline and any(_alive_pid(p) for p in pids):
-            time.sleep(0.1)
+def _kill_tree(tmp: str, grace_s: float = 5.0, kill_s: float = 15.0) -> bool:
+    """SIGTERM every process of the head that uses ``tmp``, then SIGKILL what still lives after ``grace_s``,
+    again and again until none does (``kill_s`` at most): a SIGKILLed process stays in /proc until the
+    kernel has torn it down, and a raylet may fork a worker between the listing and the signal. The
+    processes first listed stay targets after their parent died (an orphan is no longer in the tree).
+    True if something was running."""
+    known = _head_pids(tmp)
+    _signal(known, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive_pid(p) for p in known):
+        time.sleep(0.1)
+    deadline = time.monotonic() + kill_s
+    while (alive := {p for p in known if _alive_pid(p)} | _head_pids(tmp)) and time.monotonic() < deadline:
+        _signal(alive, signal.SIGKILL)
+        known |= alive
+        time.sleep(0.05)
+    return bool(known)
+
+
+def _signal(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _alive_pid(pid: int) -> bool:

@@ -49,9 +49,8 @@ def start_node(address: str, tmp: str, cpus: int, gpus: int, env: dict[str, str]
 
 def node_pids(tmp: str) -> set[int]:
     """Every living process of the node that uses ``tmp``: its raylet, agents, log monitor, and their
-    children (the workers, whose command lines Ray retitles, e.g. ``ray::ImplicitFunc.train``). A
-    zombie (killed, not yet reaped by its parent) is dead and left out."""
-    return {pid for pid in cluster._head_pids(tmp) if cluster._alive_pid(pid)}
+    children (the workers, whose command lines Ray retitles, e.g. ``ray::ImplicitFunc.train``)."""
+    return cluster._head_pids(tmp)
 
 
 def node_id(tmp: str) -> str:

@@ -296,8 +296,11 @@ def follow(sweep_id: str, home: Path, nodes: list[dict], args: argparse.Namespac
         if time.monotonic() - state["sampled"] > 5:
             state["sampled"] = time.monotonic()
             state["samples"].append(sample_memory(home, sweep_id, nodes) | {"finished": finished})
-            print(f"  {finished}/{args.trials} finished ({sweep['status']}); {state['samples'][-1]['workers']} "
-                  "trial workers", file=sys.stderr)
+            sample = state["samples"][-1]
+            print(f"  {finished}/{args.trials} finished ({sweep['status']}); {sample['workers']} trial workers; "
+                  f"{sample['available_mib'] / 1024:.1f} GiB available", file=sys.stderr)
+            if len(state["samples"]) % 12 == 1:  # what holds the memory, printed as it goes: a run that dies of it still tells
+                print(f"    MiB by process kind: {sample['rss_by_kind_mib']}", file=sys.stderr)
             died = [n["node_id"][:8] for n in nodes if n is not (state["lost"] or {}).get("node") and not ray_nodes.alive(n["tmp"])]
             assert not died, (f"node(s) {died} died by themselves (a raylet the GCS marks dead after missed health "
                               f"checks exits; load {os.getloadavg()[0]:.0f}): the run measures nothing more")
