@@ -30,6 +30,13 @@ JOIN = (
     "sys.argv[0] = 'ray'; sys.exit(cli.main())"
 )
 
+# Many simulated nodes share this machine's memory: a raylet prestarts a worker per logical CPU when
+# the first driver connects and keeps as many idle (Ray's defaults: prestart_worker_first_driver,
+# num_workers_soft_limit = CPUs). At 8 nodes x 32 logical CPUs that was ~10 GiB of idle workers
+# (`ray::IDLE`, ~80 MiB each) before the first trial, and the head's memory monitor killed the
+# sweep's driver after 166 trials. A real node has the memory for its own pool; these keep one.
+NODE_ENV = {"RAY_prestart_worker_first_driver": "0", "RAY_num_workers_soft_limit": "1"}
+
 
 def start_node(address: str, tmp: str, cpus: int, gpus: int, env: dict[str, str] | None = None) -> dict:
     """Start a worker node joining the head at ``address`` with ``cpus`` logical CPUs and ``gpus``
@@ -42,7 +49,7 @@ def start_node(address: str, tmp: str, cpus: int, gpus: int, env: dict[str, str]
                f"--dashboard-agent-listen-port={ports['agent_http']}", f"--dashboard-agent-grpc-port={ports['agent_grpc']}",
                f"--runtime-env-agent-port={ports['runtime_env_agent']}", f"--metrics-export-port={ports['metrics_export']}",
                f"--node-manager-port={ports['node_manager']}", f"--object-manager-port={ports['object_manager']}"]
-    environ = {k: v for k, v in (env or os.environ).items() if k != "RAY_ADDRESS"} | cluster.HEAD_ENV
+    environ = {k: v for k, v in (env or os.environ).items() if k != "RAY_ADDRESS"} | cluster.HEAD_ENV | NODE_ENV
     subprocess.run(command, check=True, capture_output=True, env=environ, cwd=tmp, timeout=180)
     return {"tmp": tmp, "ports": ports, "node_id": node_id(tmp)}
 

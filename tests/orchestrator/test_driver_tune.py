@@ -4,6 +4,7 @@ grid_search, and a FIFO scheduler with a queue picks the next trial)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -32,15 +33,15 @@ def _slow_run(cfg, ctx) -> RunResult:
     return RunResult(cfg.run_key, cfg.group_key, {"accuracy": 1.0}, {"heads.gate": gate}, steps=1)
 
 
-def _sweep(home, monkeypatch, seeds: int, max_concurrent: int) -> tuple[str, Registry, str]:
-    """(registry URL, registry, sweep id) of a sweep of ``seeds`` tiny runs, 1 CPU each, no retry, in ``home``."""
+def _sweep(home, monkeypatch, seeds: int, max_concurrent: int, cpus: float = 1) -> tuple[str, Registry, str]:
+    """(registry URL, registry, sweep id) of a sweep of ``seeds`` tiny runs, ``cpus`` each, no retry, in ``home``."""
     monkeypatch.setenv("HEADSWEEP_HOME", str(home))
     url = f"sqlite:///{home}/registry.db"
     grid = {"name": "tune", "base": {"model": "tiny-bert", "task": {"name": "synthetic-cls"}},
-            "axes": {"seed": list(range(seeds))}, "resources": {"cpus": 1}, "max_concurrent": max_concurrent,
+            "axes": {"seed": list(range(seeds))}, "resources": {"cpus": cpus}, "max_concurrent": max_concurrent,
             "max_failures": 0}
     registry = Registry(url)
-    sweep_id, _ = registry.create_sweep("tune", "", expand(parse_grid(grid)), {"cpus": 1}, max_concurrent, 0)
+    sweep_id, _ = registry.create_sweep("tune", "", expand(parse_grid(grid)), {"cpus": cpus}, max_concurrent, 0)
     return url, registry, sweep_id
 
 
@@ -78,6 +79,51 @@ def test_a_wave_looks_its_trainable_up_once_and_puts_tune_back(monkeypatch):
     assert tune_trial.get_trainable_cls is before  # the next wave registers its own trainable: read again
     tune_trial.get_trainable_cls("trial")
     assert reads[-1] == "trial"
+
+
+def _pid_run(cfg, ctx) -> RunResult:
+    result = _slow_run(cfg, ctx)
+    result.metrics["pid"] = os.getpid()
+    return result
+
+
+def test_trials_that_end_together_keep_their_worker_processes(local_ray, tmp_path, monkeypatch):
+    """A trial's actor (a worker process that has imported torch and holds the per-worker model and
+    data caches) goes on to the next run (``reuse_actors``): under max_concurrent 6 the 24 runs of
+    equal length, ending in pairs and threes, use at most 6 processes, not one each."""
+    url, registry, sweep_id = _sweep(tmp_path, monkeypatch, seeds=24, max_concurrent=6, cpus=0.25)
+    assert execute_sweep(sweep_id, registry_url=url, track=False, run_fn=_pid_run) == {"finished": 24}
+    pids = {registry.get_run(key)["metrics"]["pid"] for key in registry.sweep_runs(sweep_id)["run_key"]}
+    assert len(pids) <= 6, f"{len(pids)} worker processes for 24 runs at max_concurrent 6"
+
+
+def test_the_actor_cache_keeps_up_to_its_cap_and_flushes_all_at_the_end():
+    """Pure: Tune's cache keeps one actor when no trial is staged; the driver's keeps up to the cap."""
+    from orchestrator.driver import _WarmActors
+
+    cache = _WarmActors(keep=3)
+    assert [cache.cache_object("quarter-gpu", actor) for actor in "abcd"] == [True, True, True, False]
+    assert list(cache.flush_cached_objects()) == [] and cache.num_cached_objects == 3  # kept while trials come
+    assert cache.pop_cached_object("quarter-gpu") == "a"  # the oldest reused first
+    cache.increase_max("quarter-gpu", 4)  # four trials staged: Tune's own rule keeps one more
+    assert cache.cache_object("quarter-gpu", "e") and cache.cache_object("quarter-gpu", "f")
+    assert cache.num_cached_objects == 4 and not cache.cache_object("quarter-gpu", "g")
+    cache.decrease_max("quarter-gpu", 4)
+    assert list(cache.flush_cached_objects()) == ["b"] and cache.num_cached_objects == 3
+    assert sorted(cache.flush_cached_objects(force_all=True)) == ["c", "e", "f"] and cache.num_cached_objects == 0
+
+
+def test_a_wave_s_actor_cache_is_the_driver_s_and_tune_s_after_it():
+    from ray.tune.execution import tune_controller
+
+    from orchestrator.driver import _actors_kept
+
+    before = tune_controller._ObjectCache
+    with _actors_kept(5):
+        assert tune_controller._ObjectCache(may_keep_one=True)._keep == 5
+    with _actors_kept(0):  # no cap: Tune stages trials ahead and keeps what they need itself
+        assert tune_controller._ObjectCache is before
+    assert tune_controller._ObjectCache is before
 
 
 def _deaf_run(cfg, ctx) -> RunResult:
