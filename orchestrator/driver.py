@@ -179,9 +179,10 @@ class _WarmActors(_ObjectCache):
     has ended, so of the trials that end close together one actor is kept; their successors ask Ray
     for new actors (a worker process each, importing torch and Tune: ~4 s of CPU, ~300 MiB), and
     Tune drops each new actor again as soon as an older one comes free. On 8 simulated nodes (64
-    logical GPUs, 27 trials at once: tests/benchmarks/scale_gpus.py) ~12 GiB of such workers were
-    starting at any time and 241 trials finished in 7 minutes; with the actors kept, 2,000 finished
-    in 4 minutes on 27 worker processes. Keeping up to ``max_concurrent`` actors costs nothing: each
+    logical GPUs, 27 trials at once: tests/benchmarks/scale_gpus.py) up to ~12 GiB of such workers
+    were starting at a time and the memory monitor killed the driver after 194 of 2,000 trials; with
+    the actors kept, 2,000 and then 10,000 trials ran on the same 27 worker processes, every trial
+    once. Keeping up to ``max_concurrent`` actors costs nothing: each
     holds the resources of a slot the next trial takes, a kept actor is always reused before a new
     one is asked for (Tune's ``_schedule_trial_actor``), and once the search has generated its last
     trial Tune flushes them all."""

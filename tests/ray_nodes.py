@@ -30,12 +30,16 @@ JOIN = (
     "sys.argv[0] = 'ray'; sys.exit(cli.main())"
 )
 
-# Many simulated nodes share this machine's memory: a raylet prestarts a worker per logical CPU when
-# the first driver connects and keeps as many idle (Ray's defaults: prestart_worker_first_driver,
-# num_workers_soft_limit = CPUs). At 8 nodes x 32 logical CPUs that was ~10 GiB of idle workers
-# (`ray::IDLE`, ~80 MiB each) before the first trial, and the head's memory monitor killed the
-# sweep's driver after 166 trials. A real node has the memory for its own pool; these keep one.
-NODE_ENV = {"RAY_prestart_worker_first_driver": "0", "RAY_num_workers_soft_limit": "1"}
+# Many simulated nodes share this machine's 2 cores and its memory, and Ray sizes a node's worker
+# pool by its logical CPUs (32 per node of 8 GPUs here): it prestarts a worker per CPU when the
+# first driver connects, keeps as many idle, and starts up to as many at once (Ray's defaults:
+# prestart_worker_first_driver, num_workers_soft_limit and worker_maximum_startup_concurrency =
+# CPUs). At 8 nodes that was ~10 GiB of `ray::IDLE` workers before the first trial, and under load
+# a storm of workers starting for leases that timed out (each importing the trial path) until the
+# head's memory monitor killed the sweep's driver after 151-166 trials. A real node has the cores
+# and the memory for its own pool; a simulated one starts two workers at a time and keeps one idle.
+NODE_ENV = {"RAY_prestart_worker_first_driver": "0", "RAY_num_workers_soft_limit": "1",
+            "RAY_worker_maximum_startup_concurrency": "2"}
 
 
 def start_node(address: str, tmp: str, cpus: int, gpus: int, env: dict[str, str] | None = None) -> dict:
