@@ -207,23 +207,25 @@ def stop_local_head(home: Path | None = None) -> bool:
 def stop_ray(tmp: str) -> bool:
     """Stop the Ray processes of one node that use the temp dir ``tmp`` (and their children), by PID,
     never another Ray on the machine. True if something was running."""
-    return _kill_tree(tmp)
+    return bool(_kill_tree(tmp))
 
 
 # --- processes and sockets, from /proc (Linux) ------------------------------------------------
 
 def _processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) of every process we can see."""
+    """pid -> (parent pid, command line) of every living process we can see. A zombie (killed, not yet
+    reaped by its parent) is dead and left out."""
     table = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            state, ppid = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[:2]
         except (OSError, IndexError, ValueError):
             continue
-        table[int(entry)] = (ppid, cmdline)
+        if state != "Z":
+            table[int(entry)] = (int(ppid), cmdline)
     return table
 
 
@@ -239,13 +241,12 @@ def process_tree(roots: set[int], table: dict[int, tuple[int, str]] | None = Non
 
 
 def _head_pids(tmp: str) -> set[int]:
-    """Every living process of the head that uses this temp dir: its daemons (named by the dir) and their
-    children. A zombie (killed, not yet reaped by its parent) is dead and left out."""
+    """Every living process of the head that uses this temp dir: its daemons (named by the dir) and their children."""
     table = _processes()
     mine = {os.getpid(), os.getppid()}
     roots = {pid for pid, (_, cmdline) in table.items()
              if tmp in cmdline and "/ray/" in cmdline.replace(tmp, "") and pid not in mine}
-    return {pid for pid in process_tree(roots, table) - mine if _alive_pid(pid)}
+    return process_tree(roots, table) - mine
 
 
 def head_pids(home: Path | None = None) -> set[int]:
@@ -253,14 +254,15 @@ def head_pids(home: Path | None = None) -> set[int]:
     return _head_pids(temp_dir(Path(home).resolve() if home else None))
 
 
-def _kill_tree(tmp: str, grace_s: float = 5.0, kill_s: float = 15.0) -> bool:
-    """SIGTERM every process of the head that uses ``tmp``, then SIGKILL what still lives after ``grace_s``,
-    again and again until none does (``kill_s`` at most): a SIGKILLed process stays in /proc until the
-    kernel has torn it down, and a raylet may fork a worker between the listing and the signal. The
-    processes first listed stay targets after their parent died (an orphan is no longer in the tree).
-    True if something was running."""
+def _kill_tree(tmp: str, grace_s: float = 5.0, kill_s: float = 15.0) -> set[int]:
+    """SIGTERM every process of the head that uses ``tmp`` (none when ``grace_s`` is 0: a machine that
+    died), then SIGKILL what still lives after ``grace_s``, again and again until none does (``kill_s``
+    at most): a SIGKILLed process stays in /proc until the kernel has torn it down, and a raylet may
+    fork a worker between the listing and the signal. The processes first listed stay targets after
+    their parent died (an orphan is no longer in the tree). The PIDs signalled: empty if none ran."""
     known = _head_pids(tmp)
-    _signal(known, signal.SIGTERM)
+    if grace_s:
+        _signal(known, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(_alive_pid(p) for p in known):
         time.sleep(0.1)
@@ -269,7 +271,7 @@ def _kill_tree(tmp: str, grace_s: float = 5.0, kill_s: float = 15.0) -> bool:
         _signal(alive, signal.SIGKILL)
         known |= alive
         time.sleep(0.05)
-    return bool(known)
+    return known
 
 
 def _signal(pids: set[int], sig: int) -> None:

@@ -215,11 +215,12 @@ def _actors_kept(max_concurrent: int) -> Iterator[None]:
     if not max_concurrent:
         yield
         return
+    original = tune_controller._ObjectCache
     tune_controller._ObjectCache = functools.partial(_WarmActors, keep=max_concurrent)
     try:
         yield
     finally:
-        tune_controller._ObjectCache = _ObjectCache
+        tune_controller._ObjectCache = original
 
 
 def _trial_name(trial) -> str:

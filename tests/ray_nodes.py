@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from orchestrator import cluster
@@ -83,20 +81,8 @@ def alive(tmp: str) -> bool:
 
 def kill_node(tmp: str) -> set[int]:
     """SIGKILL every process of the node at once (a machine that died: no drain, no goodbye to the
-    GCS); the PIDs killed. A SIGKILLed process leaves /proc only once the kernel has torn it down,
-    and a raylet may fork a worker between the listing and the kill: it kills again until none of
-    the node's processes lives (10 s at most)."""
-    killed: set[int] = set()
-    deadline = time.monotonic() + 10
-    while (pids := node_pids(tmp)) and time.monotonic() < deadline:
-        for pid in pids - killed:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        killed |= pids
-        time.sleep(0.05)
-    return killed
+    GCS), until none of them lives; the PIDs killed."""
+    return cluster._kill_tree(tmp, grace_s=0, kill_s=10)
 
 
 def stop_node(tmp: str) -> None:
