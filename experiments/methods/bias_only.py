@@ -29,6 +29,7 @@ from experiments.core.context import RunContext
 from experiments.core.result import RunResult
 from experiments.core.sections import ConfigError, Section
 from experiments.core.seeding import derive_seed
+from experiments.core.state import adam
 from experiments.maths.losses import task_loss
 from experiments.models import load_tokenizer
 from experiments.tasks import TASKS, bias_feature_names
@@ -64,7 +65,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
     with torch.random.fork_rng(devices=[]):  # the 'decoder' stream, global RNG untouched
         torch.manual_seed(derive_seed(cfg.seed, "decoder"))
         model = BiasModel.for_features(x, data.num_labels)
-    optimizer = torch.optim.Adam(model.parameters(), lr=hp.lr)
+    optimizer = adam(model.parameters(), lr=hp.lr)
     eval_sets = {"": data.dev} | {f"/{name}": split for name, split in data.eval_sets.items()}
 
     def evaluate() -> dict[str, float]:

@@ -43,7 +43,7 @@ from experiments.core.loop import evaluate_all, forward_logits, num_steps, train
 from experiments.core.result import RunResult, UnitMap
 from experiments.core.sections import Section
 from experiments.core.seeding import generator
-from experiments.core.state import fine_tuning, set_up
+from experiments.core.state import adam, fine_tuning, set_up
 from experiments.interventions.gates import HeadGates
 from experiments.interventions.heads import attach_head_gates
 from experiments.maths.hard_concrete import eval_gates, l0_penalty, open_heads, prob_open
@@ -97,7 +97,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
     total = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
     model_params = list(encoder.parameters()) + list(decoder.parameters())
     optimizer, scheduler = fine_tuning(state, total)
-    gate_optimizer = torch.optim.Adam(gates.parameters(), lr=hp.lr)  # no schedule
+    gate_optimizer = adam(gates.parameters(), lr=hp.lr)  # no schedule
     state.interventions["gates"], state.generators["gate_noise"] = gates, gates.generator
     state.optimizers["gates"] = gate_optimizer
     state.values["trajectory"] = []  # (L, H) test-time gates at each evaluation

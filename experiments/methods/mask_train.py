@@ -48,7 +48,7 @@ from experiments.core.debias import LOSSES, check_loss, loss_stages, objective
 from experiments.core.loop import forward_logits, num_steps, train_steps, update
 from experiments.core.result import RunResult
 from experiments.core.sections import Section
-from experiments.core.state import fine_tuning, set_up, upstream_weights
+from experiments.core.state import adam, fine_tuning, set_up, upstream_weights
 from experiments.interventions.masks import (
     MaskScores,
     attach_masks,
@@ -167,7 +167,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
         if hp.train_classifier:
             params = params + list(decoder.parameters())
             groups.append({"params": list(decoder.parameters()), "lr": tc.decoder_lr, "weight_decay": tc.weight_decay})
-        optimizer = torch.optim.AdamW(groups)
+        optimizer = adam(groups, decoupled=True)
         # the reference's get_linear_schedule_with_warmup over every group (mask_trainer.py get_optimizers)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_warmup_decay(s, total, tc.warmup_ratio))
         state.interventions["masks"], state.optimizers["masks"], state.schedulers["masks"] = scores, optimizer, scheduler

@@ -74,7 +74,7 @@ from experiments.core.loop import (
 from experiments.core.result import RunResult, UnitMap
 from experiments.core.sections import ConfigError, Section, TaskConfig
 from experiments.core.seeding import derive_seed, generator
-from experiments.core.state import adamw, set_up
+from experiments.core.state import adam, adamw, set_up
 from experiments.interventions.gates import HeadGates
 from experiments.interventions.heads import attach_head_gates
 from experiments.maths.hard_concrete import eval_gates, l0_penalty, open_heads, prob_open
@@ -209,7 +209,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
             gate_sets = [gates[t.name] for t in tasks]
         gates.to(ctx.device)
         handle = attach_head_gates(encoder, lambda: gate_sets[active[0]]())
-        gate_optimizer = torch.optim.Adam(gates.parameters(), lr=hp.lr)  # no schedule
+        gate_optimizer = adam(gates.parameters(), lr=hp.lr)  # no schedule
         state.interventions["gates"], state.generators["gate_noise"] = gates, noise
         state.optimizers["gates"] = gate_optimizer
     maps_of = _gate_map_names(hp.pipeline, [t.name for t in tasks])  # {gate map name: its task index}

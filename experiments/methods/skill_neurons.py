@@ -98,7 +98,7 @@ from experiments.core.loop import (
 from experiments.core.result import RunResult, UnitMap
 from experiments.core.sections import ConfigError, Section
 from experiments.core.seeding import derive_seed, generator
-from experiments.core.state import RunState, set_up
+from experiments.core.state import RunState, adam, set_up
 from experiments.interventions.ffn_prune import mean_ffn_activations, pruned_layers, pruned_metrics
 from experiments.interventions.neurons import capture_ffn, perturb_neurons
 from experiments.maths.losses import task_loss
@@ -350,7 +350,7 @@ def build(cfg, ctx: RunContext) -> tuple[RunState, PromptedEncoder, torch.optim.
     groups = [{"params": list(prompt.parameters()), "lr": prompt_lr(hp)}]
     if readout.linear is not None:
         groups.append({"params": list(readout.parameters()), "lr": hp.readout_lr})
-    optimizer = torch.optim.Adam(groups)
+    optimizer = adam(groups)
     state.optimizers["prompt"] = optimizer
     return state, PromptedEncoder(backbone, prompt), optimizer
 
