@@ -223,6 +223,35 @@ def _actors_kept(max_concurrent: int) -> Iterator[None]:
         tune_controller._ObjectCache = original
 
 
+@contextlib.contextmanager
+def _starting_actors_kept() -> Iterator[None]:
+    """Within one wave, a trial whose new actor has started (its worker process is being created)
+    keeps it, and the next finished trial's actor goes to another trial.
+
+    Tune hands a freed actor to the first pending trial, even one whose new actor is already
+    starting, and drops that starting worker. After a lost worker, its retried trial waits seconds
+    for a new process (importing torch) while trials end every fraction of one: each ending gave
+    its actor to the waiting trial and left the next trial to ask for a new worker, itself dropped
+    at the next ending. On one node, 11 actors were created for 2 slots and 1 lost worker (the
+    test); on 8 simulated nodes, ~64 at once after a lost node, and the memory ran out
+    (tests/benchmarks/README.md). A trial whose actor is only requested (no placement yet) still
+    takes a freed one: dropping the request starts nothing."""
+    original = tune_controller.TuneController._maybe_reuse_cached_actor
+
+    def maybe_reuse_cached_actor(controller, trial) -> bool:
+        own = controller._trial_to_actor.get(trial)
+        if (own is not None and trial not in controller._resetting_trials
+                and controller._actor_manager.is_actor_started(own)):
+            return False
+        return original(controller, trial)
+
+    tune_controller.TuneController._maybe_reuse_cached_actor = maybe_reuse_cached_actor
+    try:
+        yield
+    finally:
+        tune_controller.TuneController._maybe_reuse_cached_actor = original
+
+
 def _trial_name(trial) -> str:
     return trial.config["run_key"]
 
@@ -272,7 +301,7 @@ def _run_wave(sweep: dict[str, Any], keys: list[str], env: dict[str, Any], run_f
             verbose=0,
         ),
     )
-    with _trainable_looked_up_once(), _actors_kept(sweep["max_concurrent"] or 0):
+    with _trainable_looked_up_once(), _actors_kept(sweep["max_concurrent"] or 0), _starting_actors_kept():
         tuner.fit()
     if registry.cancel_requested(sweep["id"]):
         _cancel_held(registry, keys, wave_trials.ids, env["tracking_uri"])

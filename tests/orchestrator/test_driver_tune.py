@@ -4,7 +4,9 @@ grid_search, and a FIFO scheduler with a queue picks the next trial)."""
 
 from __future__ import annotations
 
+import functools
 import os
+import signal
 import threading
 import time
 
@@ -33,15 +35,18 @@ def _slow_run(cfg, ctx) -> RunResult:
     return RunResult(cfg.run_key, cfg.group_key, {"accuracy": 1.0}, {"heads.gate": gate}, steps=1)
 
 
-def _sweep(home, monkeypatch, seeds: int, max_concurrent: int, cpus: float = 1) -> tuple[str, Registry, str]:
-    """(registry URL, registry, sweep id) of a sweep of ``seeds`` tiny runs, ``cpus`` each, no retry, in ``home``."""
+def _sweep(home, monkeypatch, seeds: int, max_concurrent: int, cpus: float = 1,
+           max_failures: int = 0) -> tuple[str, Registry, str]:
+    """(registry URL, registry, sweep id) of a sweep of ``seeds`` tiny runs, ``cpus`` each, ``max_failures``
+    retries, in ``home``."""
     monkeypatch.setenv("HEADSWEEP_HOME", str(home))
     url = f"sqlite:///{home}/registry.db"
     grid = {"name": "tune", "base": {"model": "tiny-bert", "task": {"name": "synthetic-cls"}},
             "axes": {"seed": list(range(seeds))}, "resources": {"cpus": cpus}, "max_concurrent": max_concurrent,
-            "max_failures": 0}
+            "max_failures": max_failures}
     registry = Registry(url)
-    sweep_id, _ = registry.create_sweep("tune", "", expand(parse_grid(grid)), {"cpus": cpus}, max_concurrent, 0)
+    sweep_id, _ = registry.create_sweep("tune", "", expand(parse_grid(grid)), {"cpus": cpus}, max_concurrent,
+                                        max_failures)
     return url, registry, sweep_id
 
 
@@ -151,3 +156,28 @@ def test_a_cancel_the_driver_sees_first_leaves_no_run_running(local_ray, tmp_pat
     assert time.monotonic() - started < 110, "the runs ended by themselves: the cancel never reached them"
     assert counts == {"cancelled": 3}  # two held by the ended trials, one pending
     assert registry.get_sweep(sweep_id)["status"] == "cancelled"
+
+
+def _dies_once_run(cfg, ctx, marker: str, seed: int) -> RunResult:
+    """Kills its own worker process (SIGKILL: a lost worker) the first time it runs ``seed``."""
+    if cfg.seed == seed and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _pid_run(cfg, ctx)
+
+
+@pytest.mark.slow  # ~20 s: a worker's start-up while 40 runs end
+def test_a_lost_worker_costs_one_new_worker_not_one_per_trial_after_it(local_ray, tmp_path, monkeypatch):
+    """A trial whose worker died is retried on a new actor; while that worker starts (seconds: it
+    imports torch), trials keep ending. Tune gave the retried trial each freed actor instead and
+    dropped its starting worker, so the next trial asked for a new one, and so on: a worker started
+    and thrown away per trial that ended (~64 at once on 8 simulated nodes, memory gone). The driver
+    lets a trial whose worker is already starting keep it: one new worker replaces the lost one."""
+    url, registry, sweep_id = _sweep(tmp_path, monkeypatch, seeds=40, max_concurrent=2, cpus=0.5, max_failures=1)
+    before = {actor_id for actor_id in ray._private.state.actors()}
+    run_fn = functools.partial(_dies_once_run, marker=str(tmp_path / "killed"), seed=4)
+    assert execute_sweep(sweep_id, registry_url=url, track=False, run_fn=run_fn) == {"finished": 40}
+    created = [a for actor_id, a in ray._private.state.actors().items() if actor_id not in before]
+    attempts = sum(registry.get_run(key)["attempts"] for key in registry.sweep_runs(sweep_id)["run_key"])
+    assert attempts == 41  # the killed run ran twice, every other once
+    assert len(created) <= 4, f"{len(created)} trial actors created for 2 slots and 1 lost worker"
