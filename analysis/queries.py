@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -45,11 +46,14 @@ from analysis.select import (
     varying_config,
 )
 from analysis.statistics import pearson, spearman, topk
-from analysis.statistics.base import Statistic, pair_matrix, pair_stack
+from analysis.statistics.base import Statistic, pair_matrix, pair_stack, stack_runs, take_runs
 
 ACROSS = ("seed", "task", "pipeline", "model", "run")
 MATRIX = "r"
 """The statistic of agreement's matrix (``statistics.STATISTICS``): Pearson r."""
+_COPY_CHUNK_ELEMENTS = 1_000_000
+"""Shuffled copies x runs x units handed to the statistics at once in a permutation null (each
+array of a chunk is ~8 MB; RBO's temporaries are a few of them)."""
 MAX_PAIR_WORK = 50_000_000
 """Largest work of a pairwise statistic beside the matrix's, in compared pairs x units x copies (the
 maps and ``len(stats.NULLS) * n_perm`` shuffles): larger questions leave it out. Pearson's matrix
@@ -204,6 +208,128 @@ def _label_matrix(stat: Statistic, z: np.ndarray, at: np.ndarray, blocks: list[n
         return total / count
 
 
+_MIN_SEGMENT = 512
+"""Pairs of rows a permutation null reads at least at once (``_LabelPairs.segments``)."""
+
+
+@dataclass(frozen=True)
+class _LabelPairs:
+    """The pairs of rows behind the off-diagonal cells of a label matrix (``_label_matrix``).
+
+    ``segments``: the pairs as (left rows, right rows) index arrays, for every two places
+    ``i < j`` of the blocks of n rows the blocks' rows at i and at j (evenly spaced when the
+    blocks are stored in order: ``take_runs`` reads them as views), short ones joined up to
+    ``_MIN_SEGMENT`` pairs. Of those pairs, one segment after the other, ``order`` picks the ones
+    of two different labels (pairs of one label are its diagonal), the pairs of each label pair
+    together, and ``starts`` says where each label pair's begin."""
+
+    segments: tuple[tuple[np.ndarray, np.ndarray], ...]
+    order: np.ndarray
+    starts: np.ndarray
+
+
+def _label_pairs(at: np.ndarray, blocks: list[np.ndarray], k: int) -> _LabelPairs:
+    """The pairs of each block's rows (``blocks``) by label pair (``at``: each row's of the k
+    labels; ``(a, b)`` and ``(b, a)`` are one, the matrix is symmetric)."""
+    sizes: dict[int, list[np.ndarray]] = {}
+    for idx in blocks:
+        sizes.setdefault(len(idx), []).append(idx)
+    sides = []  # (the rows at i, the rows at j) of every two places i < j of the blocks of each size
+    for n, members in sizes.items():
+        idx = stack_runs(members)  # (C, n)
+        sides += [(idx[:, i], idx[:, j]) for i, j in zip(*np.triu_indices(n, k=1), strict=True)]
+    segments = _joined(sides, _MIN_SEGMENT)
+    left, right = (np.concatenate([np.empty(0, dtype=np.int64), *(side[s] for side in segments)]) for s in (0, 1))
+    a, b = at[left], at[right]
+    keep = np.flatnonzero(a != b)
+    cell = (np.minimum(a, b) * k + np.maximum(a, b))[keep]
+    by_cell = np.argsort(cell, kind="stable")
+    return _LabelPairs(tuple(segments), keep[by_cell], np.flatnonzero(np.diff(cell[by_cell], prepend=-1)))
+
+
+def _joined(sides: list[tuple[np.ndarray, np.ndarray]], at_least: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``sides`` (left rows, right rows), in order, consecutive short ones joined until they hold
+    ``at_least`` pairs (the last one may hold fewer)."""
+    joined, pending, held = [], [], 0
+    for i, side in enumerate(sides):
+        pending.append(side)
+        held += len(side[0])
+        if held >= at_least or i == len(sides) - 1:
+            joined.append((np.concatenate([left for left, _ in pending]), np.concatenate([r for _, r in pending])))
+            pending, held = [], 0
+    return joined
+
+
+def _offdiag_means(values: np.ndarray, pairs: _LabelPairs) -> np.ndarray:
+    """``(c, Q)`` values of the pairs of ``pairs.order`` in c copies -> ``(c,)``: each copy's
+    ``_offdiag_mean`` of its label matrix (``_label_matrix``): the mean over label pairs of the
+    mean of their finite values (to rounding). NaN where no label pair has one."""
+    if not len(pairs.starts):
+        return np.full(len(values), math.nan)
+    ok = np.isfinite(values)
+    total = np.add.reduceat(np.where(ok, values, 0.0), pairs.starts, axis=1)  # (c, label pairs)
+    count = np.add.reduceat(ok.astype(np.int64), pairs.starts, axis=1)
+    defined = count > 0
+    means = np.where(defined, total / np.maximum(count, 1), 0.0)
+    with np.errstate(invalid="ignore"):
+        return means.sum(axis=1) / defined.sum(axis=1)
+
+
+def _pairs_of_copies(stat: Statistic, rows: np.ndarray, pairs: _LabelPairs) -> np.ndarray:
+    """``(c, N, P)`` rows (``stat.rows``) of c shuffled copies -> ``(c,)``: each copy's mean
+    off-diagonal entry of its label matrix of ``stat`` (``_offdiag_mean`` of ``_label_matrix``)."""
+    if not len(pairs.starts):
+        return np.full(len(rows), math.nan)
+    values = [stat.between(take_runs(rows, i), take_runs(rows, j)) for i, j in pairs.segments]  # (c, Q_s) each
+    return _offdiag_means(np.concatenate(values, axis=1)[:, pairs.order], pairs)
+
+
+_OnCopies = Callable[[np.ndarray], dict[str, np.ndarray]]
+
+
+def _on_copies(stats_: list[Statistic], x: np.ndarray, fast: Callable[[Statistic, np.ndarray], np.ndarray] | None,
+               slow: Callable[[Statistic, np.ndarray], float]) -> tuple[np.ndarray, _OnCopies]:
+    """Every statistic on every shuffled copy of the runs ``x`` ``(N, L, K)``: ``(what to shuffle,
+    (N, L, K); its shuffled copies (c, N, L, K) -> {name: (c,)})``.
+
+    A statistic with ``rows`` (when ``fast`` is given) reads its rows, computed once and
+    shuffled: ``fast(stat, (c, N, P) rows)``; any other one the shuffled maps, one copy at a time:
+    ``slow(stat, (N, L, K) copy)``. When every statistic reads the same rows, those are shuffled;
+    else the runs' ``stats.positions``, and each statistic gathers what it reads."""
+    flat = x.reshape(len(x), -1)
+    rows = {stat.rows: stat.rows(flat) for stat in stats_ if fast is not None and stat.rows is not None}
+    if len(rows) == 1 and all(stat.rows in rows for stat in stats_):
+        shared = next(iter(rows.values()))
+        return shared.reshape(x.shape), lambda copies: {
+            stat.name: fast(stat, copies.reshape(len(copies), len(x), -1)) for stat in stats_}
+
+    def on_copies(order: np.ndarray) -> dict[str, np.ndarray]:
+        shuffled = {fn: stats.gather(r, order) for fn, r in rows.items()}
+        out = {}
+        for stat in stats_:
+            if stat.rows in shuffled:
+                out[stat.name] = fast(stat, shuffled[stat.rows])
+            else:
+                out[stat.name] = np.array([slow(stat, copy) for copy in stats.gather(flat, order).reshape(
+                    len(order), *x.shape)])
+        return out
+
+    return stats.positions(x.shape), on_copies
+
+
+def _test_together(observed: dict[str, float], x: np.ndarray, n_perm: int, seed: int, pooled: dict[str, str],
+                   on_copies: tuple[np.ndarray, _OnCopies]) -> dict[str, Tested]:
+    """Statistics of the same runs ``x`` ``(N, L, K)``, each tested as ``_test`` tests it alone (a
+    generator seeded ``seed``: the same shuffles), the shuffles drawn once for all of them
+    (``on_copies``: what to shuffle and the statistics of its copies, ``_on_copies``)."""
+    if n_perm == 0 or len(x) == 0 or not observed:
+        return {name: Tested(value, {}, pooled[name]) for name, value in observed.items()}
+    shuffled, batch_fn = on_copies
+    nulls = stats.joint_nulls(batch_fn, observed, shuffled, n_perm, np.random.default_rng(seed),
+                              _COPY_CHUNK_ELEMENTS)
+    return {name: Tested(value, nulls[name], pooled[name]) for name, value in observed.items()}
+
+
 def _test(stat_fn: Callable[[np.ndarray], float], x: np.ndarray, n_perm: int, seed: int,
           pooled: str, batch_fn: Callable[[np.ndarray], np.ndarray] | None = None) -> Tested:
     if n_perm == 0 or len(x) == 0:
@@ -325,7 +451,7 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
             return _label_matrix(stat, z, at, seeded, len(labels))
 
         n_runs = [int(sum((sel.seed[idx] == s).sum() for idx in seeded)) for s in labels]
-        stat_x, compared = x, seeded
+        stat_x, compared, label_pairs = x, seeded, _label_pairs(at, seeded, len(labels))
 
         def pooled_for(stat: Statistic) -> str:
             return f"mean over {len(seeded)} cells of their seeds' pairwise {stat.label}"
@@ -336,7 +462,7 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
         def matrix_of(stat: Statistic, z: np.ndarray) -> np.ndarray:
             return pair_matrix(stat, z.reshape(len(z), -1))
 
-        stat_x, compared = x, [np.arange(len(sel))]
+        stat_x, compared, label_pairs = x, [np.arange(len(sel))], None
 
         def pooled_for(stat: Statistic) -> str:
             return f"every pair of {len(sel)} runs"
@@ -372,7 +498,7 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
         def matrix_of(stat: Statistic, z: np.ndarray) -> np.ndarray:
             return _label_matrix(stat, z, at, groups, len(labels))
 
-        compared = groups
+        compared, label_pairs = groups, _label_pairs(at, groups, len(labels))
         pooled = (f"mean over {len(groups)} settings of {', '.join(matched)}" if matched
                   else "one setting") + f" of the seed-mean maps of each {across}"
 
@@ -382,7 +508,7 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
     matrix = matrix_of(statistics.STATISTICS[MATRIX], stat_x)
     # compared pairs x units x copies (the maps and every shuffle): what a pairwise statistic costs
     work = sum(len(idx) * (len(idx) - 1) // 2 for idx in compared) * x[0].size * (1 + len(stats.NULLS) * n_perm)
-    tested = {}
+    tested, pairs, cell_stats = {}, [], []
     for stat in statistics.asked("agreement"):
         if stat.name != MATRIX and stat.name not in wanted:
             tested[stat.name] = Tested(math.nan, {}, "not asked for")
@@ -390,11 +516,22 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
             tested[stat.name] = Tested(math.nan, {}, f"left out: {work:,} pairs x units x copies is more than "
                                                       f"{MAX_PAIR_WORK:,}; filter the runs or lower n_perm")
         elif stat.shape == "pairs":
-            tested[stat.name] = _test(lambda z, stat=stat: _offdiag_mean(matrix_of(stat, z)), stat_x, n_perm, seed,
-                                      pooled_for(stat))
+            pairs.append(stat)
         elif stat.shape == "cells":
-            tested[stat.name] = _cells_test(stat, x, [idx for idx in in_seed_order if len(idx) >= stat.min_runs],
-                                            n_perm, seed + 1)
+            cell_stats.append(stat)
+    # every pairwise statistic reads the same shuffles (a generator seeded `seed`), the cells ones theirs
+    # (`seed + 1`), drawn meanwhile on another thread: numpy draws and sums without the GIL
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        cells_tested = pool.submit(_cells_tested, cell_stats, x, in_seed_order, n_perm, seed + 1)
+        observed = {stat.name: _offdiag_mean(matrix if stat.name == MATRIX else matrix_of(stat, stat_x))
+                    for stat in pairs}
+        # across=run compares every pair of runs: one matrix per copy (a product for r) beats pair by pair
+        fast = None if label_pairs is None else partial(_pairs_of_copies, pairs=label_pairs)
+        on_copies = _on_copies(pairs, stat_x, fast, lambda stat, copy: _offdiag_mean(matrix_of(stat, copy)))
+        tested |= _test_together(observed, stat_x, n_perm, seed, {stat.name: pooled_for(stat) for stat in pairs},
+                                 on_copies)
+        tested |= cells_tested.result()
+    tested = {stat.name: tested[stat.name] for stat in statistics.asked("agreement") if stat.name in tested}
     n_cells = sum(len(idx) >= 3 for idx in cells)
     return Agreement(across, map_used, [value_label(v) for v in labels], matrix, n_runs, tested, n_cells,
                      matched, pooled_axes, notes)
@@ -411,13 +548,22 @@ def _asked_statistics(asked: Sequence[str] | None) -> set[str]:
     return set(asked)
 
 
-def _cells_test(stat: Statistic, x: np.ndarray, cells: list[np.ndarray], n_perm: int, seed: int) -> Tested:
-    """``stat`` (a cells statistic) over ``cells`` of the runs ``x``, tested; NaN when there are none."""
-    if not cells:
-        return Tested(math.nan, {}, f"no cell has {stat.min_runs} finished seeds")
-    sizes = "/".join(map(str, sorted({len(idx) for idx in cells})))
-    return _test(lambda z: stat.cells(z, cells), x, n_perm, seed,
-                 f"mean over {len(cells)} cells of {sizes} seeds of {stat.per_cell}")
+def _cells_tested(asked: list[Statistic], x: np.ndarray, in_seed_order: list[np.ndarray], n_perm: int,
+                  seed: int) -> dict[str, Tested]:
+    """Each cells statistic over the cells (``in_seed_order``) with enough runs, tested (the shuffles
+    drawn once for all); NaN where no cell has enough."""
+    cells = {stat.name: [idx for idx in in_seed_order if len(idx) >= stat.min_runs] for stat in asked}
+    tested = {stat.name: Tested(math.nan, {}, f"no cell has {stat.min_runs} finished seeds")
+              for stat in asked if not cells[stat.name]}
+    testable = [stat for stat in asked if cells[stat.name]]
+    pooled = {}
+    for stat in testable:
+        sizes = "/".join(map(str, sorted({len(idx) for idx in cells[stat.name]})))
+        pooled[stat.name] = f"mean over {len(cells[stat.name])} cells of {sizes} seeds of {stat.per_cell}"
+    observed = {stat.name: float(stat.cells(x, cells[stat.name])) for stat in testable}
+    on_copies = _on_copies(testable, x, lambda stat, rows: stat.copies(rows, cells[stat.name]),
+                           lambda stat, copy: stat.cells(copy, cells[stat.name]))
+    return tested | _test_together(observed, x, n_perm, seed, pooled, on_copies)
 
 
 def spearman_overlap(data: SweepData, a: Filters, b: Filters, map_name: str = DEFAULT_MAP,

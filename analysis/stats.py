@@ -12,7 +12,7 @@ within layers and across all units. Maps are ``(N, L, K)``: N runs of L layers o
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -151,16 +151,79 @@ def permutation_null(
     x = np.asarray(x)
     observed = float(stat_fn(x)) if observed is None else float(observed)
     null = np.empty(n_perm)
-    chunk = max(1, _PERM_CHUNK_ELEMENTS // max(x.size, 1))
-    for start in range(0, n_perm, chunk):
-        stop = min(start + chunk, n_perm)
-        shuffled = shuffle_units(x, stop - start, rng, within)  # (c, N, L, K)
+    start = 0
+    for shuffled in _shuffled_chunks(x, n_perm, rng, within, _PERM_CHUNK_ELEMENTS):  # (c, N, L, K)
+        stop = start + len(shuffled)
         if batch_fn is not None:
             null[start:stop] = batch_fn(shuffled)
-            continue
-        for j, copy in enumerate(shuffled):
-            null[start + j] = stat_fn(copy)
+        else:
+            for j, copy in enumerate(shuffled):
+                null[start + j] = stat_fn(copy)
+        start = stop
     return null_result(observed, null, within)
+
+
+def _shuffled_chunks(x: np.ndarray, n_perm: int, rng: np.random.Generator, within: str,
+                     chunk_elements: int) -> Iterator[np.ndarray]:
+    """``shuffle_units(x, n_perm, rng, within)`` a chunk of copies at a time (at most
+    ``chunk_elements`` elements each). The generator shuffles copy after copy, run after run, so
+    the copies are the same however they are chunked."""
+    chunk = max(1, chunk_elements // max(x.size, 1))
+    for start in range(0, n_perm, chunk):
+        yield shuffle_units(x, min(chunk, n_perm - start), rng, within)
+
+
+def positions(shape: tuple[int, int, int]) -> np.ndarray:
+    """``(N, L, K)`` int64: each unit's place in the runs' flattened maps, ``n * L * K + l * K + k``.
+
+    Shuffled in place of the maps (``shuffle_units``, ``joint_nulls``), they say where each place
+    of a shuffled copy takes its value from (``gather``). The generator's draws do not depend on
+    the values shuffled, so these are the very shuffles of the maps, and statistics that read
+    different rows of the maps (values, ranks, depths) can share them.
+    """
+    return np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+
+
+def gather(rows: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``(N, P)`` rows (one per run) and ``(c, N, L, K)`` shuffled ``positions`` -> ``(c, N, P)``:
+    each run's row in each shuffled copy."""
+    return np.take(rows.reshape(-1), order).reshape(len(order), len(rows), -1)
+
+
+def joint_nulls(batch_fn: Callable[[np.ndarray], Mapping[str, np.ndarray]], observed: Mapping[str, float],
+                x: np.ndarray, n_perm: int, rng: np.random.Generator,
+                chunk_elements: int = _PERM_CHUNK_ELEMENTS) -> dict[str, dict[str, NullResult]]:
+    """Several statistics of the same runs against every null of ``NULLS``, from one draw of shuffles.
+
+    ``{statistic: {null: NullResult}}``, each statistic's nulls equal to ``both_nulls`` of it alone
+    with a generator in the same state (the same shuffles, null after null): the copies are drawn
+    once and every statistic reads them.
+
+    Args:
+        batch_fn: ``(c, N, L, K)`` shuffled copies of ``x`` -> ``{statistic: (c,)}``, every
+            statistic of ``observed`` on each copy.
+        observed: ``{statistic: its value on the unshuffled runs}``.
+        x: ``(N, L, K)``, what is shuffled: the maps, rows the statistics read of them (shuffled
+            alike), or their ``positions`` (for statistics that read different rows: ``gather``).
+        n_perm: shuffled copies per null (>= 1).
+        rng: source of the shuffles.
+        chunk_elements: copies are drawn and handed to ``batch_fn`` at most this many elements
+            (copies x runs x units) at a time.
+    """
+    if n_perm < 1:
+        raise ValueError(f"n_perm must be >= 1, got {n_perm}")
+    results: dict[str, dict[str, NullResult]] = {name: {} for name in observed}
+    for within in NULLS:
+        nulls = {name: np.empty(n_perm) for name in observed}
+        start = 0
+        for shuffled in _shuffled_chunks(np.asarray(x), n_perm, rng, within, chunk_elements):
+            values = batch_fn(shuffled)
+            for name, null in nulls.items():
+                null[start:start + len(shuffled)] = values[name]
+            start += len(shuffled)
+        for name, null in nulls.items():
+            results[name][within] = null_result(observed[name], null, within)
+    return results
 
 
 def null_result(observed: float, null: np.ndarray, null_name: str) -> NullResult:

@@ -56,6 +56,17 @@ class Statistic:
     """Optional, with ``pairs``: ``(n, P) -> (n, n)``, every pair of many rows (a run x run matrix)."""
     cells: Callable[[np.ndarray, list[np.ndarray]], float] | None = None
     """``(N, P)`` maps and the run indexes of each cell (in seed order) -> one number."""
+    rows: Callable[[np.ndarray], np.ndarray] | None = None
+    """Optional, with ``between`` or ``copies``: ``(N, P) -> (N, P)``, what the statistic reads of
+    each map, unit by unit, so that shuffling a map's units shuffles its row alike
+    (``rows(x[:, pi]) == rows(x)[:, pi]``, to rounding): a permutation null computes the rows
+    once and shuffles them instead of the maps (Pearson: the centred, unit-norm maps)."""
+    between: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+    """With ``pairs`` and ``rows``: ``(..., P), (..., P) -> (...)``, the statistic of two maps from
+    their rows (``pairs(a, b) == between(rows(a), rows(b))``), for many shuffled copies at once."""
+    copies: Callable[[np.ndarray, list[np.ndarray]], np.ndarray] | None = None
+    """With ``cells`` and ``rows``: ``(c, N, P)`` rows of c shuffled copies of the runs and the
+    cells -> ``(c,)``, ``cells`` of each copy (to rounding)."""
     min_runs: int = 2
     """``cells``: a cell counts from this many runs."""
     per_cell: str = ""
@@ -73,6 +84,10 @@ class Statistic:
             raise ValueError(f"statistic {self.name!r}: give exactly one of pairs, cells, top_k (got {shapes})")
         if (self.top_k is None) != (self.chance is None):
             raise ValueError(f"statistic {self.name!r}: a top_k statistic comes with its chance")
+        if (self.between is not None and self.pairs is None) or (self.copies is not None and self.cells is None):
+            raise ValueError(f"statistic {self.name!r}: between goes with pairs, copies with cells")
+        if (self.rows is None) != (self.between is None and self.copies is None):
+            raise ValueError(f"statistic {self.name!r}: rows comes with between or copies, and they with rows")
         unknown = [q for q in self.asked_in if q not in QUESTIONS]
         if unknown:
             raise ValueError(f"statistic {self.name!r}: unknown question {unknown[0]!r} (one of {QUESTIONS})")
@@ -93,6 +108,26 @@ def as_rows(x: np.ndarray) -> np.ndarray:
     if x.ndim < 2:
         raise ValueError(f"expected runs stacked as (N, P) or (N, L, H), got shape {x.shape}")
     return x.reshape(x.shape[0], -1)
+
+
+def stack_runs(blocks: list[np.ndarray]) -> np.ndarray:
+    """Blocks (cells) of n run indexes each -> ``(C, n)``, the blocks in the order of their first run:
+    with the runs stored cell after cell (or seed after seed), each column is then evenly spaced
+    and ``take_runs`` takes it as a view."""
+    idx = np.stack(blocks)
+    return idx[np.argsort(idx[:, 0], kind="stable")]
+
+
+def take_runs(x: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``(c, N, P)`` rows of c copies of N runs and ``(C,)`` run indexes -> ``(c, C, P)``, ``x[:, index]``:
+    a view when the indexes are evenly spaced (runs stored cell after cell: one seed of every
+    cell), else a copy in C order (``np.take``: ``x[:, index]`` comes back in another order)."""
+    index = np.asarray(index)
+    if len(index) and (len(index) == 1 or index[1] > index[0]):
+        step = int(index[1] - index[0]) if len(index) > 1 else 1
+        if (np.diff(index) == step).all():
+            return x[:, int(index[0]):int(index[-1]) + 1:step]
+    return np.take(x, index, axis=1)
 
 
 def pair_stack(stat: Statistic, x: np.ndarray) -> np.ndarray:

@@ -101,6 +101,19 @@ def pearson_stack(x: np.ndarray) -> np.ndarray:
     return np.clip(np.einsum("cip,cjp->cij", u, u), -1.0, 1.0)
 
 
+def standardised(x: np.ndarray) -> np.ndarray:
+    """``(N, P)`` or ``(N, L, K)`` maps -> ``(N, P)`` float64 ``standardise_rows`` (NaN rows for
+    constant maps, without a warning): Pearson's ``rows``, so that ``r = correlation(u_i, u_j)``."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return standardise_rows(as_rows(x))
+
+
+def correlation(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Pearson r from standardised maps (``standardised``): ``(..., P), (..., P) -> (...)``, clipped
+    to [-1, 1]; NaN where either map is constant."""
+    return np.clip(np.einsum("...p,...p->...", u, v), -1.0, 1.0)
+
+
 def pearson_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Pearson r of each row of ``a`` with the same row of ``b``: ``(Q, P), (Q, P) -> (Q,)``."""
     a, b = as_rows(a), as_rows(b)
@@ -113,6 +126,6 @@ STATISTICS = (
     Statistic(
         name="r", label="r", computes="Pearson r", order=10, asked_in=("agreement",),
         null="each run's units shuffled (within each layer, or across all units): the mean r of the shuffled copies",
-        pairs=pearson_rows, stack=pearson_stack, matrix=pearson_matrix,
+        pairs=pearson_rows, stack=pearson_stack, matrix=pearson_matrix, rows=standardised, between=correlation,
     ),
 )

@@ -93,6 +93,33 @@ def rbo_maps(a: np.ndarray, b: np.ndarray, p: float = PERSISTENCE) -> np.ndarray
     return np.where(constant, math.nan, rbo_ext(depth_a, depth_b, p))
 
 
+def rbo_of_depths(depth_a: np.ndarray, depth_b: np.ndarray, p: float = PERSISTENCE) -> np.ndarray:
+    """``rbo_maps`` from the maps' entry depths (``entry_depths``: two complete rankings of the same P
+    units, depths 1..P): ``(..., P), (..., P) -> (...)`` (to rounding), for many pairs at once.
+
+    A unit's entry depth moves with the unit, so the depths of a shuffled map are its depths
+    shuffled alike: a permutation null computes them once (RBO's ``rows``). The counts by depth
+    are laid out depth-major, ``(P, Q)``, so that summing them over depths runs along the pairs
+    (numpy steps row by row through ``rbo_ext``'s rows of a few units)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"the persistence p must be in (0, 1), got {p}")
+    shape, units = depth_a.shape[:-1], depth_a.shape[-1]
+    depth_a, depth_b = depth_a.reshape(-1, units), depth_b.reshape(-1, units)  # (Q, P)
+    q = len(depth_a)
+    # X_d (both prefixes), |S_:d| and |T_:d| for d = 1..P: counts of each depth, summed up to d
+    bins = np.stack([np.maximum(depth_a, depth_b), depth_a, depth_b]) - 1  # (3, Q, P): depth - 1
+    bins *= q
+    bins += np.arange(q)[:, None] + (units * q) * np.arange(3)[:, None, None]  # bin (which, depth, pair)
+    entered = np.bincount(bins.ravel(), minlength=3 * units * q).reshape(3, units, q)
+    for d in range(1, units):  # a cumulative sum over depths, each step one add over every pair
+        entered[:, d] += entered[:, d - 1]
+    overlap, seen = entered[0], entered[1] + entered[2]  # (P, Q) each
+    agreement = 2.0 * overlap / seen  # A_d; seen >= 2 d > 0
+    rbo = (1.0 - p) / p * (p ** np.arange(1, units + 1) @ agreement) + agreement[-1] * p ** units
+    constant = (entered[1, 0] == units) | (entered[2, 0] == units)  # every unit tied at the top
+    return np.where(constant, math.nan, rbo).reshape(shape)
+
+
 STATISTICS = (
     Statistic(
         name="rbo", label="RBO", order=40, asked_in=("agreement", "compare_maps"),
@@ -100,6 +127,6 @@ STATISTICS = (
                  f"units' rankings",
         null="units shuffled (within each layer, or across all units), as for the other statistics; "
              "for P units in random order about 1 / ((1 - p) P)",
-        pairs=rbo_maps,
+        pairs=rbo_maps, rows=entry_depths, between=rbo_of_depths,
     ),
 )

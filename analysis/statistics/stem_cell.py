@@ -18,8 +18,8 @@ from itertools import combinations
 
 import numpy as np
 
-from analysis.statistics.base import Statistic, as_rows
-from analysis.statistics.pearson import pearson_matrix, pearson_stack
+from analysis.statistics.base import Statistic, as_rows, stack_runs, take_runs
+from analysis.statistics.pearson import correlation, pearson_matrix, pearson_stack, standardised
 
 
 def multiple_correlation(runs: np.ndarray) -> np.ndarray:
@@ -127,18 +127,74 @@ def stem_cell(x: np.ndarray, cells: list[np.ndarray] | None = None, response: st
     """
     z = as_rows(x)
     cells = [np.arange(len(z))] if cells is None else cells
+    values = [_cell_values(pearson_stack(z[np.stack(members)]), z.shape[1], response)  # (C,) each
+              for members in _cells_by_size(cells).values()]
+    cell_values = np.concatenate(values) if values else np.array([])
+    return _nanmean_or_nan(cell_values)
+
+
+def stem_cell_copies(u: np.ndarray, cells: list[np.ndarray], response: str = "mean") -> np.ndarray:
+    """``stem_cell`` of many shuffled copies of the runs at once, from their standardised maps.
+
+    Args:
+        u: ``(c, N, P)``: every run's standardised map (``pearson.standardised``) in each of c
+            copies (shuffled: standardising commutes with shuffling a map's units).
+        cells: as ``stem_cell``.
+        response: one of ``RESPONSES``.
+
+    Returns:
+        ``(c,)``: ``stem_cell`` of each copy (to rounding; NaN where it is).
+    """
+    copies, _, p = u.shape
+    by_size = _cells_by_size(cells)
+    if not by_size:
+        return np.full(copies, math.nan)
+    per_cell = []
+    for members in by_size.values():
+        idx = stack_runs(members)  # (C, n)
+        n = idx.shape[1]
+        r = _pearson_within(u, idx).reshape(copies * len(idx), n, n)
+        per_cell.append(_cell_values(r, p, response).reshape(copies, len(idx)))
+    values = np.concatenate(per_cell, axis=1)  # (c, cells)
+    finite = np.isfinite(values)
+    with np.errstate(invalid="ignore"):
+        return np.where(finite, values, 0.0).sum(axis=1) / finite.sum(axis=1)
+
+
+def _pearson_within(u: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``(c, N, P)`` standardised maps, ``(C, n)`` cells of runs -> ``(c, C, n, n)`` Pearson r among
+    each cell's runs in each copy (diagonal 1; only the pairs are computed)."""
+    n = idx.shape[1]
+    runs = [take_runs(u, idx[:, i]) for i in range(n)]  # n x (c, C, P)
+    r = np.ones((u.shape[0], len(idx), n, n))
+    for i, j in combinations(range(n), 2):
+        r[:, :, i, j] = r[:, :, j, i] = correlation(runs[i], runs[j])
+    return r
+
+
+def _cells_by_size(cells: list[np.ndarray]) -> dict[int, list[np.ndarray]]:
+    """The cells of 3 or more runs, by their number of runs (in order of first appearance)."""
     by_size: dict[int, list[np.ndarray]] = {}
     for idx in cells:
         if len(idx) >= 3:
             by_size.setdefault(len(idx), []).append(np.asarray(idx))
-    values = []
-    for members in by_size.values():
-        r = pearson_stack(z[np.stack(members)])  # (C, n, n)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            values.append(np.nanmean(_triple_values(r, z.shape[1], response), axis=1))  # (C,)
-    cell_values = np.concatenate(values) if values else np.array([])
-    return _nanmean_or_nan(cell_values)
+    return by_size
+
+
+_TRIPLE_BLOCK = 1 << 15
+"""Triples of cells worked on at once: each temporary (~30 of them) stays in cache (256 KB)."""
+
+
+def _cell_values(r: np.ndarray, p: int, response: str) -> np.ndarray:
+    """``(C, n, n)`` Pearson matrices of cells -> ``(C,)``: each cell's mean over its triples, a
+    block of cells at a time."""
+    step = max(1, _TRIPLE_BLOCK // math.comb(r.shape[1], 3))
+    out = np.empty(len(r))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for start in range(0, len(r), step):
+            out[start:start + step] = np.nanmean(_triple_values(r[start:start + step], p, response), axis=1)
+    return out
 
 
 def _triple_values(r: np.ndarray, p: int, response: str = "mean") -> np.ndarray:
@@ -164,10 +220,11 @@ def _r_multiple(r_ya: np.ndarray, r_yb: np.ndarray, r_ab: np.ndarray, p: int) ->
     ``b`` (or both), or ``|r_ab| = 1``: the fit keeps only the predictors that
     add a dimension to the design, as a least-squares fit would.
     """
-    const_y = np.isnan(r_ya) & np.isnan(r_yb)
-    const_a, const_b = np.isnan(r_ya) & ~const_y, np.isnan(r_yb) & ~const_y
-    ya, yb = np.nan_to_num(r_ya), np.nan_to_num(r_yb)
-    ab = np.nan_to_num(r_ab)
+    nan_ya, nan_yb = np.isnan(r_ya), np.isnan(r_yb)
+    const_y = nan_ya & nan_yb
+    const_a, const_b = nan_ya & ~const_y, nan_yb & ~const_y
+    # r is in [-1, 1] or NaN: NaN -> 0 as np.nan_to_num, without its checks for infinities
+    ya, yb, ab = np.where(nan_ya, 0.0, r_ya), np.where(nan_yb, 0.0, r_yb), np.where(np.isnan(r_ab), 0.0, r_ab)
     collinear = (1.0 - ab * ab <= 1e-12) & ~const_a & ~const_b
     both = ~(const_a | const_b | collinear)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -192,12 +249,13 @@ _NULL = "each run's units shuffled (within each layer, or across all units): the
 STATISTICS = (
     Statistic(
         name="stem_cell", label="stem cell", computes="He & Choi's multiple correlation of 3 seeds", order=30,
-        asked_in=("agreement",), null=_NULL, cells=stem_cell, min_runs=3,
-        per_cell="the mean over their triples of the three choices of response",
+        asked_in=("agreement",), null=_NULL, cells=stem_cell, min_runs=3, rows=standardised,
+        copies=stem_cell_copies, per_cell="the mean over their triples of the three choices of response",
     ),
     Statistic(
         name="stem_cell_paper", label="stem cell (paper)", computes="He & Choi's single fit z3 ~ z1 + z2",
         order=31, asked_in=("agreement",), null=_NULL, cells=partial(stem_cell, response="last"), min_runs=3,
+        rows=standardised, copies=partial(stem_cell_copies, response="last"),
         per_cell="the mean over their triples of one fit, the triple's last seed as response (the paper's)",
     ),
 )

@@ -247,6 +247,51 @@ def test_agreement_across_runs_and_with_filters(data):
     np.testing.assert_allclose(result.matrix, expected, atol=1e-6)  # float32 matrix
 
 
+@pytest.mark.parametrize("across", ["seed", "task", "lambda", "run"])
+def test_the_nulls_of_many_copies_at_once_are_those_of_one_copy_at_a_time(data, monkeypatch, across):
+    """Agreement's nulls from every statistic's ``rows`` (shuffled once, many copies at once) equal
+    the plain ones: each copy's shuffled maps through the statistic (what a statistic without
+    rows gets), from the same draws; observed values and matrices do not change at all."""
+    from dataclasses import replace
+
+    from analysis import statistics
+
+    fast = queries.agreement(data, across, n_perm=30, seed=3)
+    for stat in statistics.asked("agreement"):
+        monkeypatch.setitem(statistics.STATISTICS, stat.name, replace(stat, rows=None, between=None, copies=None))
+    plain = queries.agreement(data, across, n_perm=30, seed=3)
+    assert list(fast.statistics) == list(plain.statistics)
+    np.testing.assert_array_equal(fast.matrix, plain.matrix)
+    for name, tested in plain.statistics.items():
+        assert fast.statistics[name].observed == tested.observed or math.isnan(tested.observed)
+        assert list(fast.statistics[name].nulls) == list(tested.nulls)
+        for null, result in tested.nulls.items():
+            np.testing.assert_allclose(fast.statistics[name].nulls[null].null, result.null, rtol=0, atol=1e-12)
+            assert fast.statistics[name].nulls[null].p_value == result.p_value
+    assert sum(len(t.nulls) for t in plain.statistics.values()) >= 6
+
+
+def test_the_label_matrix_of_many_copies_averages_as_the_label_matrix():
+    """``_offdiag_mean`` of ``_label_matrix`` of each copy, from the pairs' values of many copies at
+    once (``_label_pairs``: blocks of several sizes, labels repeated within and across blocks, NaN
+    pairs, a label never compared: 3)."""
+    rng = np.random.default_rng(4)
+    at = np.array([0, 1, 2, 0, 1, 2, 2, 0, 1, 3])
+    blocks = [np.array([0, 1, 2]), np.array([3, 4, 5]), np.array([6, 7]), np.array([8, 0]), np.array([1, 6, 3])]
+    copies = rng.random((6, 10, 2, 4))
+    copies[2, 4] = np.nan  # row 4's pairs in copy 2 are NaN
+    copies[5, [0, 2, 4, 5, 6, 7, 8]] = np.nan  # copy 5: one pair left, rows 3 and 1 (labels 0 and 1)
+    stat = pearson.STATISTICS[0]
+    expected = [queries._offdiag_mean(queries._label_matrix(stat, z, at, blocks, 4)) for z in copies]
+    rows = np.stack([stat.rows(z.reshape(10, -1)) for z in copies])
+    got = queries._pairs_of_copies(stat, rows, queries._label_pairs(at, blocks, 4))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+    assert not np.isnan(got).any()
+    nothing = queries._label_pairs(at, [np.array([0, 3])], 4)  # rows of one label: no off-diagonal pair
+    assert np.isnan(queries._pairs_of_copies(stat, rows, nothing)).all()
+    assert np.isnan(queries._offdiag_mean(queries._label_matrix(stat, copies[0], at, [np.array([0, 3])], 4)))
+
+
 def test_agreement_refuses_more_work_than_allowed(data):
     with pytest.raises(QueryError, match=r"24 runs with 200 permutations .* lower n_perm \(to 41"):
         queries.agreement(data, "seed", n_perm=200, max_run_perms=1000)

@@ -85,6 +85,25 @@ def test_a_constant_map_ranks_nothing_and_p_is_checked():
         rbo.rbo_ext(np.arange(1, 4), np.arange(1, 4), p=1.0)
 
 
+@pytest.mark.parametrize("units", [1, 2, 8, 72])
+def test_rbo_of_many_pairs_of_depths_is_rbo_ext(units):
+    """The null's form (``rbo_of_depths``: many pairs of shuffled depths at once, any leading shape)
+    gives ``rbo_maps``' values: ties, a constant map (NaN), distinct values."""
+    rng = np.random.default_rng(units)
+    a, b = rng.normal(size=(2, 60, units))
+    a[::2], b[::3] = np.round(a[::2]), np.round(b[::3])  # ties
+    a[5], b[7] = 1.0, 0.0  # constant maps
+    depth_a, depth_b = rbo.entry_depths(a), rbo.entry_depths(b)
+    expected = rbo.rbo_maps(a, b)
+    np.testing.assert_allclose(rbo.rbo_of_depths(depth_a, depth_b), expected, rtol=0, atol=1e-12)
+    got = rbo.rbo_of_depths(depth_a.reshape(3, 20, units), depth_b.reshape(3, 20, units), p=0.5)
+    np.testing.assert_allclose(got.ravel(), np.where(np.isnan(expected), np.nan, rbo.rbo_ext(depth_a, depth_b, 0.5)),
+                               rtol=0, atol=1e-12)
+    assert np.isnan(expected[[5, 7]]).all() and rbo.rbo_of_depths(depth_a[:0], depth_b[:0]).shape == (0,)
+    with pytest.raises(ValueError, match="persistence"):
+        rbo.rbo_of_depths(depth_a, depth_b, p=0.0)
+
+
 # --------------------------------------------------------------------------- the null
 
 

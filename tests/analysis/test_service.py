@@ -291,6 +291,21 @@ def asgi(sweep):
         yield client
 
 
+def test_agreement_is_answered_up_to_max_run_perms_and_refused_beyond(asgi, sweep, monkeypatch):
+    """The bound is on runs x permutations (24 runs here); the real one answers a 2,004-run sweep (668
+    cells x 3 seeds) at the default 1,000 permutations (~3.5 s on 6 x 12 head maps)."""
+    from analysis import service
+
+    assert service.MAX_RUN_PERMS >= 2_004 * 1_000
+    monkeypatch.setattr(service, "MAX_RUN_PERMS", 24 * 40)
+    answered = asgi.get(f"/sweeps/{sweep.sweep_id}/agreement", params={"across": "seed", "n_perm": 40})
+    assert answered.status_code == 200 and answered.json()["stem_cell"]["nulls"][0]["n_perm"] == 40
+    refused = asgi.get(f"/sweeps/{sweep.sweep_id}/agreement", params={"across": "seed", "n_perm": 41})
+    assert refused.status_code == 400
+    assert "24 runs with 41 permutations is more than this service answers (960 runs x permutations): " \
+           "lower n_perm (to 40 or less)" in refused.json()["detail"]
+
+
 def test_last_is_the_newest_sweep_on_every_endpoint(asgi, sweep, tmp_path):
     assert asgi.get("/sweeps/last").json()["id"] == sweep.sweep_id
     for path, params in [("runs", {"task": CLS}), ("aggregate", {"group_by": "task"}),

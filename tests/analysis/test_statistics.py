@@ -63,3 +63,44 @@ def test_pair_matrices_from_pairs_equal_the_fast_ones():
     slow = Statistic("slow", "r", "Pearson r", "-", ("agreement",), 0, pairs=pearson_rows)
     np.testing.assert_allclose(pair_stack(slow, x), pair_stack(STATISTICS["r"], x), atol=1e-12)
     np.testing.assert_allclose(pair_matrix(slow, x[0]), pair_matrix(STATISTICS["r"], x[0]), atol=1e-6)
+
+
+def test_rows_come_with_between_or_copies():
+    with pytest.raises(ValueError, match="rows comes with between or copies"):
+        Statistic("x", "r", "Pearson r", "-", ("agreement",), 0, pairs=pearson_rows, rows=np.asarray)
+    with pytest.raises(ValueError, match="rows comes with between or copies"):
+        Statistic("x", "r", "Pearson r", "-", ("agreement",), 0, pairs=pearson_rows, between=np.multiply)
+    with pytest.raises(ValueError, match="between goes with pairs"):
+        Statistic("x", "x", "x", "-", ("agreement",), 0, cells=lambda x, c: 0.0, rows=np.asarray,
+                  between=np.multiply)
+
+
+def _maps_with_ties_and_a_constant(rng: np.random.Generator, n: int, p: int) -> np.ndarray:
+    x = rng.normal(size=(n, p))
+    x[::3] = np.round(x[::3])  # ties
+    x[1] = 0.5  # a constant map: undefined for every statistic
+    return x
+
+
+@pytest.mark.parametrize("name", [s.name for s in STATISTICS.values() if s.rows is not None])
+def test_rows_shuffle_with_the_units_and_give_the_statistic(name):
+    """What a permutation null relies on: a map's rows, shuffled, are the rows of the shuffled map,
+    and ``between`` of two maps' rows (``copies`` of every copy's rows) is the statistic of the maps."""
+    stat, rng = STATISTICS[name], np.random.default_rng(1)
+    x = _maps_with_ties_and_a_constant(rng, 12, 24)
+    perm = np.argsort(rng.random(x.shape), axis=1)
+    np.testing.assert_allclose(stat.rows(np.take_along_axis(x, perm, axis=1)),
+                               np.take_along_axis(stat.rows(x), perm, axis=1), atol=1e-12)
+    copies = np.stack([np.take_along_axis(x, np.argsort(rng.random(x.shape), axis=1), axis=1)
+                       for _ in range(5)])  # (5, N, P)
+    rows = np.stack([stat.rows(copy) for copy in copies])
+    if stat.between is not None:
+        i, j = np.triu_indices(len(x), k=1)
+        expected = np.stack([stat.pairs(copy[i], copy[j]) for copy in copies])  # (5, Q)
+        np.testing.assert_allclose(stat.between(rows[:, i], rows[:, j]), expected, atol=1e-12)
+        assert np.isnan(expected).any() and not np.isnan(expected).all()
+    else:
+        cells = [np.array([0, 1, 2]), np.array([3, 4, 5, 6]), np.array([7, 8]), np.array([9, 10, 11])]
+        expected = [stat.cells(copy, cells) for copy in copies]
+        np.testing.assert_allclose(stat.copies(rows, cells), expected, atol=1e-12)
+        assert np.isnan(stat.copies(rows, [np.array([7, 8])])).all()  # no cell of 3 runs: NaN, as cells

@@ -463,3 +463,32 @@ def test_aggregate_small_n_and_nan_policy():
     assert stats.aggregate(with_nan, _rng(3), nan_policy="omit") == stats.aggregate(
         np.array([0.5, 0.7]), _rng(3)
     )
+
+
+# --- several statistics from one draw (joint_nulls) -----------------------------------------
+
+
+def test_joint_nulls_of_shuffled_positions_are_each_statistics_both_nulls():
+    """Shuffling the runs' positions draws the very shuffles of their maps, chunk size aside: every
+    statistic read from them has exactly its ``both_nulls`` with a generator seeded alike."""
+    x = _shared_gates(_rng(50), n_runs=6, layers=2, heads=4) + _rng(51).random((6, 2, 4))
+    cells = [np.arange(3), np.arange(3, 6)]
+    by_name = {"r": _mean_pairwise_r, "stem_cell": lambda z: stem_cell.stem_cell(z, cells)}
+    observed = {name: fn(x) for name, fn in by_name.items()}
+
+    def on_copies(order):  # (c, N, L, K) shuffled positions -> each statistic of each copy
+        maps = stats.gather(x.reshape(len(x), -1), order).reshape(order.shape)
+        return {name: np.array([fn(copy) for copy in maps]) for name, fn in by_name.items()}
+
+    for chunk in (x.size, 7 * x.size, 10_000):  # a copy at a time, 7 at a time (40 = 5 x 7 + 5), all at once
+        joint = stats.joint_nulls(on_copies, observed, stats.positions(x.shape), 40, _rng(52), chunk)
+        for name, fn in by_name.items():
+            alone = stats.both_nulls(fn, x, 40, _rng(52))
+            assert list(joint[name]) == list(stats.NULLS)
+            for null, result in alone.items():
+                np.testing.assert_array_equal(joint[name][null].null, result.null)
+                assert joint[name][null].p_value == result.p_value
+    np.testing.assert_array_equal(stats.shuffle_units(stats.positions((2, 3, 4)), 1, _rng(5), "all_units")[0]
+                                  .reshape(2, -1) // 12, np.repeat([[0], [1]], 12, axis=1))  # within each run
+    with pytest.raises(ValueError, match="n_perm"):
+        stats.joint_nulls(on_copies, observed, stats.positions(x.shape), 0, _rng())

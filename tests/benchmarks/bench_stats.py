@@ -5,6 +5,10 @@
 "seconds" is the best of the repeats after a first call; "cold_seconds" is
 that first call, which also pays for the first touch of the ~400 MB result
 (on this VM first-touch page faults cost more than the matmul itself).
+
+``agreement_seed_2004runs_x1000perm_*``: ``queries.agreement(across="seed", n_perm=1000)`` on a
+synthetic sweep of 668 cells x 3 seeds (2,004 runs) of tiny-bert's 2 x 4 and MiniLM's 6 x 12 head
+maps: the question the HTTP service answers up to ``service.MAX_RUN_PERMS`` runs x permutations.
 Every line carries its target, whether it was met and the 1-minute load
 average (``_bench.emit``); ours must equal scipy's Spearman to 1e-6, or the
 script fails. Not a pytest test: it allocates ~1 GB and takes tens of seconds.
@@ -12,14 +16,19 @@ script fails. Not a pytest test: it allocates ~1 GB and takes tens of seconds.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from types import MappingProxyType
 
 import numpy as np
 import scipy.stats
-from _bench import below, emit, finish
+from _bench import at_most, below, emit, finish
 
-from analysis import stats
+from analysis import queries, stats
+from analysis.loading import SweepData, from_runs
+from analysis.service import MAX_RUN_PERMS
 from analysis.statistics import pearson, rbo, spearman, stem_cell
 
 P = 144  # 6 layers x 12 heads (MiniLM)
@@ -52,6 +61,32 @@ def _mean_pairwise(pairs: Callable[[np.ndarray, np.ndarray], np.ndarray], z: np.
     i, j = np.triu_indices(len(z), k=1)
     flat = z.reshape(len(z), -1)
     return float(pairs(flat[i], flat[j]).mean())
+
+
+def _sweep(rng: np.random.Generator, n_cells: int, seeds: int, layers: int, heads: int) -> SweepData:
+    """``n_cells`` cells (4 tasks x lambdas) x ``seeds`` finished head_gates runs with ``heads.gate``
+    maps: each task has a profile, each cell its own around it, each run its own around the cell's
+    (gates in [0, 1], some at 0 or 1)."""
+    tasks = ("sst2", "mnli", "qnli", "cola")
+    profile = {task: rng.normal(0.0, 1.5, (layers, heads)) for task in tasks}
+    configs, gates = [], []
+    for c in range(n_cells):
+        task, lam = tasks[c % len(tasks)], 0.001 * (1 + c // len(tasks))
+        cell = profile[task] + rng.normal(0.0, 1.0, (layers, heads))
+        for seed in range(seeds):
+            configs.append({"method": "head_gates", "seed": seed, "task": {"name": task},
+                            "head_gates": {"lambda": lam, "pipeline": "dp"}})
+            log_alpha = cell + rng.normal(0.0, 1.0, (layers, heads))
+            gates.append(np.clip(1.2 / (1.0 + np.exp(-log_alpha)) - 0.1, 0.0, 1.0))
+    n = len(configs)
+    runs = {"sweep_id": "sw-bench", "run_key": [f"{i:016x}" for i in range(n)],
+            "group_key": [json.dumps({k: v for k, v in c.items() if k != "seed"}, sort_keys=True) for c in configs],
+            "status": ["finished"] * n, "task": [c["task"]["name"] for c in configs], "model": ["tiny-bert"] * n,
+            "method": ["head_gates"] * n, "pipeline": ["dp"] * n, "seed": [c["seed"] for c in configs],
+            "sparsity": [np.nan] * n, "lambda": [c["head_gates"]["lambda"] for c in configs], "metrics": [{}] * n,
+            "config": configs, "maps": [], "updated_at": None, "run_maps": [("heads.gate",)] * n}
+    return replace(from_runs(runs, None), _overrides=MappingProxyType(
+        {"heads.gate": (np.asarray(gates, np.float32), np.ones(n, bool))}))
 
 
 def main() -> None:
@@ -121,6 +156,13 @@ def main() -> None:
                                                 np.random.default_rng(3)), repeats=2)
     _emit("stem_cell_both_nulls_100perm_1000cells_x3x144", warm, None, cold_seconds=cold,
           per_permutation_ms=1000 * warm / 200, note="informational: what a whole sweep's stem cell nulls cost")
+
+    # what the service answers: agreement across seed of 2,004 runs with both nulls at 1,000 permutations
+    for model, (layers, heads) in (("tiny_bert_2x4", (2, 4)), ("minilm_6x12", (6, 12))):
+        data = _sweep(rng, 668, 3, layers, heads)
+        warm, cold = _time(lambda data=data: queries.agreement(data, "seed", n_perm=1000), repeats=2)
+        _emit(f"agreement_seed_2004runs_x1000perm_{model}", warm, at_most(5, "s"), cold_seconds=cold,
+              runs_x_perms=len(data) * 1000, answered_by_service=len(data) * 1000 <= MAX_RUN_PERMS)
 
     values = rng.random(1_000)
     warm, cold = _time(lambda: stats.aggregate(values, np.random.default_rng(2), n_boot=1000))
