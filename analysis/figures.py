@@ -141,8 +141,10 @@ def agreement_heatmap_figure(
         )
     rows, cols = matrix.shape
     side = 0.55 if max(rows, cols) <= 20 else 8.0 / max(rows, cols)
+    lines = title.splitlines() or [""]  # the title goes over the whole figure, each line whole
     fig = Figure(
-        figsize=(max(4.0, side * cols + 2.8), max(3.2, side * rows + 2.0)),
+        figsize=(max(4.0, side * cols + 2.8, 0.075 * max(map(len, lines))),
+                 max(3.2, side * rows + 1.6) + 0.2 * len(lines)),
         dpi=DPI,
         layout="constrained",
     )
@@ -157,7 +159,7 @@ def agreement_heatmap_figure(
             text = "–" if np.isnan(value) else f"{value:.2f}"
             colour = "white" if abs(value) > 0.6 else "black"
             ax.text(j, i, text, ha="center", va="center", fontsize="small", color=colour)
-    ax.set_title(title)
+    fig.suptitle(title, fontsize="medium")  # over the whole figure: the lines are wider than the matrix
     ax.tick_params(length=0)
     return fig
 

@@ -149,6 +149,19 @@ def test_agreement_heatmap_large_matrix_has_no_cell_text():
         figures.agreement_heatmap(matrix, ["a"], "t")
 
 
+
+def test_an_agreement_heatmap_s_long_title_fits_its_figure():
+    """Agreement's title stacks every statistic with its chance level (ten lines, some wider than a
+    3 x 3 matrix): each line is drawn whole inside the figure, above the matrix."""
+    title = "heads.gate r across seed\nall runs\n" + "\n".join(
+        f"stem cell (paper) = 0.28\nchance 0.27 (in layers), p < 0.001 {i}" for i in range(4))
+    fig = figures.agreement_heatmap_figure(np.eye(3), ["0", "1", "2"], title)
+    _render(fig)  # drawn as it is saved: the layout places the title and the matrix
+    box, axes = fig.texts[0].get_window_extent(), fig.axes[0].get_window_extent()
+    assert fig.texts[0].get_text() == title
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height
+    assert box.y0 >= axes.y1  # above the matrix, not over it
+
 def test_metric_curves_one_line_and_band_per_pipeline():
     x = np.linspace(0.0, 0.9, 10)
     curves = {
