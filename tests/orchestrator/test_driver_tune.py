@@ -174,10 +174,10 @@ def test_a_lost_worker_costs_one_new_worker_not_one_per_trial_after_it(local_ray
     and thrown away per trial that ended (~64 at once on 8 simulated nodes, memory gone). The driver
     lets a trial whose worker is already starting keep it: one new worker replaces the lost one."""
     url, registry, sweep_id = _sweep(tmp_path, monkeypatch, seeds=40, max_concurrent=2, cpus=0.5, max_failures=1)
-    before = {actor_id for actor_id in ray._private.state.actors()}
+    before = set(ray._private.state.actors())  # actor ids
     run_fn = functools.partial(_dies_once_run, marker=str(tmp_path / "killed"), seed=4)
     assert execute_sweep(sweep_id, registry_url=url, track=False, run_fn=run_fn) == {"finished": 40}
-    created = [a for actor_id, a in ray._private.state.actors().items() if actor_id not in before]
+    created = set(ray._private.state.actors()) - before
     attempts = sum(registry.get_run(key)["attempts"] for key in registry.sweep_runs(sweep_id)["run_key"])
     assert attempts == 41  # the killed run ran twice, every other once
     assert len(created) <= 4, f"{len(created)} trial actors created for 2 slots and 1 lost worker"
