@@ -125,7 +125,7 @@ def code_version() -> str:
     ``.git``, and then ``HEADSWEEP_CODE_COMMIT`` (set by the submitter) or 'unknown'. The source
     hash is what tells two versions apart, committed or not.
     """
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # the folder that holds experiments/ (a checkout's top)
     sha = os.environ.get("HEADSWEEP_CODE_COMMIT") or "unknown"
     try:
         top = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.split()

@@ -34,6 +34,24 @@ def _cfg(**overrides):
     return parse_config(raw)
 
 
+def test_a_run_records_the_commit_of_the_checkout_it_runs_from(monkeypatch):
+    """``git_commit`` is this checkout's HEAD (code shipped to Ray without .git: what the submitter set)."""
+    import subprocess
+    from pathlib import Path
+
+    from experiments.core.runner import code_version, source_hash
+
+    monkeypatch.delenv("HEADSWEEP_CODE_COMMIT", raising=False)
+    top = Path(__file__).resolve().parents[2]
+    commit, src = code_version().split(" ")
+    assert src == f"src:{source_hash()}"
+    if (top / ".git").exists():
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=top, capture_output=True, text=True).stdout.strip()
+        assert commit.removesuffix("+dirty") == head, commit
+    else:  # a checkout without git: said, not guessed
+        assert commit == "unknown"
+
+
 def _gate(result):
     return result.maps["heads.gate"].values
 
