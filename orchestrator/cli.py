@@ -230,6 +230,8 @@ def follow(sweep_id: str) -> int:
         def update(sweep, counts):
             done = sum(counts.get(s, 0) for s in RUN_DONE)
             progress.update(bar, completed=done, total=sum(counts.values()), counts=_count_text(counts))
+            if sweep.get("starting"):
+                progress.console.print(f"{sweep_id}: {sweep['starting']}")
 
         sweep = sweeps.wait(sweep_id, update)
     show_status(sweep_id)
@@ -280,7 +282,7 @@ def show_status(sweep_id: str) -> None:
     from rich.markup import escape
 
     from orchestrator import supervisor
-    from orchestrator.drivers import driver_gone
+    from orchestrator.drivers import driver_gone, driver_starting
     from orchestrator.registry import Registry
     from orchestrator.registry.history import history as sweep_history
 
@@ -298,6 +300,9 @@ def show_status(sweep_id: str) -> None:
     for i, line in enumerate(history):  # lost drivers and resumes; the last in red while unanswered
         unanswered = i == len(history) - 1 and sweep["status"] == "failed"
         out.print(f"[red]{escape(line)}[/red]" if unanswered else escape(line), highlight=False)
+    starting = driver_starting(sweep)
+    if starting:
+        out.print(f"[yellow]{escape(starting)}[/yellow]", highlight=False)
     dag = registry.sweep_dag(sweep_id)
     if dag["upstream"]:
         out.print(f"stages: {dag['upstream']} upstream runs that {dag['dependants']} runs start from "

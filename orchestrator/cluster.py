@@ -507,11 +507,26 @@ def driver_status(dashboard: str, submission_id: str) -> str:
 
 def driver_job(dashboard: str, submission_id: str) -> tuple[str, float | None]:
     """The job's status (as ``driver_status``) and when it ended (Unix seconds; None while it runs)."""
-    try:
-        info = job_client(dashboard).get_job_info(submission_id)
-    except Exception:
+    info = _job_info(dashboard, submission_id)
+    if info is None:
         return "UNKNOWN", None
     return str(info.status.value), (info.end_time / 1000 if info.end_time else None)
+
+
+def driver_since(dashboard: str, submission_id: str) -> tuple[str, float, str] | None:
+    """The job's status, seconds since it was submitted, and Ray's message about it (for a PENDING
+    job: what it may be waiting for); None when the job is unknown."""
+    info = _job_info(dashboard, submission_id)
+    if info is None:
+        return None
+    return str(info.status.value), max(0.0, time.time() - (info.start_time or 0) / 1000), info.message or ""
+
+
+def _job_info(dashboard: str, submission_id: str):
+    try:
+        return job_client(dashboard).get_job_info(submission_id)
+    except Exception:
+        return None
 
 
 def stop_driver(dashboard: str, submission_id: str) -> None:

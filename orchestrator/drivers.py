@@ -62,6 +62,24 @@ def job_state(dashboard: str, driver: str) -> tuple[str, datetime | None]:
     return state, (datetime.fromtimestamp(ended, UTC).replace(tzinfo=None) if ended else None)
 
 
+STARTING_S = 30.0
+"""How long a driver may take to start (Ray's job, its runtime env, its imports) before ``wait`` says why."""
+
+
+def driver_starting(sweep: dict, after_s: float | None = None) -> str | None:
+    """Why a submitted sweep runs nothing yet, once its driver's Ray job is ``after_s`` old and has not
+    marked the sweep running, e.g. "its driver's Ray job is PENDING 64 s after submission: Job has not
+    started yet. It may be waiting for ... the runtime environment to be set up."; None else."""
+    if sweep["status"] != "submitted" or not sweep.get("driver"):
+        return None
+    job = cluster.driver_since(cluster.known_dashboard(), sweep["driver"])
+    if job is None or job[0] not in ALIVE or job[1] < (STARTING_S if after_s is None else after_s):
+        return None
+    state, age, message = job
+    started = {"RUNNING": "is RUNNING but has not started the sweep"}.get(state, f"is {state}")
+    return f"its driver's Ray job {started} {age:.0f} s after submission" + (f": {message}" if message else "")
+
+
 def driver_alive(sweep: dict) -> bool:
     driver = sweep.get("driver") or ""
     return bool(driver) and cluster.driver_status(cluster.known_dashboard(), driver) in ALIVE

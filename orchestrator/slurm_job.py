@@ -279,6 +279,8 @@ def _printer(sweep_id: str):
 
     def update(sweep, counts):
         line = f"{sweep['status']}: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        if sweep.get("starting"):  # a driver slow to start: why
+            print(f"{datetime.now():%H:%M:%S} {sweep_id}: {sweep['starting']}")
         if [line] != last:
             last[:] = [line]
             print(f"{datetime.now():%H:%M:%S} {sweep_id} {line}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from experiments.core.sections import ConfigError
 from orchestrator import cluster, settings, supervisor
-from orchestrator.drivers import driver_alive, driver_gone, head, start_driver
+from orchestrator.drivers import driver_alive, driver_gone, driver_starting, head, start_driver
 from orchestrator.grid import check_resources, expand, load_grid
 from orchestrator.registry import Registry
 from orchestrator.registry.history import RESUMED, resume_pending
@@ -120,12 +120,15 @@ def cancel(sweep_id: str) -> dict[str, int]:
 
 def wait(sweep_id: str, on_update=None, poll_s: float = 1.0) -> dict:
     """Poll the registry until the sweep is done (or its driver died and the supervisor will not
-    resume it); return the sweep row."""
+    resume it); return the sweep row. ``on_update(sweep, counts)`` each poll; while its driver is slow
+    to start, the sweep has a "starting" note once a minute (:func:`drivers.driver_starting`)."""
     registry = Registry(settings.registry_url())
-    last_driver_check = 0.0
+    last_driver_check, starting, noted = 0.0, None, float("-inf")
     while True:
         sweep = registry.get_sweep(sweep_id)
         counts = registry.sweep_counts(sweep_id)
+        if starting and sweep["status"] == "submitted" and time.monotonic() - noted >= 60:
+            sweep, starting, noted = sweep | {"starting": starting}, None, time.monotonic()
         if on_update is not None:
             on_update(sweep, counts)
         if sweep["status"] in DONE and not (resume_pending(sweep | {"events": registry.events(sweep_id)})
@@ -134,4 +137,5 @@ def wait(sweep_id: str, on_update=None, poll_s: float = 1.0) -> dict:
         if time.monotonic() - last_driver_check > 10:
             last_driver_check = time.monotonic()
             driver_gone(registry, sweep)  # a dead driver: the sweep failed (the next round decides)
+            starting = driver_starting(sweep)
         time.sleep(poll_s)

@@ -129,6 +129,49 @@ def test_resources_no_node_can_satisfy_fail_at_submit_and_write_nothing(head_a, 
     assert not home.exists() or not any(home.iterdir())  # no registry, no MLflow store, no head of its own
 
 
+def test_a_driver_that_cannot_start_is_named_while_submit_waits(head_a, tmp_path, monkeypatch, capsys):
+    """A sweep whose driver's Ray job stays PENDING (here: it asks for more CPUs than the head has) is
+    not a silent "submitted": ``wait`` hands its progress printer Ray's own words about the job, and
+    ``status`` shows them."""
+    from orchestrator import drivers, sweeps
+    from orchestrator.grid import expand, parse_grid
+    from orchestrator.registry import Registry
+
+    monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
+    monkeypatch.setenv("HEADSWEEP_RAY_DASHBOARD", head_a["dashboard"])
+    for name in ("HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    registry = Registry(f"sqlite:///{tmp_path}/registry.db")
+    sweep_id, _ = registry.create_sweep("stuck", "", expand(parse_grid(GRID)), {"cpus": 1}, 1, 0)
+    client = cluster.job_client(head_a["dashboard"])
+    job = client.submit_job(entrypoint="true", entrypoint_num_cpus=64)
+    registry.set_sweep(sweep_id, driver=job, status="submitted")
+    try:
+        assert drivers.driver_starting(registry.get_sweep(sweep_id), after_s=3600) is None  # not yet
+        monkeypatch.setattr(drivers, "STARTING_S", 0.0)
+        notes = []
+
+        def printer(sweep, counts):
+            if sweep.get("starting"):
+                notes.append(sweep["starting"])
+                raise StopIteration
+
+        with pytest.raises(StopIteration):
+            sweeps.wait(sweep_id, printer, poll_s=0.1)
+        (note,) = notes
+        assert note.startswith("its driver's Ray job is PENDING ") and "s after submission: " in note, note
+        assert "waiting for resources" in note, note  # Ray's message
+        from orchestrator.cli import main
+
+        assert main(["status", sweep_id]) == 0  # and `status` says it too
+        told = " ".join(capsys.readouterr().out.split())
+        assert "its driver's Ray job is PENDING " in told and "waiting for resources" in told, told
+        registry.set_sweep(sweep_id, status="running")  # a driver that started the sweep has nothing to explain
+        assert drivers.driver_starting(registry.get_sweep(sweep_id), after_s=0) is None
+    finally:
+        client.stop_job(job)
+
+
 GRID = {
     "name": "checkout-b",
     "base": {

@@ -219,12 +219,13 @@ def _run(command: list[str], env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
 
 
-def _until(condition, timeout: float, message: str, fail: bool = True) -> None:
+def _until(condition, timeout: float, message, fail: bool = True) -> None:
+    """Wait for ``condition``; past ``timeout``, fail with ``message`` (a callable: what it says then)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             if fail:
-                pytest.fail(message)
+                pytest.fail(message() if callable(message) else message)
             return
         time.sleep(0.5)
 
@@ -272,6 +273,21 @@ def _log(folder: Path, job_id: str) -> str:
     return (folder / f"slurm-{job_id}.out").read_text()
 
 
+def _stuck(folder: Path, job_id: str) -> str:
+    """What a job that did not get on says: the end of its log, and of its Ray's logs (the driver's and
+    the supervisor's job output, their runtime env's set-up, the job agent, the trials' workers), read
+    before the job's Ray goes."""
+    said = [_log(folder, job_id)[-3000:]]
+    logs = Path(slurm_job.ray_temp_dir(job_id)) / "session_latest" / "logs"
+    patterns = ("job-driver-*.log", "runtime_env_setup-*.log", "runtime_env_agent.log", "dashboard_agent.log",
+                "dashboard_JobHead.log", "raylet.err", "gcs_server.err", "worker-*.err")
+    for path in sorted({path for pattern in patterns for path in logs.glob(pattern)}):
+        tail = [line[:300] for line in path.read_text(errors="replace").splitlines()[-8:]]
+        if tail:
+            said.append(f"--- {path.name} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "\n".join(said if len(said) > 1 else [*said, f"(no Ray logs under {logs})"])
+
+
 def _finished_once_in_mlflow(env: dict, registry: Registry, sweep_id: str) -> None:
     """Every run of the sweep has exactly one FINISHED MLflow run (an interrupted attempt's is KILLED)."""
     mlflow = tracking.client(f"sqlite:///{env['HEADSWEEP_HOME']}/mlflow.db")
@@ -285,7 +301,7 @@ def _mid_sweep(job_id: str, env: dict, folder: Path) -> tuple[Registry, str]:
     _until(lambda: (folder / "sweep").exists(), 180, f"job {job_id} did not submit its sweep")
     registry, sweep_id = _registry(env), (folder / "sweep").read_text().strip()
     _until(lambda: registry.sweep_counts(sweep_id).get("finished", 0) >= 1
-           and registry.sweep_counts(sweep_id).get("running", 0) >= 1, 180, _log(folder, job_id)[-3000:])
+           and registry.sweep_counts(sweep_id).get("running", 0) >= 1, 180, lambda: _stuck(folder, job_id))
     return registry, sweep_id
 
 
@@ -373,7 +389,7 @@ def test_near_its_time_limit_a_requeue_job_requeues_itself_and_resumes_the_sweep
     registry, sweep_id = _mid_sweep(job_id, env, folder)
     _run(["scancel", "--batch", "--signal=USR1", job_id], env)  # what --signal=B:USR1@90 sends
     _until(lambda: "Restarts=1" in _run(["scontrol", "-o", "show", "job", job_id], env).stdout
-           and _job_state(job_id, env) == "PENDING", 120, _log(folder, job_id)[-3000:])
+           and _job_state(job_id, env) == "PENDING", 120, lambda: _stuck(folder, job_id))
     warned_after_s = time.monotonic() - start
     _run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env)  # SLURM holds a requeued job ~2 min
     assert _wait_job(job_id, env) == "COMPLETED", _log(folder, job_id)[-3000:]
