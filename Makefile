@@ -24,13 +24,15 @@ demo: venv
 	$(VENV)/bin/headsweep agreement last --across seed
 	@echo "Look at it: .venv/bin/headsweep ui (MLflow, http://127.0.0.1:5000); .venv/bin/headsweep serve (analysis API)"
 
-# The default run stays under 10 minutes on 2 cores (1052 tests: 7 min 44 s at load 2.7-3.5 beside the SLURM
+# The default run stays under 10 minutes on 2 cores (1121 tests: 8 min 36 s alone on 2026-11-27's slower machine,
+# 4 min 4 s of CPU: most of the wall is Ray workers starting; 1052 tests: 7 min 44 s at load 2.7-3.5 beside the SLURM
 # tests on 2026-11-26; 993 tests: 3 min 12 s at load 1-2). The slow tests (a SIGKILLed driver resumed by the
 # supervisor, a stopped one left failed and resumed by hand, a killed worker retried, orphans rerun, GPU packing
 # counted by a barrier, cancel with a live driver, two nodes, two homes' heads, another checkout's code, a plug-in
 # shipped to a head that cannot import it, the MLflow UI, serve's Ctrl-C, every endpoint through serve, API
 # fuzzing, mask/transfer sweeps through the CLI, the Python API's submit, pip keeping the user's torch, and a
-# real single-node SLURM: finish, scancel + resubmit, time-limit requeue; 25 tests, 16 min 53 s at load ~2.5)
+# real single-node SLURM: finish, scancel + resubmit, time-limit requeue; 29 tests: 27 min 38 s alone on
+# 2026-11-27's machine, 16 min 53 s for 25 at load ~2.5 on an earlier one)
 # run in CI after it (.ci/run).
 test: venv
 	$(PY) -m pytest
