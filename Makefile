@@ -42,7 +42,8 @@ test-slow: venv
 
 # The real-model lane (tests/real/, in CI after the slow set): one short real-MiniLM run per method
 # family on the shipped data, each asserting what would catch a broken method, and `make demo`'s
-# quoted numbers: 6 tests, 7 min (424 s) at load 1.5-2.2 on 2026-11-26.
+# quoted numbers: 6 tests, 9 min 29 s alone on 2026-11-27's machine (11 min 18 s in CI), 7 min (424 s) at
+# load 1.5-2.2 on 2026-11-26's.
 real: venv
 	$(PY) -m pytest -m real -s -p no:cacheprovider tests/real
 
