@@ -66,14 +66,14 @@ STARTING_S = 30.0
 """How long a driver may take to start (Ray's job, its runtime env, its imports) before ``wait`` says why."""
 
 
-def driver_starting(sweep: dict, after_s: float | None = None) -> str | None:
-    """Why a submitted sweep runs nothing yet, once its driver's Ray job is ``after_s`` old and has not
+def driver_starting(sweep: dict) -> str | None:
+    """Why a submitted sweep runs nothing yet, once its driver's Ray job is ``STARTING_S`` old and has not
     marked the sweep running, e.g. "its driver's Ray job is PENDING 64 s after submission: Job has not
     started yet. It may be waiting for ... the runtime environment to be set up."; None else."""
     if sweep["status"] != "submitted" or not sweep.get("driver"):
         return None
     job = cluster.driver_since(cluster.known_dashboard(), sweep["driver"])
-    if job is None or job[0] not in ALIVE or job[1] < (STARTING_S if after_s is None else after_s):
+    if job is None or job[0] not in ALIVE or job[1] < STARTING_S:
         return None
     state, age, message = job
     started = {"RUNNING": "is RUNNING but has not started the sweep"}.get(state, f"is {state}")

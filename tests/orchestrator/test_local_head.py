@@ -147,7 +147,8 @@ def test_a_driver_that_cannot_start_is_named_while_submit_waits(head_a, tmp_path
     job = client.submit_job(entrypoint="true", entrypoint_num_cpus=64)
     registry.set_sweep(sweep_id, driver=job, status="submitted")
     try:
-        assert drivers.driver_starting(registry.get_sweep(sweep_id), after_s=3600) is None  # not yet
+        monkeypatch.setattr(drivers, "STARTING_S", 3600.0)
+        assert drivers.driver_starting(registry.get_sweep(sweep_id)) is None  # not yet
         monkeypatch.setattr(drivers, "STARTING_S", 0.0)
         notes = []
 
@@ -167,7 +168,7 @@ def test_a_driver_that_cannot_start_is_named_while_submit_waits(head_a, tmp_path
         told = " ".join(capsys.readouterr().out.split())
         assert "its driver's Ray job is PENDING " in told and "waiting for resources" in told, told
         registry.set_sweep(sweep_id, status="running")  # a driver that started the sweep has nothing to explain
-        assert drivers.driver_starting(registry.get_sweep(sweep_id), after_s=0) is None
+        assert drivers.driver_starting(registry.get_sweep(sweep_id)) is None
     finally:
         client.stop_job(job)
 
