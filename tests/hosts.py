@@ -1,0 +1,294 @@
+"""Several hosts on this machine, crossed by a real network: a test cluster of network namespaces.
+
+Each host is a network namespace of its own (``ip netns add``) with one interface (``eth0``), an
+address on a private subnet and no default route, joined to the others through a bridge in a
+"switch" namespace (a veth pair per host), so traffic between hosts crosses a network stack and
+never the machine's own interfaces. A process runs on a host with ``nsenter --net`` (not ``ip netns
+exec``: it remounts /sys and hides /sys/fs/cgroup, and slurmd will not start then) inside ``unshare
+--uts --mount``: the host's own hostname, and its own ``/tmp`` (a folder under the cluster's base
+bind-mounted there, as a node's local disk), while everything else, the cluster's shared folder
+among it, is the one filesystem, as an NFS home is on a real cluster. Host names do not resolve
+(/etc/hosts is the machine's, left alone), as on compute nodes without DNS.
+
+Everything is started by PID and stopped by PID (the whole tree, SIGKILL after a grace), the
+namespaces deleted and the base removed, pass or fail (:meth:`Hosts.close`, also on ``with``). A
+second ``Hosts`` in another process takes another subnet and other names (both keyed by PID).
+
+Used by the multi-host tests (tests/orchestrator/test_multihost.py) and ``make cluster``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Runs as PID 1's child of `unshare`: the host's hostname, its /tmp (its own, bound from the base),
+# then the command.
+_ENTER = 'hostname "$1" && mount --bind "$2" /tmp && shift 2 && exec "$@"'
+
+
+def missing_tools() -> list[str]:
+    """What a multi-host test needs and this machine lacks (it runs as root)."""
+    need = ("ip", "nsenter", "unshare", "mount")
+    lacking = [tool for tool in need if not shutil.which(tool)]
+    return lacking + ([] if os.geteuid() == 0 else ["root"])
+
+
+@dataclass
+class Host:
+    name: str
+    address: str
+    netns: str
+    veth: str  # its end in the switch namespace (cut to take the host off the network)
+    tmp: Path  # its node-local /tmp
+    processes: list[subprocess.Popen] = field(default_factory=list)
+
+
+class Hosts:
+    """``Hosts(["login", "head", "w1"])``: those hosts up on one subnet; ``run``/``popen`` on them."""
+
+    def __init__(self, names: list[str], base: Path | None = None):
+        tag = os.getpid() % 50_000
+        self.tag = f"hs{tag}"
+        # 10.(200 + tag / 256 % 50).(tag % 256).0/24: a /24 of this process's own, never the machine's
+        self.subnet = f"10.{200 + tag // 256 % 50}.{tag % 256}"
+        self.base = Path(base or tempfile.mkdtemp(prefix=f"hosts-{self.tag}-", dir="/var/tmp"))
+        self.shared = self.base / "shared"  # the cluster's shared filesystem (a home on NFS)
+        self.switch = f"{self.tag}-sw"
+        self.hosts: dict[str, Host] = {}
+        self.names = names
+        self.up = False
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ the network
+
+    def _ip(self, *args: str, netns: str | None = None) -> None:
+        command = ["ip", *(["-n", netns] if netns else []), *args]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"{shlex.join(command)}: {done.stderr.strip()}")
+
+    def _start(self) -> None:
+        self.shared.mkdir(parents=True, exist_ok=True)
+        self.shared.chmod(0o755)
+        self._ip("netns", "add", self.switch)
+        self.up = True
+        self._ip("link", "add", "br0", "type", "bridge", netns=self.switch)
+        self._ip("link", "set", "br0", "up", netns=self.switch)
+        for number, name in enumerate(self.names, start=10):
+            netns, veth = f"{self.tag}-{name}", f"v{number}"
+            self._ip("netns", "add", netns)
+            # the pair is made in the host's namespace, one end then moved to the switch's
+            self._ip("link", "add", "eth0", "type", "veth", "peer", "name", veth, netns=netns)
+            self._ip("link", "set", veth, "netns", self.switch, netns=netns)
+            self._ip("link", "set", veth, "master", "br0", netns=self.switch)
+            self._ip("link", "set", veth, "up", netns=self.switch)
+            address = f"{self.subnet}.{number}"
+            self._ip("addr", "add", f"{address}/24", "dev", "eth0", netns=netns)
+            self._ip("link", "set", "eth0", "up", netns=netns)
+            self._ip("link", "set", "lo", "up", netns=netns)
+            tmp = self.base / "local" / name / "tmp"
+            tmp.mkdir(parents=True)
+            tmp.chmod(0o1777)
+            self.hosts[name] = Host(name, address, netns, veth, tmp)
+
+    def address(self, name: str) -> str:
+        return self.hosts[name].address
+
+    def cut(self, name: str) -> None:
+        """Take ``name`` off the network (its switch port down): its processes live on, unreachable."""
+        self._ip("link", "set", self.hosts[name].veth, "down", netns=self.switch)
+
+    def restore(self, name: str) -> None:
+        self._ip("link", "set", self.hosts[name].veth, "up", netns=self.switch)
+
+    # ------------------------------------------------------------------ processes on a host
+
+    def command(self, name: str, argv: list[str]) -> list[str]:
+        """``argv`` as run on host ``name``: its network, its hostname, its /tmp."""
+        host = self.hosts[name]
+        return ["nsenter", f"--net=/var/run/netns/{host.netns}", "unshare", "--uts", "--mount", "--propagation",
+                "private", "sh", "-c", _ENTER, "sh", host.name, str(host.tmp), *argv]
+
+    def popen(self, name: str, argv: list[str], **kwargs) -> subprocess.Popen:
+        """Start ``argv`` on ``name`` (kwargs as ``subprocess.Popen``'s); stopped by :meth:`close`."""
+        process = subprocess.Popen(self.command(name, argv), start_new_session=True, **kwargs)
+        self.hosts[name].processes.append(process)
+        return process
+
+    def run(self, name: str, argv: list[str], timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+        """Run ``argv`` on ``name`` to its end (text output captured unless kwargs say otherwise)."""
+        kwargs = {"capture_output": True, "text": True} | kwargs
+        return subprocess.run(self.command(name, argv), timeout=timeout, **kwargs)
+
+    def sh(self, name: str, script: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+        return self.run(name, ["sh", "-c", script], timeout=timeout, **kwargs)
+
+    def pids(self, name: str) -> set[int]:
+        """Every process in host ``name``'s network namespace (whoever started it: slurmd's jobs too)."""
+        done = subprocess.run(["ip", "netns", "pids", self.hosts[name].netns], capture_output=True, text=True)
+        return {int(pid) for pid in done.stdout.split()}
+
+    def listening(self, name: str) -> list[tuple[str, int, str]]:
+        """(address, port, program) of every TCP socket listening on host ``name``."""
+        done = subprocess.run(["ip", "netns", "exec", self.hosts[name].netns, "ss", "-Hltnp"],
+                              capture_output=True, text=True)
+        found = []
+        for line in done.stdout.splitlines():
+            words = line.split()
+            address, _, port = words[3].rpartition(":")
+            program = words[5].split('"')[1] if len(words) > 5 and '"' in words[5] else "?"
+            found.append((address.strip("[]"), int(port), program))
+        return sorted(set(found))
+
+    # ------------------------------------------------------------------ teardown
+
+    def kill_host(self, name: str, grace_s: float = 5.0) -> None:
+        """Stop every process on host ``name``: SIGTERM, then SIGKILL after ``grace_s``."""
+        _kill(self.pids(name), grace_s)
+        for process in self.hosts[name].processes:
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def close(self) -> None:
+        for name in self.hosts:
+            try:
+                self.kill_host(name)
+            except Exception:  # noqa: BLE001 - teardown goes on
+                pass
+        if self.up:
+            for host in self.hosts.values():
+                subprocess.run(["ip", "netns", "delete", host.netns], capture_output=True)
+            subprocess.run(["ip", "netns", "delete", self.switch], capture_output=True)
+        shutil.rmtree(self.base, ignore_errors=True)
+        self.up = False
+
+    def __enter__(self) -> Hosts:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _kill(pids: set[int], grace_s: float) -> None:
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while pids and time.monotonic() < deadline:
+            pids = {pid for pid in pids if _alive(pid)}
+            time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def leftovers(tag_prefix: str = "hs") -> list[str]:
+    """Network namespaces a Hosts of this process did not delete (for a session-end check)."""
+    done = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    mine = f"{tag_prefix}{os.getpid() % 50_000}-"
+    return [line.split()[0] for line in done.stdout.splitlines() if line.startswith(mine)]
+
+
+# --------------------------------------------------------------------------- SLURM across the hosts
+
+SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "scancel", "scontrol", "squeue", "sinfo", "srun")
+
+
+def start_slurm(hosts: Hosts, controller: str, computes: list[str], cpus: int, gpus: int,
+                first_job: int) -> dict[str, str]:
+    """SLURM on the hosts: slurmctld on ``controller``, a slurmd on each of ``computes`` (its own
+    hostname and NodeAddr, ``cpus`` CPUs and ``gpus`` GPUs as gres without devices), one munged (its
+    socket a path every host reaches), the config on the shared filesystem; the environment its
+    clients need (``SLURM_CONF``). Its daemons are processes of ``hosts``: :meth:`Hosts.close` stops
+    them, jobs and all."""
+    lacking = [tool for tool in SLURM_TOOLS if not shutil.which(tool)]
+    if lacking:
+        raise RuntimeError(f"{', '.join(lacking)} not found: apt-get install slurm-wlm munge (.ci/run does)")
+    base = hosts.shared / "slurm"
+    munge = base / "munge"
+    for folder in (munge, base / "state", base / "spool", base / "log"):
+        folder.mkdir(parents=True)
+    munge.chmod(0o711)
+    (munge / "key").write_bytes(os.urandom(1024))
+    (munge / "key").chmod(0o400)
+    user = subprocess.check_output(["id", "-un"], text=True).strip()
+    nodes = [f"NodeName={name} NodeAddr={hosts.address(name)} CPUs={cpus} RealMemory=1000"
+             + (f" Gres=gpu:{gpus}" if gpus else "") + " State=UNKNOWN" for name in computes]
+    conf = base / "slurm.conf"
+    conf.write_text("\n".join([
+        "ClusterName=hsmulti", f"SlurmctldHost={controller}({hosts.address(controller)})",
+        f"SlurmUser={user}", f"SlurmdUser={user}", "SlurmctldPort=6817", "SlurmdPort=6818",
+        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge}/socket",
+        f"StateSaveLocation={base}/state", f"SlurmdSpoolDir={base}/spool/%n",
+        f"SlurmctldPidFile={base}/slurmctld.pid", f"SlurmdPidFile={base}/slurmd-%n.pid",
+        f"SlurmctldLogFile={base}/log/slurmctld.log", f"SlurmdLogFile={base}/log/slurmd-%n.log",
+        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none", "MpiDefault=none",
+        "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU", "SchedulerType=sched/builtin",
+        *(["GresTypes=gpu"] if gpus else []),
+        "ReturnToService=2", "KillWait=10", "MinJobAge=600", f"FirstJobId={first_job}",
+        "SlurmdTimeout=30", "InactiveLimit=0", "MessageTimeout=10",
+        *nodes, f"PartitionName=hs Nodes={','.join(computes)} Default=YES MaxTime=INFINITE State=UP", "",
+    ]))
+    if gpus:
+        # logical GPUs: files standing for devices (SLURM hands them out by index, CUDA_VISIBLE_DEVICES)
+        (base / "dev").mkdir()
+        for index in range(gpus):
+            (base / "dev" / f"gpu{index}").touch()
+        (base / "gres.conf").write_text(f"AutoDetect=off\nName=gpu File={base}/dev/gpu[0-{gpus - 1}]\n")
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
+    hosts.popen(controller, ["munged", "--foreground", "--force", f"--socket={munge}/socket",
+                             f"--key-file={munge}/key", f"--pid-file={munge}/pid", f"--seed-file={munge}/seed",
+                             f"--log-file={munge}/log"], **quiet)
+    _until(lambda: (munge / "socket").exists(), 30, "munged did not start")
+    hosts.popen(controller, ["slurmctld", "-D", "-f", str(conf)], **quiet)
+    for name in computes:
+        (base / "spool" / name).mkdir()
+        hosts.popen(name, ["slurmd", "-D", "-f", str(conf)], **quiet)
+
+    def idle() -> bool:
+        shown = hosts.run(controller, ["sinfo", "-h", "-N", "-o", "%N %t"], env=env, timeout=30).stdout.split()
+        return shown.count("idle") == len(computes)
+
+    _until(idle, 90, lambda: "the nodes did not come up:\n" + logs_tail(base / "log"))
+    return env
+
+
+def _until(condition, timeout: float, message) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(message() if callable(message) else message)
+        time.sleep(0.5)
+
+
+def logs_tail(folder: Path, lines: int = 15) -> str:
+    """The last lines of every log in ``folder`` (what a test that failed says about its daemons)."""
+    said = []
+    for path in sorted(folder.glob("*.log")):
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+        said.append(f"--- {path.name}\n" + "\n".join(line[:300] for line in tail))
+    return "\n".join(said) or f"(no logs in {folder})"

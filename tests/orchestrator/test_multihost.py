@@ -1,0 +1,283 @@
+"""A cluster of several hosts crossed by a real network (tests/hosts.py: network namespaces, each
+host its own address and hostname, no DNS, no default route, a node-local /tmp, one shared folder
+as an NFS home), and headsweep on it as researchers run it:
+
+- SLURM across hosts: slurmctld on a controller host, a slurmd on each of three compute hosts
+  (2 logical GPUs each), ``headsweep slurm GRID --nodes 3 --gpus-per-node 2`` from a login host;
+  then ``scancel`` mid-sweep and the same command again (every run once, the history names the job
+  that ended and the one that resumed).
+- Ray across hosts with token authentication (README "A Ray cluster", without SLURM): ``ray start``
+  on each host as README says, ``headsweep submit`` from the login host; a client without the token
+  is refused; every port that listens beyond loopback on each host is one README lists.
+
+Slow (CI's slow set): the hosts and SLURM are set up once for the module (~15 s), each sweep takes
+minutes on 2 cores. Needs root, ``ip``, ``nsenter``, ``unshare``; slurm-wlm and munge (.ci/run
+installs them). Everything is torn down by PID and the namespaces deleted, pass or fail.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import hosts  # noqa: E402  (tests/hosts.py: hosts as network namespaces)
+
+from orchestrator.registry import Registry  # noqa: E402
+from orchestrator.registry.history import DRIVER_LOST, RESUMED  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+ROOT = Path(__file__).resolve().parents[2]
+HEADSWEEP = [sys.executable, "-m", "orchestrator.cli"]
+RAY_START = [sys.executable, "-m", "orchestrator.cluster", "ray-start"]
+COMPUTES = ["n1", "n2", "n3"]
+GRID = {  # six short runs at half a GPU: two per node at once on 3 nodes of 2 logical GPUs
+    "name": "multihost",
+    "base": {"model": "tiny-bert", "task": {"name": "synthetic-cls", "num_train": 200, "num_eval": 16, "max_length": 24},
+             "train": {"max_steps": 20, "batch_size": 8, "eval_every": 20}},
+    "axes": {"seed": [0, 1, 2, 3, 4, 5]},
+    "resources": {"cpus": 0.5, "gpus": 0.5},
+}
+LONG = {**GRID, "name": "multihost-long",  # runs long enough to cancel the job mid-sweep
+        "base": {**GRID["base"], "train": {"max_steps": 150, "batch_size": 8, "eval_every": 50}},
+        "max_concurrent": 2}
+# Ray's ports on a multi-host node, as README "A Ray cluster" starts it (nothing else may listen
+# beyond loopback): GCS, dashboard (Jobs API), raylet, object manager, runtime-env agent, the
+# dashboard agent's gRPC and HTTP, metrics export, the autoscaler's and dashboard's metrics, and
+# the workers' range.
+README_PORTS = {"gcs": 6379, "dashboard": 8265, "node_manager": 6380, "object_manager": 6381,
+                "runtime_env_agent": 6382, "agent_grpc": 6383, "agent_http": 52365, "metrics_export": 6384,
+                "autoscaler_metrics": 44217, "dashboard_metrics": 44227}
+WORKER_PORTS = (10002, 10999)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """login, a controller (ctl: slurmctld, and the plain-Ray test's head) and three compute hosts."""
+    lacking = hosts.missing_tools()
+    if lacking:
+        pytest.fail(f"a multi-host test needs {', '.join(lacking)}")
+    with hosts.Hosts(["login", "ctl", *COMPUTES]) as cluster:
+        cluster.slurm_env = hosts.start_slurm(cluster, "ctl", COMPUTES, cpus=2, gpus=2,
+                                              first_job=30_000 + os.getpid() % 20_000)
+        yield cluster
+
+
+def _user_env(cluster: hosts.Hosts, home: Path, **extra: str) -> dict[str, str]:
+    """A user's shell on the login host: this checkout's Python, a home on the shared filesystem."""
+    clean = {name: value for name, value in cluster.slurm_env.items()
+             if not name.startswith(("RAY_", "HEADSWEEP_", "MLFLOW_"))}
+    return clean | {"HEADSWEEP_HOME": str(home), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"} | extra
+
+
+def _headsweep(cluster, env, *args: str, timeout: float = 300):
+    return cluster.run("login", [*HEADSWEEP, *args], env=env, cwd=str(ROOT), timeout=timeout)
+
+
+def _job_state(cluster, job_id: str) -> str:
+    shown = cluster.run("login", ["scontrol", "-o", "show", "job", job_id], env=cluster.slurm_env, timeout=60).stdout
+    found = re.search(r"JobState=(\S+)", shown)
+    return found.group(1) if found else "?"
+
+
+def _until(condition, timeout: float, message) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(message() if callable(message) else message)
+        time.sleep(1)
+
+
+def _wait_job(cluster, job_id: str, log, timeout: float = 480) -> str:
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY")
+    _until(lambda: _job_state(cluster, job_id) in ended, timeout,
+           lambda: f"job {job_id} did not end in {timeout} s:\n{log()[-3000:]}")
+    return _job_state(cluster, job_id)
+
+
+def _submit_slurm(cluster, env, grid: Path) -> tuple[str, Path]:
+    done = _headsweep(cluster, env, "slurm", str(grid), "--nodes", "3", "--gpus-per-node", "2",
+                      "--cpus-per-node", "2", "--time", "00:20:00")
+    assert done.returncode == 0, done.stderr[-3000:]
+    job_id = re.search(r"SLURM job (\d+)", done.stdout).group(1)
+    (folder,) = (Path(env["HEADSWEEP_HOME"]) / "slurm").iterdir()
+    return job_id, folder
+
+
+def _runs(home: Path, sweep_id: str) -> list[tuple[str, str, int]]:
+    """(status, host, attempts) of the sweep's runs, from the registry on the shared filesystem."""
+    registry = Registry(f"sqlite:///{home}/registry.db")
+    rows = [registry.get_run(key) for key in registry.sweep_runs(sweep_id)["run_key"]]
+    return [(row["status"], (row["worker"] or "").split("@")[-1].split("[")[0], row["attempts"]) for row in rows]
+
+
+def _finished_once_in_mlflow(home: Path, sweep_id: str) -> None:
+    registry = Registry(f"sqlite:///{home}/registry.db")
+    with sqlite3.connect(home / "mlflow.db") as db:
+        finished = sorted(key for (key,) in db.execute(
+            "SELECT t.value FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
+            "WHERE t.key = 'run_key' AND r.status = 'FINISHED' AND r.experiment_id = ?",
+            (registry.get_sweep(sweep_id)["mlflow_experiment_id"],)))
+    assert finished == sorted(registry.sweep_runs(sweep_id)["run_key"])
+
+
+def test_a_sweep_through_slurm_runs_on_every_host(cluster):
+    """``headsweep slurm --nodes 3`` from the login host: Ray's head on the first node, a worker on
+    each other one at its own address (no DNS, no default route: SLURM's NodeAddr and the route to
+    the head say which), every run once, runs on all three hosts."""
+    home = cluster.shared / "home-finish"
+    grid = cluster.shared / "grid.yaml"
+    grid.write_text(yaml.safe_dump(GRID))
+    env = _user_env(cluster, home)
+    start = time.monotonic()
+    job_id, folder = _submit_slurm(cluster, env, grid)
+    log = lambda: (folder / f"slurm-{job_id}.out").read_text(errors="replace")  # noqa: E731
+    assert _wait_job(cluster, job_id, log) == "COMPLETED", log()[-3000:]
+    took = time.monotonic() - start
+    head = re.search(r"Ray: 3 node\(s\), head (\S+):", log())
+    assert head and head.group(1) in {cluster.address(name) for name in COMPUTES}, log()[-2000:]
+    sweep_id = (folder / "sweep").read_text().strip()
+    runs = _runs(home, sweep_id)
+    assert [(status, attempts) for status, _, attempts in runs] == [("finished", 1)] * 6
+    per_host = {name: sum(host == name for _, host, _ in runs) for name in COMPUTES}
+    print(f"\n3 hosts {[cluster.address(n) for n in COMPUTES]}: runs per host {per_host}, {took:.0f} s")
+    assert all(per_host.values()), per_host
+    _finished_once_in_mlflow(home, sweep_id)
+
+
+def test_scancel_mid_sweep_then_the_same_command_resumes_it(cluster):
+    """scancel while runs are running on the hosts; ``headsweep slurm`` again: the next job resumes
+    the sweep, every run finishes exactly once, the history says which job ended and which resumed."""
+    home = cluster.shared / "home-cancel"
+    grid = cluster.shared / "long.yaml"
+    grid.write_text(yaml.safe_dump(LONG))
+    env = _user_env(cluster, home)
+    job_id, folder = _submit_slurm(cluster, env, grid)
+    log = lambda: (folder / f"slurm-{job_id}.out").read_text(errors="replace")  # noqa: E731
+    _until(lambda: (folder / "sweep").exists(), 240, lambda: log()[-3000:])
+    sweep_id = (folder / "sweep").read_text().strip()
+    registry = Registry(f"sqlite:///{home}/registry.db")
+    _until(lambda: registry.sweep_counts(sweep_id).get("finished", 0) >= 1
+           and registry.sweep_counts(sweep_id).get("running", 0) >= 1, 300, lambda: log()[-3000:])
+    assert cluster.run("login", ["scancel", job_id], env=cluster.slurm_env).returncode == 0
+    assert _wait_job(cluster, job_id, log) == "CANCELLED"
+    interrupted = registry.sweep_counts(sweep_id)
+    again, _ = _submit_slurm(cluster, env, grid)
+    log_again = lambda: (folder / f"slurm-{again}.out").read_text(errors="replace")  # noqa: E731
+    assert _wait_job(cluster, again, log_again) == "COMPLETED", log_again()[-3000:]
+    runs = _runs(home, sweep_id)
+    assert [status for status, _, _ in runs] == ["finished"] * 6, runs
+    _finished_once_in_mlflow(home, sweep_id)
+    about_the_driver = [e for e in registry.events(sweep_id) if e["kind"] in (DRIVER_LOST, RESUMED)]
+    assert [e["kind"] for e in about_the_driver] == [DRIVER_LOST, RESUMED]
+    assert about_the_driver[1]["detail"]["by"] == f"SLURM job {again}"
+    print(f"\ncancelled job {job_id} at {interrupted}; job {again} resumed: runs (status, host, attempts) {runs}")
+
+
+# --------------------------------------------------------------------------- Ray with token auth
+
+
+@pytest.fixture
+def ray_on_hosts(cluster):
+    """Ray as README starts it: a head on ctl, a worker with 2 logical GPUs on each compute host,
+    token authentication on (one token, every node and client); stopped by PID after the test."""
+    token = secrets.token_urlsafe(32)
+    env = {name: value for name, value in cluster.slurm_env.items() if not name.startswith(("RAY_", "HEADSWEEP_"))}
+    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+            "RAY_USAGE_STATS_ENABLED": "0", "AUTOSCALER_METRIC_PORT": str(README_PORTS["autoscaler_metrics"]),
+            "DASHBOARD_METRIC_PORT": str(README_PORTS["dashboard_metrics"])}
+    head = cluster.address("ctl")
+    ports = [f"--node-manager-port={README_PORTS['node_manager']}",
+             f"--object-manager-port={README_PORTS['object_manager']}",
+             f"--runtime-env-agent-port={README_PORTS['runtime_env_agent']}",
+             f"--dashboard-agent-grpc-port={README_PORTS['agent_grpc']}",
+             f"--dashboard-agent-listen-port={README_PORTS['agent_http']}",
+             f"--metrics-export-port={README_PORTS['metrics_export']}",
+             f"--min-worker-port={WORKER_PORTS[0]}", f"--max-worker-port={WORKER_PORTS[1]}", "--disable-usage-stats"]
+    started = [cluster.popen("ctl", [*RAY_START, "--head", "--block", f"--node-ip-address={head}",
+                                     f"--port={README_PORTS['gcs']}", f"--dashboard-host={head}",
+                                     f"--dashboard-port={README_PORTS['dashboard']}", "--num-cpus=1", "--num-gpus=0",
+                                     *ports], env=env, cwd="/tmp")]
+    time.sleep(5)
+    for name in COMPUTES:
+        started.append(cluster.popen(name, [*RAY_START, "--block", f"--node-ip-address={cluster.address(name)}",
+                                            f"--address={head}:{README_PORTS['gcs']}", "--num-cpus=2", "--num-gpus=2",
+                                            *ports], env=env, cwd="/tmp"))
+    nodes = ("import json, sys, urllib.request as u; "
+             "r = u.Request(sys.argv[1] + '/nodes?view=summary', headers={'Authorization': 'Bearer ' + sys.argv[2]}); "
+             "print(sum(n['raylet']['state'] == 'ALIVE' for n in json.load(u.urlopen(r, timeout=5))['data']['summary']))")
+    dashboard = f"http://{head}:{README_PORTS['dashboard']}"
+
+    def joined() -> bool:
+        shown = cluster.run("login", [sys.executable, "-c", nodes, dashboard, token], timeout=30).stdout.strip()
+        return shown == "4"
+
+    try:
+        _until(joined, 120, "the Ray nodes did not join")
+        yield {"env": env, "dashboard": dashboard, "address": f"{head}:{README_PORTS['gcs']}", "token": token}
+    finally:
+        for name in ("ctl", *COMPUTES):
+            hosts._kill({pid for pid in cluster.pids(name) if _is_ray(pid)}, grace_s=5)
+
+
+def _is_ray(pid: int) -> bool:
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return "ray" in command and "slurm" not in command and "munge" not in command
+
+
+def test_ray_across_hosts_with_token_auth(cluster, ray_on_hosts):
+    """``headsweep submit`` from the login host to a Ray cluster of four hosts: the runs run on the
+    workers; a client without the token, or with another, is refused by the Jobs API and the GCS;
+    beyond loopback every host listens only on the ports README lists."""
+    home = cluster.shared / "home-ray"
+    grid = cluster.shared / "ray.yaml"
+    grid.write_text(yaml.safe_dump({**GRID, "name": "ray-hosts"}))
+    env = _user_env(cluster, home) | ray_on_hosts["env"] | {
+        "HEADSWEEP_RAY_DASHBOARD": ray_on_hosts["dashboard"], "RAY_ADDRESS": ray_on_hosts["address"]}
+    done = _headsweep(cluster, env, "submit", str(grid), "--wait", timeout=480)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    sweep_id = re.search(r"(sw-\S+):", done.stdout).group(1)
+    runs = _runs(home, sweep_id)
+    assert [(status, attempts) for status, _, attempts in runs] == [("finished", 1)] * 6
+    assert {host for _, host, _ in runs} <= set(COMPUTES) and len({host for _, host, _ in runs}) >= 2, runs
+
+    jobs = ("import sys; from ray.job_submission import JobSubmissionClient\n"
+            "try:\n    JobSubmissionClient(sys.argv[1]).list_jobs(); print('admitted')\n"
+            "except Exception as err:\n    print('refused:', type(err).__name__, str(err).splitlines()[0])")
+    gcs = ("import sys, ray\n"
+           "try:\n    ray.init(address=sys.argv[1], log_to_driver=False); print('admitted')\n"
+           "except Exception as err:\n    print('refused:', type(err).__name__, str(err).splitlines()[0])")
+    without = {name: value for name, value in env.items() if name not in ("RAY_AUTH_TOKEN", "RAY_AUTH_MODE")}
+    other = env | {"RAY_AUTH_TOKEN": secrets.token_urlsafe(32)}
+    said = {}
+    for who, client_env in (("no token", without), ("another token", other), ("the token", env)):
+        said[who] = cluster.run("login", [sys.executable, "-c", jobs, ray_on_hosts["dashboard"]], env=client_env,
+                                cwd="/tmp", timeout=60).stdout.strip()
+    said["GCS, no token"] = cluster.run("login", [sys.executable, "-c", gcs, ray_on_hosts["address"]], env=without,
+                                        cwd="/tmp", timeout=120).stdout.strip().splitlines()[-1:]
+    print("\n" + "\n".join(f"{who}: {line}" for who, line in said.items()))
+    assert said["no token"].startswith("refused: AuthenticationError"), said
+    assert said["another token"].startswith("refused: AuthenticationError"), said
+    assert said["the token"] == "admitted", said
+    assert said["GCS, no token"] and said["GCS, no token"][0].startswith("refused:"), said
+
+    allowed = set(README_PORTS.values())
+    for name in ("ctl", *COMPUTES):
+        beyond = [(address, port, program) for address, port, program in cluster.listening(name)
+                  if not address.startswith("127.") and not program.startswith(("slurm", "munge"))]
+        print(f"{name} ({cluster.address(name)}): " + ", ".join(f"{a}:{p} {prog}" for a, p, prog in beyond))
+        stray = [(a, p, prog) for a, p, prog in beyond
+                 if p not in allowed and not WORKER_PORTS[0] <= p <= WORKER_PORTS[1]]
+        assert not stray, f"{name} listens beyond loopback on ports README does not list: {stray}"
