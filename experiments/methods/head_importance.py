@@ -52,10 +52,11 @@ from typing import Any
 import torch
 from pydantic import Field, field_validator
 
+from experiments.common.result import RunResult, UnitMap
+from experiments.common.sections import Section
+from experiments.components.finetuning import finetune_stage
 from experiments.core.context import RunContext
 from experiments.core.loop import evaluate_all, forward_logits, take
-from experiments.core.result import RunResult, UnitMap
-from experiments.core.sections import Section
 from experiments.core.state import RunState, set_up
 from experiments.interventions.heads import attach_head_gates, attach_token_gates
 from experiments.maths.head_importance import (
@@ -66,7 +67,6 @@ from experiments.maths.head_importance import (
     pruning_counts,
 )
 from experiments.maths.losses import task_loss
-from experiments.methods import finetune
 
 VERSION = "2"  # 2: |dL/dxi| per example and token (was: of the batch mean); 5 % steps, ranking fixed,
 # floor counts, all training examples by default (the reference's protocol)
@@ -101,7 +101,7 @@ class Config(Section):
 def stages(section: Config) -> dict[str, dict]:
     """A fine-tuned model to score: a ``finetune`` run of the same model, task, seed and training
     settings (shared with head_gates' SP and the other analyses that start from it)."""
-    return finetune.stage(section.finetune_steps)
+    return finetune_stage(section.finetune_steps)
 
 
 def run(cfg, ctx: RunContext) -> RunResult:

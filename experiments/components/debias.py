@@ -84,7 +84,7 @@ def objective(loss: str, cfg, ctx, state) -> Objective:
     """The loss function of a run's loop; reads the stages it needs once, here."""
     if loss == "ce":
         return lambda logits, labels, index: task_loss(logits, labels)
-    from experiments.core.bias import bias_probs
+    from experiments.components.bias import bias_probs
 
     p_b = bias_probs(cfg, ctx, state.data.train).to(state.device)  # (N, C)
     if loss == "poe":
