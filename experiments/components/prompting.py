@@ -25,7 +25,7 @@ from torch import nn
 
 from experiments.common.sections import Section
 from experiments.core.context import RunContext
-from experiments.core.loop import evaluate, take
+from experiments.core.loop import batches, evaluate
 from experiments.core.seeding import derive_seed, generator
 from experiments.core.state import RunState, adam, set_up
 from experiments.interventions.neurons import capture_ffn, perturb_neurons
@@ -237,30 +237,26 @@ def find_skill_neurons(model: PromptedEncoder, state: RunState) -> dict[str, tor
     sub_dev = subtask_labels(dev.labels, num_labels).to(state.device)  # (S, N_dev)
     with capture_ffn(model.backbone, positions) as capture:
         sums, total = None, None
-        for start in range(0, len(train), batch_size):
-            ids, mask, _ = _take(train, start, batch_size, state.device)
+        for (ids, mask, _), labels in zip(batches(train, batch_size, state.device), sub_train.split(batch_size, dim=1),
+                                          strict=True):
             with state.autocast():  # train.precision
                 model(ids, mask)
             acts = capture.take().to(torch.float64)  # (B, P, L, I)
-            part = subtask_sums(acts, sub_train[:, start : start + len(ids)])  # (S, P, L, I)
+            part = subtask_sums(acts, labels)  # (S, P, L, I)
             sums = part if sums is None else sums + part
             total = acts.sum(dim=0) if total is None else total + acts.sum(dim=0)
         sizes = (sub_train >= 0).sum(dim=1).to(torch.float64).clamp(min=1)  # (S,)
         baselines = sums / sizes.view(-1, 1, 1, 1)  # (S, P, L, I)
         correct = None
-        for start in range(0, len(dev), batch_size):
-            ids, mask, _ = _take(dev, start, batch_size, state.device)
+        for (ids, mask, _), labels in zip(batches(dev, batch_size, state.device), sub_dev.split(batch_size, dim=1),
+                                          strict=True):
             with state.autocast():
                 model(ids, mask)
-            found = correct_counts(capture.take(), baselines, sub_dev[:, start : start + len(ids)])
+            found = correct_counts(capture.take(), baselines, labels)
             correct = found if correct is None else correct + found
     per_subtask, best_position = neuron_predictivity(correct.cpu(), (sub_dev >= 0).sum(dim=1).cpu())
     return {"per_subtask": per_subtask, "best_position": best_position, "score": combined_score(per_subtask),
             "baseline": baselines.cpu(), "train_mean": (total / len(train)).cpu()}
-
-
-def _take(split, start: int, batch_size: int, device: str):
-    return take(split, torch.arange(start, min(start + batch_size, len(split))), device)
 
 
 def noisy_accuracy(model: PromptedEncoder, state: RunState, neurons: dict[int, torch.Tensor], std: float) -> float:

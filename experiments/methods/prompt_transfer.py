@@ -81,7 +81,7 @@ from experiments.components.prompting import (
     perturbation_check,
 )
 from experiments.core.context import RunContext
-from experiments.core.loop import evaluate, forward_logits, take
+from experiments.core.loop import batches, evaluate, forward_logits
 from experiments.core.state import RunState, upstream_weights
 from experiments.interventions.neurons import capture_ffn
 from experiments.maths.predictivity import skill_neuron_mask
@@ -244,9 +244,7 @@ def calibrated_accuracy(model: PromptedEncoder, state: RunState) -> float:
     readout.norm.reset_running_stats()
     readout.norm.momentum = None  # running statistics = the plain average over the batches
     readout.train()
-    split, batch_size = state.data.train, state.cfg.train.batch_size
-    for start in range(0, len(split), batch_size):
-        ids, mask, _ = take(split, torch.arange(start, min(start + batch_size, len(split))), state.device)
+    for ids, mask, _ in batches(state.data.train, state.cfg.train.batch_size, state.device):
         forward_logits(model, readout, ids, mask, state.precision)
     return _accuracy(model, readout, state)
 

@@ -95,11 +95,11 @@ from experiments.components.prompting import (
 )
 from experiments.core.context import RunContext
 from experiments.core.loop import (
+    batches,
     evaluate,
     evaluate_all,
     forward_logits,
     num_steps,
-    take,
     train_steps,
     update,
 )
@@ -234,7 +234,7 @@ def _pruned(model: PromptedEncoder, state: RunState, found: dict, hp: SkillNeuro
         baseline = {layer: mean[layer].float() for layer in range(len(mean))}
     else:
         with state.autocast():
-            baseline = mean_ffn_activations(model.backbone, _batches(state.data.train, batch_size, state.device),
+            baseline = mean_ffn_activations(model.backbone, batches(state.data.train, batch_size, state.device),
                                             forward=lambda batch: model(batch[0], batch[1]))
         baseline = {layer: values.float() for layer, values in baseline.items()}
     chosen = by_layer(skill_neuron_mask(found["per_subtask"], hp.prune_fraction))
@@ -244,11 +244,6 @@ def _pruned(model: PromptedEncoder, state: RunState, found: dict, hp: SkillNeuro
         lambda backbone: evaluate(PromptedEncoder(backbone, model.prompt), state.decoder, state.data.dev, state.task,
                                   batch_size, state.device, state.cfg.train.precision),
         keep, baseline, hp.prune_fold)
-
-
-def _batches(split, batch_size: int, device: str):
-    for start in range(0, len(split), batch_size):
-        yield take(split, torch.arange(start, min(start + batch_size, len(split))), device)
 
 
 def _npz(found: dict, perturbation: dict, accuracy: float, words: list[str]) -> bytes:
