@@ -1,7 +1,9 @@
 """The methods: one readable file each, a plain dict to find them (no decorator registry).
 
 A method module is the whole of a method (DESIGN.md decision 8); adding one is
-one file plus one line here, or one file named in ``HEADSWEEP_METHODS`` (below). It exposes:
+one file plus one line here, or one file named in ``HEADSWEEP_METHODS`` (below). It reads like a
+recipe over the rooms below it (experiments/components for what several methods share, core,
+interventions, maths, tasks) and never imports another method. It exposes:
 
 - ``VERSION``: bump it when its results, or a default of its ``Config``, would change;
 - ``PIPELINES``: its pipelines, the first the default (a method with more than one has
