@@ -34,8 +34,8 @@ from analysis.cli_common import (
     write_rows,
 )
 from experiments.common.naming import suggest
+from experiments.common.sections import ConfigError
 from experiments.common.units import OPEN_THRESHOLD
-from experiments.core.sections import ConfigError
 
 FORMATS = ("table", "csv", "parquet", "json")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from experiments.core.sections import ConfigError
+from experiments.common.sections import ConfigError
 
 AGREEMENT_FORMATS = ("table", "csv", "json")
 SWEEP_HELP = "a sweep id, or 'last' (the newest sweep)"

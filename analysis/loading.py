@@ -148,7 +148,7 @@ class SweepData(_Runs):
         """The ``(N,)`` column of axis ``name`` (one of ``AXES``)."""
         return self.labels[name] if name in self.labels else getattr(self, name)
 
-    # the labels every run has (experiments.core.sections.SharedConfig's), by name
+    # the labels every run has (experiments.common.sections.SharedConfig's), by name
     task = _label("task")
     model = _label("model")
     method = _label("method")

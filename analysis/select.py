@@ -18,7 +18,7 @@ import numpy as np
 
 from analysis.errors import QueryError, did_you_mean, list_choices
 from analysis.loading import AXES, SweepData
-from experiments.core.sections import resolve_key
+from experiments.common.sections import resolve_key
 
 DEFAULT_MAP = "heads.gate"
 COMPANIONS = {"heads.gate": "heads.log_alpha"}
@@ -51,7 +51,7 @@ def config_keys_of(data: SweepData, axis: str) -> set[str]:
 
 def own_keys(data: SweepData, name: str) -> dict[str, str]:
     """{method: the stored config key ``name`` stands for in its runs}, by the one short-name
-    resolver (``experiments.core.sections.resolve_key``) with the keys each method's stored section
+    resolver (``experiments.common.sections.resolve_key``) with the keys each method's stored section
     has: ``lambda`` -> ``head_gates.lambda``, ``loss`` -> ``finetune.loss`` and ``mask_train.loss``."""
     config = config_columns(data)
     found = {}

@@ -19,7 +19,7 @@ from rich.progress import (
 from rich.table import Table
 
 from experiments.common.naming import suggest
-from experiments.core.sections import ConfigError, read_yaml
+from experiments.common.sections import ConfigError, read_yaml
 from orchestrator import settings, slurm
 from orchestrator.status import RUN_DONE, SWEEP_DONE, RunStatus
 
@@ -50,8 +50,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     A run that starts from other runs (stages: ``init_from``, SP's default fine-tune) runs
     them first, each once: their final weights go to the checkpoint store under their run
     keys, where a later run (or sweep) finds and reuses them."""
-    from experiments.core.config import apply_overrides, parse_config
     from experiments.core.precision import check_precision
+    from experiments.keyed.config import apply_overrides, parse_config
 
     cfg = parse_config(apply_overrides(load_yaml(args.config), args.set or []))
 
@@ -99,8 +99,8 @@ def _run_tracked(cfg, args: argparse.Namespace, store, save: bool):
     """``experiments.run`` of one config with a progress bar and (unless --no-track) an MLflow run;
     its upstreams' weights from ``store``, its own saved there when ``save``."""
     from experiments.core.context import RunContext
-    from experiments.core.runner import run
     from experiments.core.tracking import MemoryTracker
+    from experiments.keyed.runner import run
     from experiments.methods import METHODS
 
     tracker, finish = MemoryTracker(), None
@@ -148,8 +148,8 @@ def _run_tracked(cfg, args: argparse.Namespace, store, save: bool):
 
 def cmd_methods(args: argparse.Namespace) -> int:
     """Every method (or one): VERSION, pipelines, short names, and its keys with defaults and meaning."""
-    from experiments.core import config_keys as keys
-    from experiments.core.config import RunConfig
+    from experiments.keyed import config_keys as keys
+    from experiments.keyed.config import RunConfig
     from experiments.methods import METHODS
 
     if args.method is not None and args.method not in METHODS:

@@ -46,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments.core.sections import ConfigError
+from experiments.common.sections import ConfigError
 from orchestrator import settings
 
 # A local development head: no usage stats, and no token auth (Ray 2.60 turns it on when a
@@ -433,7 +433,7 @@ def job_runtime_env(env: dict[str, str]) -> dict:
     every task and actor of the job (the Tune trials), ahead of whatever checkout the cluster's
     Python has installed, so a sweep runs the code that submitted it.
     """
-    from experiments.core.runner import code_version
+    from experiments.keyed.runner import code_version
 
     packages, files = plugin_code(env.get("HEADSWEEP_METHODS", ""))  # plug-in methods ship with the job too
     return {

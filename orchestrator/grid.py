@@ -49,8 +49,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from experiments.common.naming import suggest
-from experiments.core import config_keys as keys
-from experiments.core.config import (
+from experiments.common.sections import DEFAULT_METHOD, ConfigError, flatten, read_yaml
+from experiments.keyed import config_keys as keys
+from experiments.keyed.config import (
     RunConfig,
     check_data,
     check_names,
@@ -58,8 +59,7 @@ from experiments.core.config import (
     parse_config,
     with_stages,
 )
-from experiments.core.run_keys import fingerprints_memoised
-from experiments.core.sections import DEFAULT_METHOD, ConfigError, flatten, read_yaml
+from experiments.keyed.run_keys import fingerprints_memoised
 from orchestrator.registry.db import gc_paused
 
 

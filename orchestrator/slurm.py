@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from experiments.core.sections import ConfigError
+from experiments.common.sections import ConfigError
 from orchestrator import settings
 
 WARN_S = 90

@@ -45,7 +45,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from experiments.core.sections import ConfigError
+from experiments.common.sections import ConfigError
 from orchestrator import cluster, settings
 from orchestrator.slurm import known_sweep
 

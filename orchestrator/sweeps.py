@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.core.sections import ConfigError
+from experiments.common.sections import ConfigError
 from orchestrator import cluster, settings, supervisor
 from orchestrator.drivers import driver_alive, driver_gone, driver_starting, head, start_driver
 from orchestrator.grid import check_resources, expand, load_grid

@@ -22,10 +22,10 @@ import torch
 from ray import tune
 
 from experiments.common.costs import Costs
-from experiments.core.config import parse_config
+from experiments.common.result import RunResult
 from experiments.core.context import RunCancelled, RunContext
-from experiments.core.result import RunResult
 from experiments.core.tracking import MemoryTracker
+from experiments.keyed.config import parse_config
 from orchestrator.registry import Registry
 from orchestrator.registry.history import worker_name, worker_trial
 from orchestrator.status import RunStatus
@@ -136,7 +136,7 @@ def stage_hooks(claimed: dict[str, Any], checkpoints: str | None) -> dict[str, A
 
 
 def _default_run(cfg, ctx) -> RunResult:
-    from experiments.core.runner import run
+    from experiments.keyed.runner import run
 
     return run(cfg, ctx)
 

@@ -3,7 +3,7 @@ the same sweep (the same numbers, the same figure bytes), and examples/notebook.
 kernel (nbclient) and shows them.
 
 The sweep: 6 real tiny-bert head-gate runs (3 seeds x 2 lambdas, a few steps), run in this process
-as a trial runs them (claim, ``experiments.core.runner.run``, finish) into a real SQLite registry,
+as a trial runs them (claim, ``experiments.keyed.runner.run``, finish) into a real SQLite registry,
 without Ray; ``headsweep.submit`` through a real local Ray head is the slow test at the end.
 """
 
@@ -48,7 +48,7 @@ N_RUNS, LAYERS, HEADS = 6, 2, 4  # tiny-bert: 2 layers of 4 heads
 def tiny_sweep(tmp_path_factory) -> tuple[str, str]:
     """(registry URL, sweep id) of the GRID's runs, each run for real as a trial runs it."""
     from experiments.core.context import RunContext
-    from experiments.core.runner import run
+    from experiments.keyed.runner import run
     from orchestrator.grid import expand, parse_grid
 
     spec = parse_grid(GRID)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 CODE = """
 import sys
-import experiments, experiments.core.runner, experiments.methods, experiments.models, experiments.interventions.heads
+import experiments, experiments.keyed.runner, experiments.methods, experiments.models, experiments.interventions.heads
 bad = sorted(m for m in ("ray", "mlflow", "sqlalchemy") if m in sys.modules)
 print(",".join(bad))
 """
@@ -24,7 +24,7 @@ ANALYSIS = """
 import sys
 import analysis.cli, analysis.figure_plan, analysis.loading, analysis.queries, analysis.select
 import analysis.service, analysis.stats
-bad = sorted(m for m in ("torch", "mlflow", "experiments.methods", "experiments.core.runner", "experiments.models")
+bad = sorted(m for m in ("torch", "mlflow", "experiments.methods", "experiments.keyed.runner", "experiments.models")
              if m in sys.modules)
 print(",".join(bad))
 """
@@ -57,7 +57,7 @@ ANALYSIS_READS = {
 }
 """What analysis may import from the orchestrator: the registry's read side and where things are.
 Driver liveness, sweeps, the supervisor, MLflow: never (analysis reads what they recorded)."""
-ANALYSIS_VOCABULARY = ("experiments.common", "experiments.core.sections")
+ANALYSIS_VOCABULARY = ("experiments.common",)
 """What analysis may import from experiments: the plain vocabulary (naming, units, the mask and PNG
 formats, ConfigError), never training code."""
 UPWARD = {"orchestrator.cli": ("analysis.cli", "analysis.report")}
@@ -65,15 +65,15 @@ UPWARD = {"orchestrator.cli": ("analysis.cli", "analysis.report")}
 report (orchestrator/report.py logs it to MLflow) analysis's renderer."""
 
 EXPERIMENT_FLOORS = (
-    ("common",),
-    ("maths", "models", "tasks", "core.sections", "core.result"),  # pure maths, the model table, tasks, plain shapes
+    ("common",),  # naming, units, the mask and PNG formats, the plain config and result shapes
+    ("maths", "models", "tasks"),  # pure maths, the model table, tasks
     ("interventions",),  # what a method does to a model
-    ("core",),  # the run: state, loop, context, probing, debiasing, ...
+    ("core",),  # what every method uses: state, loop, context, precision, ...
+    ("components",),  # what several methods share: the fine-tuned stage, debiasing, probing, prompting
     ("methods",),
-    ("keyed",),  # core.config, config_keys, run_keys, runner: the keyed config and the runner
+    ("keyed",),  # config, config_keys, run_keys, runner: the keyed config and the runner
 )
 """Rooms of experiments/, lowest first: an import points to a lower floor or stays in its room."""
-_KEYED = ("core.config", "core.config_keys", "core.run_keys", "core.runner")
 
 
 def module_graph(root: Path, tops: tuple[str, ...] = TOPS) -> dict[str, set[str]]:
@@ -146,8 +146,7 @@ def _room(module: str) -> tuple[int, str] | None:
     rest = module.split(".", 1)[1] if "." in module else ""
     if not rest:
         return None
-    room = ("keyed" if _under(rest, _KEYED) else
-            next((r for r in ("core.sections", "core.result") if _under(rest, (r,))), rest.split(".")[0]))
+    room = rest.split(".")[0]
     return next(level for level, rooms in enumerate(EXPERIMENT_FLOORS) if room in rooms), room
 
 

@@ -13,7 +13,7 @@ checkpoint sees the same batches as one that never stopped.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 
 import torch
@@ -64,6 +64,14 @@ def take(split: Split, idx: torch.Tensor, device: str) -> Batch:
     return (split.input_ids[idx, :length].to(device), mask[:, :length].to(device), labels.to(device))
 
 
+def batches(split: Split, batch_size: int, device: str, n: int | None = None) -> Iterator[Batch]:
+    """The first ``n`` examples of ``split`` (None: all) in order, ``batch_size`` at a time, as ``take``
+    gives them: one pass for evaluation and statistics (training draws its own seeded order)."""
+    n = len(split) if n is None else n
+    for start in range(0, n, batch_size):
+        yield take(split, torch.arange(start, min(start + batch_size, n)), device)
+
+
 def forward_logits(encoder, decoder, input_ids, attention_mask, precision: str = "fp32") -> torch.Tensor:
     """Task logits (B, C) or (B, T, C): the decoder over the encoder's last hidden states.
 
@@ -87,11 +95,9 @@ def evaluate(encoder, decoder, split: Split, task, batch_size: int, device: str,
     encoder.eval()
     decoder.eval()
     logits_all, labels_all, losses = [], [], []
-    for start in range(0, len(split), batch_size):
-        idx = torch.arange(start, min(start + batch_size, len(split)))
-        ids, mask, labels = take(split, idx, device)
+    for ids, mask, labels in batches(split, batch_size, device):
         logits = forward_logits(encoder, decoder, ids, mask, precision)
-        losses.append(task_loss(logits, labels).item() * len(idx))
+        losses.append(task_loss(logits, labels).item() * len(ids))
         if labels.dim() == 2:  # pad back to a common length so batches concatenate
             pad = split.input_ids.shape[1] - labels.shape[1]
             logits = F.pad(logits, (0, 0, 0, pad))

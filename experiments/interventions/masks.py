@@ -81,7 +81,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from experiments.common.mask_format import pack_masks, read_masks
-from experiments.core.result import RunResult, UnitMap
+from experiments.common.result import RunResult, UnitMap
 from experiments.interventions.handles import Handle
 from experiments.models import architecture_of
 

@@ -1,12 +1,14 @@
 """The methods: one readable file each, a plain dict to find them (no decorator registry).
 
 A method module is the whole of a method (DESIGN.md decision 8); adding one is
-one file plus one line here, or one file named in ``HEADSWEEP_METHODS`` (below). It exposes:
+one file plus one line here, or one file named in ``HEADSWEEP_METHODS`` (below). It reads like a
+recipe over the rooms below it (experiments/components for what several methods share, core,
+interventions, maths, tasks) and never imports another method. It exposes:
 
 - ``VERSION``: bump it when its results, or a default of its ``Config``, would change;
 - ``PIPELINES``: its pipelines, the first the default (a method with more than one has
   a ``pipeline`` key in its ``Config``, defaulting to the first);
-- ``Config``: its own section, a subclass of ``experiments.core.sections.Section`` with a default
+- ``Config``: its own section, a subclass of ``experiments.common.sections.Section`` with a default
   and a description per key; a run config holds it under the method's name
   (``method: head_gates`` + ``head_gates: {lambda: 0.05}``);
 - ``SHORT_NAMES``: keys of its ``Config`` that grids and ``--set`` may write without the
@@ -25,7 +27,7 @@ one file plus one line here, or one file named in ``HEADSWEEP_METHODS`` (below).
 - ``stages(section)`` (optional): the upstream runs it starts from by default (head_gates' SP);
 - ``check(cfg)`` (optional): more validation of a whole run config, at submit (raises
   ``ConfigError`` naming the key; bias_only: the task must define bias features);
-- ``BIAS_MODEL = True`` (optional): its runs hand on a bias model (experiments/core/bias.py), so
+- ``BIAS_MODEL = True`` (optional): its runs hand on a bias model (experiments/components/bias.py), so
   they may fill a ``bias_model`` stage (bias_only);
 - ``extra_tasks(section)`` (optional): the task sections its runs read besides ``task``, by
   dotted key (multitask: ``{"multitask.tasks.0": TaskConfig}``): their data is checked at
@@ -110,9 +112,9 @@ def check_method(name: str, module: ModuleType) -> None:
         fail("VERSION must be a string and PIPELINES a non-empty tuple")
     config = module.Config
     if not (isinstance(config, type) and issubclass(config, BaseModel)):
-        fail("Config must be a pydantic model (subclass experiments.core.sections.Section)")
+        fail("Config must be a pydantic model (subclass experiments.common.sections.Section)")
     if config.model_config.get("extra") != "forbid" or not config.model_config.get("frozen"):
-        fail("Config must be frozen and forbid unknown keys (subclass experiments.core.sections.Section)")
+        fail("Config must be frozen and forbid unknown keys (subclass experiments.common.sections.Section)")
     keys = {field.alias or key: field for key, field in config.model_fields.items()}
     for short in getattr(module, "SHORT_NAMES", ()):
         if short not in keys or short in _RESERVED:
@@ -144,7 +146,7 @@ def from_env(environ: dict[str, str] | None = None) -> dict[str, ModuleType]:
     Raises ``ConfigError`` (one line, naming the variable and the module) when one cannot
     be imported, fails ``check_method``, or takes a name already used.
     """
-    from experiments.core.sections import ConfigError
+    from experiments.common.sections import ConfigError
 
     value = (os.environ if environ is None else environ).get(ENV_VAR, "")
     found: dict[str, ModuleType] = {}

@@ -46,11 +46,12 @@ import torch
 from pydantic import Field
 
 from experiments.common.naming import suggest
+from experiments.common.result import RunResult, UnitMap
+from experiments.common.sections import Section
+from experiments.components.finetuning import finetune_stage
+from experiments.components.probing import boundary_ids, pretrained, sentence_maps, ud_folder
 from experiments.core.context import RunContext
 from experiments.core.precision import autocast
-from experiments.core.probing import boundary_ids, pretrained, sentence_maps, ud_folder
-from experiments.core.result import RunResult, UnitMap
-from experiments.core.sections import Section
 from experiments.core.state import set_up
 from experiments.interventions.attention import record_attention
 from experiments.maths.probes import (
@@ -70,7 +71,6 @@ from experiments.maths.probes import (
     row_argmax,
     segments,
 )
-from experiments.methods import finetune
 from experiments.tasks.dependencies import FILES, UD_RELATIONS, arcs, load_ud_ewt, read_trees
 
 VERSION = "1"
@@ -100,7 +100,7 @@ class Config(Section):
 def stages(section: Config) -> dict[str, dict]:
     """A fine-tuned model to look at: a ``finetune`` run of the same model, task, seed and training
     settings (shared with head_gates' SP and the other analyses that start from it)."""
-    return finetune.stage(section.finetune_steps)
+    return finetune_stage(section.finetune_steps)
 
 
 def check(cfg) -> None:

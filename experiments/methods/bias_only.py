@@ -11,8 +11,8 @@ Reports ``accuracy`` and ``loss`` on dev and ``<metric>/<set>`` on each extra ev
 (the shortcut's rate in and out of distribution), ``train_accuracy``, ``train_loss``, every
 ``train.eval_every`` steps and at the end; no maps (it has no model units). The encoder is
 never loaded: only the model's tokenizer, which the task's loader needs. Its weights go on
-(``ctx.save_weights``) as ``decoders.bias.*`` (experiments/core/bias.py), what a dependant's
-``bias_model: {method: bias_only}`` stage reads with ``experiments.core.bias.bias_probs``.
+(``ctx.save_weights``) as ``decoders.bias.*`` (experiments/components/bias.py), what a dependant's
+``bias_model: {method: bias_only}`` stage reads with ``experiments.components.bias.bias_probs``.
 
 Named ``bias_only``, not ``bias_model``: ``bias_model`` is the stage role (a top-level key of
 every run config). Runs of a task that defines no bias features fail at validation.
@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from experiments.core.bias import BiasModel
+from experiments.common.result import RunResult
+from experiments.common.sections import ConfigError, Section
+from experiments.components.bias import BiasModel
 from experiments.core.context import RunContext
-from experiments.core.result import RunResult
-from experiments.core.sections import ConfigError, Section
 from experiments.core.seeding import derive_seed
 from experiments.core.state import adam
 from experiments.maths.losses import task_loss
@@ -39,7 +39,7 @@ VERSION = "1"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
 BIAS_MODEL = True
-"""Its runs may fill a ``bias_model`` stage: they hand on a bias model (experiments/core/bias.py)."""
+"""Its runs may fill a ``bias_model`` stage: they hand on a bias model (experiments/components/bias.py)."""
 
 
 class Config(Section):

@@ -4,7 +4,7 @@ AdamW on encoder and decoder with linear warm-up and decay; evaluates every
 ``train.eval_every`` steps. It learns no gates, so it reports no maps; its
 ``open_heads`` is every head. ``loss`` picks the objective: cross-entropy, or a
 debiasing loss with a bias model (and, for ``conf_reg``, a teacher) as stages
-(experiments/core/debias.py).
+(experiments/components/debias.py).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
+from experiments.common.result import RunResult
+from experiments.common.sections import Section
+from experiments.components.debias import LOSSES, check_loss, loss_stages, objective
 from experiments.core.context import RunContext
-from experiments.core.debias import LOSSES, check_loss, loss_stages, objective
 from experiments.core.loop import forward_logits, num_steps, train_steps, update
-from experiments.core.result import RunResult
-from experiments.core.sections import Section
 from experiments.core.state import fine_tuning, set_up
 
 VERSION = "1"
@@ -30,18 +30,8 @@ class Config(Section):
     loss: str = Field("ce", description="Training objective: " + "; ".join(f"{k}: {v}" for k, v in LOSSES.items()) + ".")
 
 
-def stage(steps: int | None = None) -> dict[str, dict]:
-    """The ``init_from`` stage of a method that starts from a fine-tuned model (head_gates' SP, the
-    head analyses): a ``finetune`` run of the same model, task, seed and training settings, or of
-    ``steps`` training steps; shared by every cell that differs only in the dependant's own keys."""
-    upstream: dict = {"method": "finetune"}
-    if steps is not None:
-        upstream["train"] = {"max_steps": steps}
-    return {"init_from": upstream}
-
-
 def stages(section: Config) -> dict[str, dict]:
-    """A debiasing loss starts from a bias model (and conf_reg a teacher): experiments/core/debias.py."""
+    """A debiasing loss starts from a bias model (and conf_reg a teacher): experiments/components/debias.py."""
     return loss_stages(section.loss)
 
 

@@ -28,13 +28,13 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from experiments.common.result import RunResult, UnitMap
+from experiments.common.sections import Section
+from experiments.components.finetuning import finetune_stage
 from experiments.core.context import RunContext
 from experiments.core.loop import evaluate
-from experiments.core.result import RunResult, UnitMap
-from experiments.core.sections import Section
 from experiments.core.state import RunState, set_up
 from experiments.interventions.attention import disable_heads
-from experiments.methods import finetune
 from experiments.tasks import Split
 
 VERSION = "1"
@@ -53,7 +53,7 @@ class Config(Section):
 def stages(section: Config) -> dict[str, dict]:
     """A fine-tuned model to ablate: a ``finetune`` run of the same model, task, seed and training
     settings (shared with head_gates' SP and the other analyses that start from it)."""
-    return finetune.stage(section.finetune_steps)
+    return finetune_stage(section.finetune_steps)
 
 
 def run(cfg, ctx: RunContext) -> RunResult:

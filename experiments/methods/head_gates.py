@@ -38,17 +38,17 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from experiments.common.result import RunResult, UnitMap
+from experiments.common.sections import Section
+from experiments.components.finetuning import finetune_stage
 from experiments.core.context import RunContext
 from experiments.core.loop import evaluate_all, forward_logits, num_steps, train_steps, update
-from experiments.core.result import RunResult, UnitMap
-from experiments.core.sections import Section
 from experiments.core.seeding import generator
 from experiments.core.state import adam, fine_tuning, set_up
 from experiments.interventions.gates import HeadGates
 from experiments.interventions.heads import attach_head_gates
 from experiments.maths.hard_concrete import eval_gates, l0_penalty, open_heads, prob_open
 from experiments.maths.losses import task_loss
-from experiments.methods import finetune
 
 VERSION = "2"  # 2: sparsity evaluates z * keep (learned gates stay heads.gate); SP starts from a finetune stage
 PIPELINES = ("dp", "sp")
@@ -83,7 +83,7 @@ def stages(section: Config) -> dict[str, dict]:
     from a fine-tuned model, a ``finetune`` run of the same model, task, seed and training
     settings (``sp_finetune_steps`` steps if set), shared by every SP cell that differs only in
     head_gates' keys (lambda, lr, sparsity). A config's own ``init_from`` wins."""
-    return finetune.stage(section.sp_finetune_steps) if section.pipeline == "sp" else {}
+    return finetune_stage(section.sp_finetune_steps) if section.pipeline == "sp" else {}
 
 
 def run(cfg, ctx: RunContext) -> RunResult:

@@ -52,10 +52,11 @@ from typing import Any
 import torch
 from pydantic import Field, field_validator
 
+from experiments.common.result import RunResult, UnitMap
+from experiments.common.sections import Section
+from experiments.components.finetuning import finetune_stage
 from experiments.core.context import RunContext
-from experiments.core.loop import evaluate_all, forward_logits, take
-from experiments.core.result import RunResult, UnitMap
-from experiments.core.sections import Section
+from experiments.core.loop import batches, evaluate_all, forward_logits
 from experiments.core.state import RunState, set_up
 from experiments.interventions.heads import attach_head_gates, attach_token_gates
 from experiments.maths.head_importance import (
@@ -66,7 +67,6 @@ from experiments.maths.head_importance import (
     pruning_counts,
 )
 from experiments.maths.losses import task_loss
-from experiments.methods import finetune
 
 VERSION = "2"  # 2: |dL/dxi| per example and token (was: of the batch mean); 5 % steps, ranking fixed,
 # floor counts, all training examples by default (the reference's protocol)
@@ -101,7 +101,7 @@ class Config(Section):
 def stages(section: Config) -> dict[str, dict]:
     """A fine-tuned model to score: a ``finetune`` run of the same model, task, seed and training
     settings (shared with head_gates' SP and the other analyses that start from it)."""
-    return finetune.stage(section.finetune_steps)
+    return finetune_stage(section.finetune_steps)
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
@@ -167,8 +167,7 @@ def head_importance(state: RunState, keep: torch.Tensor, examples: int | None, n
     xi = keep.to(state.device, torch.float32)
     total, tokens = torch.zeros_like(xi), 0
     sequence_level = split.labels.dim() == 1  # its decoder reads [CLS]: the last layer reaches the loss there only
-    for start in range(0, n, batch_size):
-        ids, mask, labels = take(split, torch.arange(start, min(start + batch_size, n)), state.device)
+    for ids, mask, labels in batches(split, batch_size, state.device, n):
         grads = token_gradients(state.encoder, state.decoder, ids, mask, labels, xi, state.precision)  # (L, B, T, H)
         total += torch.stack([abs_token_sum(layer, mask) for layer in grads])
         tokens += int(mask.sum())

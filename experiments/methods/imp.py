@@ -26,7 +26,7 @@ Pipelines (DESIGN.md "pipeline"):
   ``BertForSequenceClassification``, the classifier reads the pooler, which is pruned with the
   other matrices (``pooler``; BERT/RoBERTa and sentence tasks; ``masks.read_pooler``).
 
-``loss`` is any objective of experiments/core/debias.py. Reports the evaluation metrics of the
+``loss`` is any objective of experiments/components/debias.py. Reports the evaluation metrics of the
 final model, ``sparsity`` (realised), the mask's density maps (``heads.mask_density``,
 ``neurons.mask_density``, ``weights.mask_density``) and the mask as ``masks.npz``.
 """
@@ -37,11 +37,11 @@ import torch
 from pydantic import Field, field_validator
 from torch import nn
 
+from experiments.common.result import RunResult
+from experiments.common.sections import Section
+from experiments.components.debias import LOSSES, check_loss, loss_stages, objective
 from experiments.core.context import RunContext
-from experiments.core.debias import LOSSES, check_loss, loss_stages, objective
 from experiments.core.loop import forward_logits, num_steps, train_steps, update
-from experiments.core.result import RunResult
-from experiments.core.sections import Section
 from experiments.core.state import fine_tuning, set_up
 from experiments.interventions.masks import (
     attach_masks,
@@ -95,7 +95,7 @@ class Config(Section):
 
 def stages(section: Config) -> dict[str, dict]:
     """ft_then_prune starts from a fine-tune; prune_then_ft with ``rewind_steps`` from an early one;
-    a debiasing loss from a bias model (and a teacher): experiments/core/debias.py."""
+    a debiasing loss from a bias model (and a teacher): experiments/components/debias.py."""
     upstreams = loss_stages(section.loss)
     if section.pipeline == "ft_then_prune":
         upstreams["init_from"] = {"method": "finetune"}

@@ -28,7 +28,7 @@ Pipelines (DESIGN.md "pipeline"):
   pooler, and the subnetwork is fine-tuned from the pretrained values with an unmasked
   classifier (AdamW, warm-up and decay; the reference's retraining: ``--mask_classifier false``).
 
-``loss`` is any objective of experiments/core/debias.py (its bias model and teacher are stages).
+``loss`` is any objective of experiments/components/debias.py (its bias model and teacher are stages).
 
 Reports the evaluation metrics (per evaluation set), ``sparsity`` (realised, over every
 masked weight), and maps of the fraction of weights kept: ``heads.mask_density`` (L, H),
@@ -43,11 +43,11 @@ from typing import Any
 import torch
 from pydantic import Field, model_validator
 
+from experiments.common.result import RunResult
+from experiments.common.sections import Section
+from experiments.components.debias import LOSSES, check_loss, loss_stages, objective
 from experiments.core.context import RunContext
-from experiments.core.debias import LOSSES, check_loss, loss_stages, objective
 from experiments.core.loop import forward_logits, num_steps, train_steps, update
-from experiments.core.result import RunResult
-from experiments.core.sections import Section
 from experiments.core.state import adam, fine_tuning, set_up, upstream_weights
 from experiments.interventions.masks import (
     MaskScores,
@@ -108,7 +108,7 @@ class Config(Section):
 
 def stages(section: Config) -> dict[str, dict]:
     """ft_then_prune starts from a fine-tune; prune_then_ft from the prune_only run of the same
-    keys (its mask); a debiasing loss from a bias model (and a teacher): experiments/core/debias.py."""
+    keys (its mask); a debiasing loss from a bias model (and a teacher): experiments/components/debias.py."""
     upstreams = loss_stages(section.loss)
     if section.pipeline == "ft_then_prune":
         upstreams["init_from"] = {"method": "finetune"}

@@ -61,6 +61,8 @@ from pydantic import Field
 from torch import nn
 
 from experiments.common.naming import suggest
+from experiments.common.result import RunResult, UnitMap
+from experiments.common.sections import ConfigError, Section, TaskConfig
 from experiments.core.context import RunContext
 from experiments.core.loop import (
     batch_indices,
@@ -71,8 +73,6 @@ from experiments.core.loop import (
     train_steps,
     update,
 )
-from experiments.core.result import RunResult, UnitMap
-from experiments.core.sections import ConfigError, Section, TaskConfig
 from experiments.core.seeding import derive_seed, generator
 from experiments.core.state import adam, adamw, set_up
 from experiments.interventions.gates import HeadGates

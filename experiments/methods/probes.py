@@ -41,10 +41,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
+from experiments.common.result import RunResult, UnitMap
+from experiments.common.sections import Section
+from experiments.components.probing import sentence_maps, stage_encoder, ud_folder
 from experiments.core.context import RunContext
-from experiments.core.probing import sentence_maps, stage_encoder, ud_folder
-from experiments.core.result import RunResult, UnitMap
-from experiments.core.sections import Section
 from experiments.maths.probes import (
     class_centroids,
     dep_probe_hits,

@@ -22,7 +22,7 @@ task's prompt read by the other's read-out kept 0.97-1.0 of its accuracy. A froz
 to the prompt, as the paper's MLM head does: the setting for transfer (examples/grid_skill_transfer.yaml).
 
 Each prompt's skill neurons are found again from its handed-on weights on its own task's
-data by ``skill_neurons.find_skill_neurons`` (deterministic: the predictivity of its
+data by ``prompting.find_skill_neurons`` (deterministic: the predictivity of its
 ``skill_neurons.npz``; a stage hands on weights, not artifacts), and selected per layer as the
 reference's ``finfo`` does (``predictivity.skill_neuron_mask``). Reports:
 
@@ -30,7 +30,7 @@ reference's ``finfo`` does (``predictivity.skill_neuron_mask``). Reports:
   baseline of the noise metrics below; the target run's own final ``accuracy``).
 - ``transfer_accuracy``: zero-shot prompt transfer, the source prompt read by the target's
   read-out on the target's dev set. The read-out standardises the state it reads (a BatchNorm
-  without parameters, ``skill_neurons.Readout``) with statistics of the prompt it was trained
+  without parameters, ``prompting.Readout``) with statistics of the prompt it was trained
   with; another prompt moves that state by many of its standard deviations, and the read-out
   would give one class to every sentence. So the statistics are re-estimated, without labels,
   on the target's training sentences under the prompt being read (as
@@ -50,7 +50,7 @@ reference's ``finfo`` does (``predictivity.skill_neuron_mask``). Reports:
 - ``accuracy_noise_source_top_<f>`` / ``accuracy_noise_source_random_<f>``: the target prompt on
   its own task with Gaussian noise N(0, ``noise_std``^2) (one draw per sequence) on the SOURCE
   prompt's skill neurons, the top ``max(1, int(f * I))`` of each layer, vs on as many random
-  neurons per layer, ``f`` in ``perturb_fractions``: ``skill_neurons.perturbation_check`` with the
+  neurons per layer, ``f`` in ``perturb_fractions``: ``prompting.perturbation_check`` with the
   source's predictivity and the
   target run's noise and random draws, so a diagonal cell with the stages' ``noise_std`` and
   fractions repeats the target run's own check, and with others perturbs each prompt's own top
@@ -70,22 +70,22 @@ import torch
 from pydantic import Field
 
 from experiments.common.naming import suggest
-from experiments.core.context import RunContext
-from experiments.core.loop import evaluate, forward_logits, take
-from experiments.core.result import RunResult
-from experiments.core.sections import ConfigError, Section
-from experiments.core.state import RunState, upstream_weights
-from experiments.interventions.neurons import capture_ffn
-from experiments.maths.predictivity import skill_neuron_mask
-from experiments.maths.transfer import chance_overlap, overlap
-from experiments.methods.skill_neurons import Config as SkillNeurons
-from experiments.methods.skill_neurons import (
+from experiments.common.result import RunResult
+from experiments.common.sections import ConfigError, Section
+from experiments.components.prompting import (
     Fractions,
     PromptedEncoder,
+    SkillNeuronsConfig,
     build,
     find_skill_neurons,
     perturbation_check,
 )
+from experiments.core.context import RunContext
+from experiments.core.loop import batches, evaluate, forward_logits
+from experiments.core.state import RunState, upstream_weights
+from experiments.interventions.neurons import capture_ffn
+from experiments.maths.predictivity import skill_neuron_mask
+from experiments.maths.transfer import chance_overlap, overlap
 from experiments.models import RANDOM_PREFIX, load_tokenizer
 
 VERSION = "2"
@@ -106,8 +106,8 @@ class Config(Section):
         "...): the source stage is skill_neurons on that task, the target's file keys reset. None = this run's "
         "own task, or the source stage written in the config (source: {method: skill_neurons, task: {...}}, "
         "e.g. a task from your files).")
-    skill_neurons: SkillNeurons = Field(
-        default_factory=SkillNeurons, description="The keys of both prompts' skill_neurons runs, its stages "
+    skill_neurons: SkillNeuronsConfig = Field(
+        default_factory=SkillNeuronsConfig, description="The keys of both prompts' skill_neurons runs, its stages "
         "(prompt_transfer.skill_neurons.verbalizer, ...): how the prompts train, and the stages' own checks.")
     noise_std: float = Field(0.1, ge=0, description="Std of the Gaussian noise on the source's top neurons (paper: "
                              "0.1); evaluation only: another value trains no prompt again.")
@@ -244,9 +244,7 @@ def calibrated_accuracy(model: PromptedEncoder, state: RunState) -> float:
     readout.norm.reset_running_stats()
     readout.norm.momentum = None  # running statistics = the plain average over the batches
     readout.train()
-    split, batch_size = state.data.train, state.cfg.train.batch_size
-    for start in range(0, len(split), batch_size):
-        ids, mask, _ = take(split, torch.arange(start, min(start + batch_size, len(split))), state.device)
+    for ids, mask, _ in batches(state.data.train, state.cfg.train.batch_size, state.device):
         forward_logits(model, readout, ids, mask, state.precision)
     return _accuracy(model, readout, state)
 

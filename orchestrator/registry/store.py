@@ -26,7 +26,7 @@ from orchestrator.registry.stages import StageGraph, dag_summary, edge_rows, wit
 from orchestrator.status import RunStatus, SweepStatus
 
 if TYPE_CHECKING:  # type hints only: parsing configs (and importing the methods) is the caller's
-    from experiments.core.config import RunConfig
+    from experiments.keyed.config import RunConfig
 
 _LIVE_SWEEP = (SweepStatus.SUBMITTED, SweepStatus.RUNNING)
 LAST = "last"

@@ -19,7 +19,7 @@ from scipy.stats import spearmanr
 from analysis import cli, compare, figure_plan, select
 from analysis.loading import from_runs, load_sweep
 from analysis.select import QueryError
-from experiments.core.sections import ConfigError
+from experiments.common.sections import ConfigError
 from orchestrator.registry import Registry
 
 L, K = 6, 12
@@ -296,7 +296,7 @@ def methods_sweep(tmp_path_factory):
     """A registry sweep of head_gates SP and imp runs that start from the same fine-tunes (2 tasks x
     3 seeds): log_alpha (head_gates) and importance (imp) share a per-(task, seed) profile, and the
     ablation delta is its negation; imp runs also store a layers map."""
-    from experiments.core.config import parse_config
+    from experiments.keyed.config import parse_config
 
     rng = np.random.default_rng(11)
     url = f"sqlite:///{tmp_path_factory.mktemp('compare') / 'registry.db'}"

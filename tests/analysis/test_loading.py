@@ -10,7 +10,7 @@ import pytest
 
 from analysis.loading import clear_cache, load_sweep
 from analysis.select import QueryError
-from experiments.core.result import UnitMap
+from experiments.common.result import UnitMap
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry import Registry
 

@@ -9,7 +9,7 @@ from analysis.loading import load_sweep
 from analysis.masks import mask_iou
 from analysis.select import QueryError
 from experiments.common.mask_format import pack_masks
-from experiments.core.config import parse_config
+from experiments.keyed.config import parse_config
 from orchestrator.registry import Registry
 
 LAYERS, HEADS, HIDDEN = 2, 4, 8

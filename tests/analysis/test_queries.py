@@ -469,7 +469,7 @@ def test_figure_plan_covers_every_kind(data):
 @pytest.mark.postgres
 def test_load_and_cache_on_postgresql(fresh_pg_database, count_selects):
     """No commit counter on PostgreSQL: every load runs the version query, and a finish shows."""
-    from experiments.core.config import parse_config
+    from experiments.keyed.config import parse_config
 
     configs = [parse_config({"model": "minilm-l6", "seed": s, "task": {"name": t}})
                for t in (CLS, TAG) for s in (0, 1, 2)]

@@ -18,7 +18,7 @@ from schemathesis import GenerationMode
 from analysis import queries
 from analysis.loading import load_sweep
 from analysis.service import build_app
-from experiments.core.result import UnitMap
+from experiments.common.result import UnitMap
 from orchestrator.registry import Registry
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -38,7 +38,7 @@ def _mask_sweep(url: str, store: str) -> str:
     """A mask_train sweep (3 seeds) in the registry at ``url``, each run's ``masks.npz`` in the checkpoint
     store ``store``; the seeds share 80 % of a base mask (so their IoU is well above chance)."""
     from experiments.common.mask_format import pack_masks
-    from experiments.core.config import parse_config
+    from experiments.keyed.config import parse_config
     from orchestrator.checkpoints import CheckpointStore
 
     rng = np.random.default_rng(0)
@@ -386,7 +386,7 @@ def every_kind_sweep(tmp_path_factory):
     """(url, sweep id) of a registry sweep with a figure of every kind: head_gates SP (2 lambdas x 3 seeds)
     and head_importance (3 seeds, a pruning curve) runs that start from the same 3 fine-tunes, and
     skill_neurons runs (3 seeds)."""
-    from experiments.core.config import parse_config
+    from experiments.keyed.config import parse_config
 
     rng = np.random.default_rng(5)
     url = f"sqlite:///{tmp_path_factory.mktemp('every_kind') / 'registry.db'}"

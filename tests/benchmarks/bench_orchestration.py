@@ -29,7 +29,7 @@ from _bench import at_most, emit, finish
 
 
 def trivial_run(cfg, ctx):
-    from experiments.core.result import RunResult, UnitMap
+    from experiments.common.result import RunResult, UnitMap
 
     ones = np.ones((2, 4), dtype=np.float32)
     return RunResult(cfg.run_key, cfg.group_key, {"accuracy": 1.0}, {"heads.gate": UnitMap(ones, "heads", "test")}, steps=1)

@@ -41,7 +41,7 @@ TINY_GRID = {
 
 def minilm_setup(args) -> None:
     from experiments.common.costs import Costs, active
-    from experiments.core.sections import TaskConfig
+    from experiments.common.sections import TaskConfig
     from experiments.models import load_backbone
     from experiments.tasks.cache import load_task
 

@@ -18,8 +18,8 @@ import uuid
 import numpy as np
 from pydantic import Field
 
-from experiments.core.result import RunResult, UnitMap
-from experiments.core.sections import Section
+from experiments.common.result import RunResult, UnitMap
+from experiments.common.sections import Section
 from experiments.core.seeding import derive_seed
 
 NAME = "gpu_sleep"

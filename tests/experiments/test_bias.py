@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from experiments import RunContext, run
-from experiments.core.bias import PREFIX, BiasModel, bias_probs, probs_of
-from experiments.core.config import parse_config
-from experiments.core.sections import ConfigError, TaskConfig
+from experiments.common.sections import ConfigError, TaskConfig
+from experiments.components.bias import PREFIX, BiasModel, bias_probs, probs_of
 from experiments.core.tracking import MemoryTracker
+from experiments.keyed.config import parse_config
 from experiments.methods import METHODS
 from experiments.tasks import TASKS, bias_feature_names, classification
 from orchestrator.grid import expand, parse_grid

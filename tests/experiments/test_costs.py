@@ -6,9 +6,9 @@ import pytest
 
 from experiments.common import costs as costs_module
 from experiments.common.costs import PARTS, Costs, active, timed
-from experiments.core.config import parse_config
 from experiments.core.context import RunContext
-from experiments.core.runner import run
+from experiments.keyed.config import parse_config
+from experiments.keyed.runner import run
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from experiments import parse_config
-from experiments.core.debias import loss_stages
-from experiments.core.sections import ConfigError
+from experiments.common.sections import ConfigError
+from experiments.components.debias import loss_stages
 
 TINY = {
     "model": "tiny-bert", "method": "finetune",

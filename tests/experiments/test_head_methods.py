@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config
+from experiments.common.sections import ConfigError
 from experiments.core.loop import evaluate, evaluate_all, forward_logits
-from experiments.core.sections import ConfigError
 from experiments.core.state import RunState, build_decoder, set_up
 from experiments.core.tracking import MemoryTracker
 from experiments.interventions.attention import disable_heads

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from experiments import parse_config
-from experiments.core.sections import ConfigError
+from experiments.common.sections import ConfigError
 from experiments.core.tracking import MemoryTracker
 from experiments.interventions.masks import unpack_masks
 

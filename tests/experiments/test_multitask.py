@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config
-from experiments.core.sections import ConfigError
+from experiments.common.sections import ConfigError
 from experiments.core.seeding import generator
 from experiments.core.state import set_up
 from experiments.core.tracking import MemoryTracker

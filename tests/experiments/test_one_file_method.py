@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from experiments import RunContext, run
-from experiments.core.config import apply_overrides, parse_config
-from experiments.core.sections import ConfigError
+from experiments.common.sections import ConfigError
 from experiments.core.tracking import MemoryTracker
+from experiments.keyed.config import apply_overrides, parse_config
 from experiments.methods import METHODS
 from orchestrator.grid import expand, parse_grid
 

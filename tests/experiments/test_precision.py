@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from experiments import RunContext, parse_config, run
+from experiments.common.sections import ConfigError
 from experiments.core.loop import evaluate_all, forward_logits, take, update
 from experiments.core.precision import autocast, check_precision, grad_scaler
-from experiments.core.sections import ConfigError
 from experiments.core.state import set_up
 from experiments.core.tracking import MemoryTracker
 from experiments.interventions.gates import HeadGates
@@ -67,8 +67,8 @@ def test_precision_is_a_train_key_whose_default_keeps_every_run_key():
 
 
 def test_the_key_is_documented_in_headsweep_methods(capsys):
-    from experiments.core import config_keys
-    from experiments.core.config import RunConfig
+    from experiments.keyed import config_keys
+    from experiments.keyed.config import RunConfig
     from orchestrator.cli import main
 
     assert main(["methods", "finetune", "--shared"]) == 0
@@ -243,8 +243,8 @@ def _run_chains(configs, linear_dtypes: dict):
 @pytest.fixture
 def _no_pngs(monkeypatch):
     """Skip drawing (about 1 s a figure here): the methods' own tests look at their PNGs."""
-    monkeypatch.setattr("experiments.core.runner.map_png", lambda *args, **kwargs: b"")
-    monkeypatch.setattr("experiments.core.runner.gate_map_png", lambda *args, **kwargs: b"")
+    monkeypatch.setattr("experiments.keyed.runner.map_png", lambda *args, **kwargs: b"")
+    monkeypatch.setattr("experiments.keyed.runner.gate_map_png", lambda *args, **kwargs: b"")
     for name in ("_perturbation_png", "_by_layer_png"):
         monkeypatch.setattr(f"experiments.methods.skill_neurons.{name}", lambda *args, **kwargs: b"")
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from experiments import parse_config
-from experiments.core.sections import ConfigError
+from experiments.common.sections import ConfigError
 from experiments.core.tracking import MemoryTracker
 from experiments.maths.probes import PATTERNS
 from experiments.tasks import dependencies
@@ -28,7 +28,7 @@ def _one_thread():
 def _no_pngs(monkeypatch):
     """Skip drawing the maps (~1 s each on this machine; these runs report up to 18): the test that
     checks the PNGs draws them."""
-    monkeypatch.setattr("experiments.core.runner.map_png", lambda *args, **kwargs: b"")
+    monkeypatch.setattr("experiments.keyed.runner.map_png", lambda *args, **kwargs: b"")
 
 
 CONLLU = """# sent_id = 1

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config, run
-from experiments.core.config import apply_overrides
-from experiments.core.sections import ConfigError
+from experiments.common.sections import ConfigError
 from experiments.core.tracking import MemoryTracker
+from experiments.keyed.config import apply_overrides
 from experiments.maths.transfer import chance_overlap, overlap
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry.stages import with_upstreams

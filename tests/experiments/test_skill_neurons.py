@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config
+from experiments.common.sections import ConfigError
+from experiments.components import prompting
 from experiments.core.loop import evaluate_all, forward_logits, update
-from experiments.core.sections import ConfigError
 from experiments.core.seeding import derive_seed
 from experiments.core.tracking import MemoryTracker
 from experiments.interventions.neurons import capture_ffn, perturb_neurons
@@ -44,7 +45,7 @@ def test_the_prompt_alone_learns_through_the_frozen_backbone():
     """A frozen verbalizer (random words) and a fixed batch in eval mode: only the prompt trains,
     and the loss falls. (On a tiny random model the prompt finds the batch's label balance, not
     much more: its whole lever is where the prompt positions attend. Still, nothing else moves.)"""
-    state, model, optimizer = skill_neurons.build(_cfg(verbalizer="random_words", lr=0.01), RunContext())
+    state, model, optimizer = prompting.build(_cfg(verbalizer="random_words", lr=0.01), RunContext())
     state.train(False)  # no dropout, the read-out's running statistics fixed: a deterministic loss
     ids, mask, labels = state.data.train.input_ids[:16], state.data.train.attention_mask[:16], state.data.train.labels[:16]
     assert not [name for name, p in state.encoder.named_parameters() if p.requires_grad]
@@ -93,7 +94,7 @@ def test_a_run_leaves_the_backbone_and_maps_layers_by_neurons(run_chain, model):
 
 def test_noise_changes_only_the_chosen_neurons_and_no_neurons_change_nothing():
     cfg = _cfg(noise_std=0.5)
-    state, model, _ = skill_neurons.build(cfg, RunContext())
+    state, model, _ = prompting.build(cfg, RunContext())
     state.train(False)
     ids, mask = state.data.dev.input_ids[:6], state.data.dev.attention_mask[:6]
     with torch.no_grad(), capture_ffn(state.encoder) as capture:
@@ -125,10 +126,10 @@ def test_noise_changes_only_the_chosen_neurons_and_no_neurons_change_nothing():
         torch.testing.assert_close(capture.take(), clean[:, 1:3])
     # the perturbation check's evaluation: no neurons, or zero noise, is the plain accuracy
     plain = evaluate_all(state, model)["accuracy"]
-    assert skill_neurons.noisy_accuracy(model, state, {}, 0.5) == plain
-    assert skill_neurons.noisy_accuracy(model, state, {0: torch.tensor([]), 1: torch.tensor([], dtype=torch.long)},
+    assert prompting.noisy_accuracy(model, state, {}, 0.5) == plain
+    assert prompting.noisy_accuracy(model, state, {0: torch.tensor([]), 1: torch.tensor([], dtype=torch.long)},
                                         0.5) == plain
-    assert skill_neurons.noisy_accuracy(model, state, {1: torch.arange(64)}, 0.0) == plain
+    assert prompting.noisy_accuracy(model, state, {1: torch.arange(64)}, 0.0) == plain
 
 
 def test_three_classes_from_a_file_on_another_family_are_binarize_s_two_subtasks(run_chain, tmp_path):
@@ -164,7 +165,7 @@ def test_random_words_follow_word_seed():
 
     tokenizer, words = load_tokenizer("tiny-bert"), []
     for word_seed in (None, 0, 1):
-        state, _, _ = skill_neurons.build(_cfg(verbalizer="random_words", word_seed=word_seed), RunContext())
+        state, _, _ = prompting.build(_cfg(verbalizer="random_words", word_seed=word_seed), RunContext())
         words.append(state.values["label_words"])
         rows = state.encoder.get_input_embeddings().weight[tokenizer.convert_tokens_to_ids(words[-1])]
         torch.testing.assert_close(state.decoder.words, rows / rows.norm(dim=1, keepdim=True))  # unit embeddings
@@ -221,7 +222,7 @@ def test_parity_noise_is_the_reference_s_one_draw_per_sequence():
     for every layer of ``range(lowlayer, highlayer)`` (all), ``cmask`` the layer's row of the skill-neuron
     mask. With the same generator state ours gives the same activations, bit for bit. (7da99f0 drew
     ``randn((B, T, k))``: another draw at every token.)"""
-    state, model, _ = skill_neurons.build(_cfg(), RunContext())
+    state, model, _ = prompting.build(_cfg(), RunContext())
     state.train(False)
     ids, mask = state.data.dev.input_ids[:5], state.data.dev.attention_mask[:5]
     pmask = torch.zeros(2, 64, dtype=torch.bool)
@@ -270,9 +271,9 @@ def test_parity_pruning_folds_the_prompt_position_training_means(monkeypatch):
 
     monkeypatch.setattr(skill_neurons, "pruned_metrics", spy)
     cfg = _cfg(prune_fraction=0.1, perturb_fractions=[0.1])
-    state, model, _ = skill_neurons.build(cfg, RunContext())
+    state, model, _ = prompting.build(cfg, RunContext())
     state.train(False)
-    found = skill_neurons.find_skill_neurons(model, state)
+    found = prompting.find_skill_neurons(model, state)
     skill_neurons._pruned(model, state, found, cfg.section)
     # the reference's probe_avg, batch by batch over the training set: sum of hidden[k][:, :prompt_size] / N
     ths = torch.zeros(2, 4, 64, dtype=torch.float64)

@@ -9,9 +9,9 @@ import torch
 import yaml
 
 from experiments import RunContext, run
-from experiments.core.config import parse_config
-from experiments.core.sections import ConfigError, TaskConfig, read_yaml
+from experiments.common.sections import ConfigError, TaskConfig, read_yaml
 from experiments.core.tracking import MemoryTracker
+from experiments.keyed.config import parse_config
 from experiments.tasks import TASKS, classification, sources, tagging
 from experiments.tasks._common import IGNORE_INDEX
 

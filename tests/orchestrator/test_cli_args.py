@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from experiments.core.config import parse_config
+from experiments.keyed.config import parse_config
 from orchestrator import cli
 from orchestrator.registry import LAST, NotFound, Registry
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.core.config import parse_config
+from experiments.keyed.config import parse_config
 from orchestrator import settings
 from orchestrator.cli import main as headsweep
 from orchestrator.registry import Registry

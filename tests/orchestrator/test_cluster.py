@@ -16,7 +16,7 @@ import pytest
 import ray
 import yaml
 
-from experiments.core.result import RunResult, UnitMap
+from experiments.common.result import RunResult, UnitMap
 from orchestrator import cluster, settings, supervisor, tracking
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry import Registry, history

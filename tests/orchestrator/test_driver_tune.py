@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import ray
 
-from experiments.core.result import RunResult, UnitMap
+from experiments.common.result import RunResult, UnitMap
 from orchestrator.driver import execute_sweep
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry import Registry

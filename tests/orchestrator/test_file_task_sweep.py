@@ -13,7 +13,7 @@ import pytest
 import ray
 import yaml
 
-from experiments.core.sections import read_yaml
+from experiments.common.sections import read_yaml
 from orchestrator import tracking
 from orchestrator.driver import execute_sweep
 from orchestrator.grid import expand, parse_grid

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 import orchestrator.grid as grid
-from experiments.core.config import parse_config
-from experiments.core.sections import ConfigError
+from experiments.common.sections import ConfigError
+from experiments.keyed.config import parse_config
 from orchestrator.grid import Resources, check_resources, expand, load_grid, parse_grid
 
 

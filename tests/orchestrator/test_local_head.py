@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.core.runner import source_hash
+from experiments.keyed.runner import source_hash
 from orchestrator import cluster
 
 pytestmark = pytest.mark.ray
@@ -195,7 +195,7 @@ def test_a_sweep_submitted_from_checkout_b_runs_b_code_on_a_head(head_a, tmp_pat
     with open(checkout_b / "experiments" / "__init__.py", "a") as init:
         init.write('\nCHECKOUT_MARKER = "B"\n')
     env = os.environ | cluster.LOCAL_ENV | {"HEADSWEEP_HOME": str(head_a["home"]), "PYTHONPATH": str(checkout_b)}
-    hash_b = subprocess.run([sys.executable, "-c", "from experiments.core.runner import source_hash; print(source_hash())"],
+    hash_b = subprocess.run([sys.executable, "-c", "from experiments.keyed.runner import source_hash; print(source_hash())"],
                             cwd=checkout_b, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert hash_b != source_hash()
     grid = tmp_path / "grid.yaml"

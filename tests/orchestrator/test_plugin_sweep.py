@@ -18,7 +18,7 @@ import ray
 import yaml
 
 from experiments import methods
-from experiments.core.sections import ConfigError
+from experiments.common.sections import ConfigError
 from orchestrator import tracking
 from orchestrator.driver import execute_sweep
 from orchestrator.grid import expand, parse_grid

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from experiments.core.config import parse_config
-from experiments.core.result import UnitMap
+from experiments.common.result import UnitMap
+from experiments.keyed.config import parse_config
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry import ORPHAN_ERROR, NotFound, Registry, RunStatus, upgrade
 from orchestrator.registry import db as registry_db
@@ -808,7 +808,7 @@ def test_a_registry_migrated_by_newer_code_is_refused_in_one_line(registry_url):
     instead of an Alembic traceback in every trial."""
     from sqlalchemy import text
 
-    from experiments.core.sections import ConfigError
+    from experiments.common.sections import ConfigError
 
     Registry(registry_url).close()  # at this code's head
     engine = registry_db.make_engine(registry_url)

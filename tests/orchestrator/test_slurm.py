@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.core.sections import ConfigError
+from experiments.common.sections import ConfigError
 from orchestrator import cluster, slurm, slurm_job, tracking
 from orchestrator.registry import Registry
 from orchestrator.registry.history import ALLOCATION_ENDED, DRIVER_LOST, RESUMED

@@ -15,8 +15,8 @@ import pytest
 import ray
 import yaml
 
-from experiments.core.result import RunResult
-from experiments.core.runner import run as real_run
+from experiments.common.result import RunResult
+from experiments.keyed.runner import run as real_run
 from orchestrator import settings, tracking
 from orchestrator.driver import execute_sweep
 from orchestrator.grid import expand, parse_grid

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from experiments.core.result import RunResult, UnitMap
-from experiments.core.sections import Section
+from experiments.common.result import RunResult, UnitMap
+from experiments.common.sections import Section
 from experiments.core.seeding import derive_seed
 
 NAME = "tiny"  # its name in METHODS (else the module's: tiny_method)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from experiments import parse_config, run
-from experiments.core.probing import pretrained, ud_folder
+from experiments.components.probing import pretrained, ud_folder
 from experiments.tasks.dependencies import arcs, load_ud_ewt
 
 pytestmark = pytest.mark.real

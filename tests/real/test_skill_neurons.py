@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config
+from experiments.components import prompting
 from experiments.core.loop import evaluate
 from experiments.interventions.neurons import perturb_neurons
 from experiments.maths.predictivity import by_layer, random_like, skill_neuron_mask
@@ -45,7 +46,7 @@ def test_sst2_skill_neurons_predict_and_matter():
     weights: dict = {}
     result = skill_neurons.run(cfg, RunContext(save_weights=weights.update))
     metrics = result.metrics
-    state, model, _ = skill_neurons.build(cfg, RunContext())
+    state, model, _ = prompting.build(cfg, RunContext())
     state.load_weights(weights)
     model.prompt.load_state_dict({"weight": weights["interventions.prompt.weight"]})
     state.train(False)
@@ -58,7 +59,7 @@ def test_sst2_skill_neurons_predict_and_matter():
     shuffled = torch.randperm(len(dev), generator=torch.Generator().manual_seed(0))
     data = state.data
     state.data = dataclasses.replace(data, dev=dataclasses.replace(dev, labels=dev.labels[shuffled]))
-    chance = float(skill_neurons.find_skill_neurons(model, state)["score"].max())
+    chance = float(prompting.find_skill_neurons(model, state)["score"].max())
     state.data = data
 
     def dev_loss() -> float:

@@ -17,7 +17,7 @@ from typing import Any, get_args
 from pydantic import BaseModel
 
 from experiments.common.naming import suggest
-from experiments.core.sections import (
+from experiments.common.sections import (
     ALIASES,
     DEFAULT_METHOD,
     STAGE_ROLES,

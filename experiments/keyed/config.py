@@ -6,7 +6,7 @@ A run config is the shared sections (``seed``, ``model``, ``task``, ``train``,
 declares its ``Config`` (DESIGN.md decision 8); :func:`config_class` joins them.
 
 A run is content-addressed (decision 1): ``run_key`` hashes what the run reads
-(see experiments/core/run_keys.py), seed included; ``group_key`` is the same hash
+(see experiments/keyed/run_keys.py), seed included; ``group_key`` is the same hash
 without the seed (the unit for mean +- std).
 
 Every mistake is a :class:`ConfigError` whose one-line message names the key
@@ -24,9 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, create_model
 
 from experiments.common.naming import suggest
-from experiments.core.config_keys import method_labels, resolve, unknown_key, wrong_section
-from experiments.core.run_keys import extra_tasks, key_material, reseeded_keys, run_and_group_key
-from experiments.core.sections import (
+from experiments.common.sections import (
     DEFAULT_METHOD,
     STAGE_ROLES,
     ConfigError,
@@ -36,6 +34,8 @@ from experiments.core.sections import (
     section_value,
     set_dotted,
 )
+from experiments.keyed.config_keys import method_labels, resolve, unknown_key, wrong_section
+from experiments.keyed.run_keys import extra_tasks, key_material, reseeded_keys, run_and_group_key
 from experiments.methods import METHODS, check_method
 from experiments.models import check_model_name
 from experiments.tasks import TASKS, bias_feature_names
@@ -85,7 +85,7 @@ class RunConfig(SharedConfig):
 
     @property
     def run_key(self) -> str:
-        """16 hex: the hash of what this run reads (experiments.core.run_keys), seed included."""
+        """16 hex: the hash of what this run reads (experiments.keyed.run_keys), seed included."""
         return self._keys[0]
 
     @property

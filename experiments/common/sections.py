@@ -2,7 +2,7 @@
 ``Section`` base, ``ConfigError``, the stage roles, and dotted keys and YAML.
 
 A method module imports its ``Section`` and ``ConfigError`` from here; the keyed ``RunConfig``,
-parsing, stages and checks (``experiments.core.config``) sit above the methods and read them.
+parsing, stages and checks (``experiments.keyed.config``) sit above the methods and read them.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ same seed and training settings). Grid expansion turns them into a DAG."""
 
 class SharedConfig(_Frozen):
     """The sections every run config shares (seed, model, method, task, train, stages): the plain
-    shape, below the methods. ``experiments.core.config.RunConfig`` adds the keys, the stages and
+    shape, below the methods. ``experiments.keyed.config.RunConfig`` adds the keys, the stages and
     the method's own section."""
 
 

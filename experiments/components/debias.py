@@ -84,7 +84,7 @@ def objective(loss: str, cfg, ctx, state) -> Objective:
     """The loss function of a run's loop; reads the stages it needs once, here."""
     if loss == "ce":
         return lambda logits, labels, index: task_loss(logits, labels)
-    from experiments.core.bias import bias_probs
+    from experiments.components.bias import bias_probs
 
     p_b = bias_probs(cfg, ctx, state.data.train).to(state.device)  # (N, C)
     if loss == "poe":
@@ -104,7 +104,7 @@ def _of_label(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def teacher_probs(cfg, ctx, state) -> torch.Tensor:
     """(N, C) probabilities of the run's ``teacher`` stage on every training example: the
     teacher's encoder and task decoder (its final weights) evaluated in eval mode, on CPU."""
-    from experiments.core.loop import forward_logits, take
+    from experiments.core.loop import batches, forward_logits
     from experiments.core.seeding import derive_seed
     from experiments.core.state import RunState, build_decoder, upstream_weights
     from experiments.models import load_backbone
@@ -114,9 +114,7 @@ def teacher_probs(cfg, ctx, state) -> torch.Tensor:
     teacher = RunState(cfg=cfg, task=state.task, data=state.data, encoder=encoder, decoders={"task": decoder})
     teacher.load_weights(upstream_weights(cfg, ctx, "teacher"))
     encoder.to(state.device).eval(), decoder.to(state.device).eval()
-    split, batch_size = state.data.train, cfg.train.batch_size
     probs = []
-    for start in range(0, len(split), batch_size):
-        ids, mask, _ = take(split, torch.arange(start, min(start + batch_size, len(split))), state.device)
+    for ids, mask, _ in batches(state.data.train, cfg.train.batch_size, state.device):
         probs.append(forward_logits(encoder, decoder, ids, mask, state.precision).softmax(dim=-1).cpu())
     return torch.cat(probs)

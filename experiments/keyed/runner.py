@@ -13,16 +13,16 @@ from pathlib import Path
 import torch
 
 from experiments.common.costs import active, timed
+from experiments.common.result import RunResult
+from experiments.common.sections import flatten
 from experiments.common.sources import hash_sources
-from experiments.core.config import RunConfig
 from experiments.core.context import RunContext
-from experiments.core.plots import gate_map_png, map_png
 from experiments.core.precision import check_precision
-from experiments.core.result import RunResult
-from experiments.core.sections import flatten
 from experiments.core.seeding import sub_seeds
 from experiments.core.tracking import Tracker
 from experiments.interventions.masks import ROLES
+from experiments.keyed.config import RunConfig
+from experiments.keyed.plots import gate_map_png, map_png
 from experiments.maths.hard_concrete import prob_open
 from experiments.methods import METHODS
 from experiments.tasks import TASKS

@@ -30,7 +30,13 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
-from experiments.core.sections import CONFIG_VERSION, STAGE_ROLES, SharedConfig, TaskConfig, flatten
+from experiments.common.sections import (
+    CONFIG_VERSION,
+    STAGE_ROLES,
+    SharedConfig,
+    TaskConfig,
+    flatten,
+)
 from experiments.methods import METHODS
 from experiments.tasks import TASKS
 
