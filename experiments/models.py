@@ -154,6 +154,11 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
+def is_hub_id(name: str) -> bool:
+    """``name`` is loaded from the hub: shaped ``org/name``, neither a known model nor a local folder."""
+    return name not in MODELS and not os.path.isdir(name) and bool(_HUB_ID.match(name))
+
+
 def check_model_name(name: str) -> None:
     """Raise ``ValueError`` (with a "did you mean" hint) for a name ``load_backbone`` cannot resolve.
 

