@@ -198,7 +198,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     uri = args.tracking_uri or settings.tracking_uri()
     command = [
         sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-        "--default-artifact-root", settings.artifact_root(),
+        *(["--default-artifact-root", settings.artifact_root()] if settings.artifact_root() else []),
         "--host", args.host, "--port", str(args.port), "--workers", "1",
     ]
     console.print(f"MLflow UI for {uri} at http://{args.host}:{args.port}")

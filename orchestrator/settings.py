@@ -4,7 +4,8 @@
 - checkpoints of upstream runs (stages): ``HEADSWEEP_CHECKPOINTS`` (any fsspec URI) or
   ``$HOME/checkpoints``
 - MLflow: ``HEADSWEEP_TRACKING_URI`` / ``MLFLOW_TRACKING_URI`` or ``sqlite:///$HOME/mlflow.db``,
-  artifacts under ``$HOME/mlartifacts``
+  artifacts under ``$HOME/mlartifacts`` (with a tracking server, ``http(s)://...``: the server's
+  proxied artifact store), or ``HEADSWEEP_ARTIFACT_ROOT``
 - the supervisor (``orchestrator/supervisor.py``): ``HEADSWEEP_AUTO_RESUMES`` automatic resumes
   per sweep (default 3; 0 turns them off, as ``submit --no-auto-resume`` does for one sweep),
   looking every ``HEADSWEEP_SUPERVISOR_POLL_S`` seconds (default 5)
@@ -29,9 +30,16 @@ def tracking_uri() -> str:
     return uri or f"sqlite:///{home() / 'mlflow.db'}"
 
 
-def artifact_root() -> str:
-    """Where new MLflow experiments put artifacts (a local folder unless overridden)."""
-    return os.environ.get("HEADSWEEP_ARTIFACT_ROOT") or (home() / "mlartifacts").as_uri()
+def artifact_root() -> str | None:
+    """Where new MLflow experiments put artifacts: ``HEADSWEEP_ARTIFACT_ROOT``; else, with an MLflow
+    tracking server (an http(s) tracking URI), None: the server's own store (``mlflow server
+    --artifacts-destination``: uploads go through the server, so worker hosts need no shared
+    filesystem for artifacts); else a folder under the home."""
+    if os.environ.get("HEADSWEEP_ARTIFACT_ROOT"):
+        return os.environ["HEADSWEEP_ARTIFACT_ROOT"]
+    if tracking_uri().startswith(("http://", "https://")):
+        return None
+    return (home() / "mlartifacts").as_uri()
 
 
 def checkpoint_root() -> str:

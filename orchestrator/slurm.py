@@ -130,6 +130,7 @@ def exported_env() -> dict[str, str]:
         "HEADSWEEP_TRACKING_URI": settings.tracking_uri(), "HEADSWEEP_ARTIFACT_ROOT": settings.artifact_root(),
         "HEADSWEEP_CHECKPOINTS": settings.checkpoint_root(),
     } | {name: os.environ[name] for name in _PASSED if os.environ.get(name)}
+    env = {name: value for name, value in env.items() if value is not None}  # no artifact root: the server's
     for name, value in env.items():
         if urlsplit(value).password:
             raise ConfigError(f"{name} has a password in it: put it in ~/.pgpass or PGPASSWORD instead "

@@ -87,7 +87,7 @@ without it."""
 
 
 def ensure_experiment(mlflow: MlflowClient, name: str) -> str:
-    """The id of experiment ``name``, created with artifacts under HEADSWEEP_HOME if missing,
+    """The id of experiment ``name``, created with artifacts where ``settings.artifact_root`` says if missing,
     tagged so the MLflow UI opens it on its training runs (``EXPERIMENT_KIND``)."""
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
@@ -95,7 +95,8 @@ def ensure_experiment(mlflow: MlflowClient, name: str) -> str:
             mlflow.set_experiment_tag(found.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
         return found.experiment_id
     try:
-        location = f"{settings.artifact_root().rstrip('/')}/{name}"
+        root = settings.artifact_root()
+        location = f"{root.rstrip('/')}/{name}" if root else None  # None: the tracking server's store
         return mlflow.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
     except MlflowException:  # created meanwhile by another process
         return mlflow.get_experiment_by_name(name).experiment_id

@@ -292,3 +292,61 @@ def logs_tail(folder: Path, lines: int = 15) -> str:
         tail = path.read_text(errors="replace").splitlines()[-lines:]
         said.append(f"--- {path.name}\n" + "\n".join(line[:300] for line in tail))
     return "\n".join(said) or f"(no logs in {folder})"
+
+
+# --------------------------------------------------------------------------- services on a host
+
+def start_postgres(hosts: Hosts, name: str, password: str, databases: tuple[str, ...] = ("headsweep", "mlflow"),
+                   user: str = "headsweep") -> str:
+    """A private PostgreSQL on host ``name`` as cluster.yaml sets the head's up: listening on its
+    loopback and cluster address, password logins (scram) for ``user`` from the cluster's subnet only;
+    its data in the host's local /tmp. Returns the server's address:port."""
+    import glob
+
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+    if not bins:
+        raise RuntimeError("no PostgreSQL server binaries (initdb, pg_ctl): install Debian's postgresql (.ci/run does)")
+    pg = os.path.dirname(bins[-1])
+    owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    data, address = "/tmp/pgdata", hosts.address(name)
+    done = hosts.run(name, [*owner, f"{pg}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync",
+                            "-E", "UTF8"], timeout=120)
+    if done.returncode:
+        raise RuntimeError(f"initdb: {done.stderr[-1500:]}")
+    conf = hosts.hosts[name].tmp / "pgdata"
+    with open(conf / "postgresql.conf", "a") as config:
+        config.write(f"\nlisten_addresses = 'localhost,{address}'\nport = 5432\nunix_socket_directories = '/tmp'\n"
+                     "fsync = off\npassword_encryption = 'scram-sha-256'\n")
+    (conf / "pg_hba.conf").write_text(
+        "local all postgres trust\nhost all postgres 127.0.0.1/32 trust\n"
+        f"host all {user} {hosts.subnet}.0/24 scram-sha-256\n")
+    done = hosts.run(name, [*owner, f"{pg}/pg_ctl", "-D", data, "-l", "/tmp/pg.log", "-w", "-t", "60", "start"],
+                     timeout=90)
+    if done.returncode:
+        raise RuntimeError(f"pg_ctl start: {done.stderr[-1500:]}\n{(hosts.hosts[name].tmp / 'pg.log').read_text()[-1500:]}")
+    script = [f"CREATE USER {user} PASSWORD '{password}'"] + [f"CREATE DATABASE {db} OWNER {user}" for db in databases]
+    for statement in script:
+        done = hosts.run(name, [f"{pg}/psql", "-h", "127.0.0.1", "-U", "postgres", "-c", statement], timeout=60)
+        if done.returncode:
+            raise RuntimeError(f"psql {statement.split(' PASSWORD')[0]}: {done.stderr[-500:]}")
+    return f"{address}:5432"
+
+
+def start_mlflow_server(hosts: Hosts, name: str, backend: str, env: dict[str, str], port: int = 5000) -> str:
+    """``mlflow server`` on host ``name``'s cluster address: runs and metrics in ``backend``, artifacts
+    proxied into the host's local /tmp (no other host sees that folder). Returns its URL."""
+    import sys
+
+    address = hosts.address(name)
+    hosts.popen(name, [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
+                       "--artifacts-destination", "/tmp/mlartifacts", "--host", address, "--port", str(port),
+                       "--workers", "1", "--allowed-hosts", f"{address}:{port},{address}"],
+                env=env, cwd="/tmp", stdout=open(hosts.base / f"mlflow-{name}.log", "wb"), stderr=subprocess.STDOUT)
+    url = f"http://{address}:{port}"
+    probe = f"import urllib.request as u; print(u.urlopen('{url}/health', timeout=3).status)"
+
+    def healthy() -> bool:
+        return hosts.run(name, [sys.executable, "-c", probe], timeout=30).stdout.strip() == "200"
+
+    _until(healthy, 120, lambda: f"mlflow server did not start:\n{(hosts.base / f'mlflow-{name}.log').read_text()[-2000:]}")
+    return url

@@ -58,6 +58,7 @@ README_PORTS = {"gcs": 6379, "dashboard": 8265, "node_manager": 6380, "object_ma
                 "runtime_env_agent": 6382, "agent_grpc": 6383, "agent_http": 52365, "metrics_export": 6384,
                 "autoscaler_metrics": 44217, "dashboard_metrics": 44227}
 WORKER_PORTS = (10002, 10999)
+DB_PASSWORD = secrets.token_urlsafe(16)  # as cluster.yaml's HEADSWEEP_DB_PASSWORD: PGPASSWORD on every node
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +194,7 @@ def ray_on_hosts(cluster):
     token = secrets.token_urlsafe(32)
     env = {name: value for name, value in cluster.slurm_env.items() if not name.startswith(("RAY_", "HEADSWEEP_"))}
     env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+            "PGPASSWORD": DB_PASSWORD,  # cluster.yaml's node.env: every Ray process reaches PostgreSQL
             "RAY_USAGE_STATS_ENABLED": "0", "AUTOSCALER_METRIC_PORT": str(README_PORTS["autoscaler_metrics"]),
             "DASHBOARD_METRIC_PORT": str(README_PORTS["dashboard_metrics"])}
     head = cluster.address("ctl")
@@ -281,3 +283,67 @@ def test_ray_across_hosts_with_token_auth(cluster, ray_on_hosts):
         stray = [(a, p, prog) for a, p, prog in beyond
                  if p not in allowed and not WORKER_PORTS[0] <= p <= WORKER_PORTS[1]]
         assert not stray, f"{name} listens beyond loopback on ports README does not list: {stray}"
+
+
+# --------------------------------------------------------------------------- registry and MLflow over the network
+
+
+@pytest.fixture(scope="module")
+def services(cluster):
+    """On the head host (ctl), as cluster.yaml sets it up: PostgreSQL on its cluster address (password
+    logins from the subnet) for the registry and MLflow, and an MLflow tracking server over HTTP with
+    proxied artifacts in ctl's local /tmp."""
+    database = hosts.start_postgres(cluster, "ctl", DB_PASSWORD)
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("HEADSWEEP_", "MLFLOW_"))}
+    mlflow = hosts.start_mlflow_server(cluster, "ctl", f"postgresql+psycopg://headsweep@{database}/mlflow",
+                                       env | {"PGPASSWORD": DB_PASSWORD})
+    return {"db": f"postgresql+psycopg://headsweep@{database}/headsweep", "mlflow": mlflow}
+
+
+CHECK = """
+import json, sys
+from mlflow import MlflowClient
+from orchestrator.registry import Registry
+sweep_id, db, uri = sys.argv[1:4]
+registry = Registry(db)
+runs = [registry.get_run(key) for key in registry.sweep_runs(sweep_id)["run_key"]]
+mlflow = MlflowClient(uri)
+found = mlflow.search_runs([registry.get_sweep(sweep_id)["mlflow_experiment_id"]])
+print(json.dumps({"runs": [[r["status"], r["worker"], r["attempts"]] for r in runs],
+                  "mlflow": [[r.info.status, r.info.artifact_uri, r.data.tags.get("run_key"),
+                              [a.path for a in mlflow.list_artifacts(r.info.run_id)]] for r in found]}))
+"""
+
+
+def test_registry_on_postgresql_and_mlflow_over_http_with_no_shared_filesystem(cluster, ray_on_hosts, services):
+    """A sweep submitted from the login host with its home on the login host's own disk (no other
+    host sees it): the registry is PostgreSQL on the head host over the cluster network, MLflow a
+    tracking server over HTTP; the runs run on the workers, every run's artifacts reach the server's
+    store through HTTP (none is written on a worker), every run is in both, once."""
+    import json
+
+    home = Path("/tmp/headsweep-home")  # the login host's local /tmp
+    grid = cluster.shared / "services.yaml"
+    grid.write_text(yaml.safe_dump({**GRID, "name": "over-the-network"}))
+    env = _user_env(cluster, home) | ray_on_hosts["env"] | {
+        "HEADSWEEP_RAY_DASHBOARD": ray_on_hosts["dashboard"], "RAY_ADDRESS": ray_on_hosts["address"],
+        "HEADSWEEP_DB": services["db"], "HEADSWEEP_TRACKING_URI": services["mlflow"]}
+    done = _headsweep(cluster, env, "submit", str(grid), "--wait", timeout=480)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    sweep_id = re.search(r"(sw-\S+):", done.stdout).group(1)
+    checked = cluster.run("login", [sys.executable, "-c", CHECK, sweep_id, services["db"], services["mlflow"]],
+                          env=env, cwd=str(ROOT), timeout=120)
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    said = json.loads(checked.stdout.strip().splitlines()[-1])
+    assert [(status, attempts) for status, _, attempts in said["runs"]] == [("finished", 1)] * 6
+    hosts_used = {worker.split("@")[1].split("[")[0] for _, worker, _ in said["runs"]}
+    assert hosts_used <= set(COMPUTES), hosts_used
+    children = [run for run in said["mlflow"] if run[2]]
+    assert sorted(status for status, *_ in children) == ["FINISHED"] * 6
+    assert all(uri.startswith("mlflow-artifacts:/") for _, uri, _, _ in said["mlflow"]), said["mlflow"]
+    stored = cluster.hosts["ctl"].tmp / "mlartifacts"
+    assert stored.is_dir() and any(stored.rglob("*")), "nothing reached the server's artifact store"
+    for name in COMPUTES:
+        assert not (cluster.hosts[name].tmp / "mlartifacts").exists()
+    print(f"\nruns on {sorted(hosts_used)}; artifacts: {sorted(len(a) for *_, a in children)} per run, "
+          f"{sum(1 for p in stored.rglob('*') if p.is_file())} files in the server's store")
