@@ -9,10 +9,10 @@ import time
 import pytest
 import yaml
 
-import orchestrator.grid as grid
+import orchestrator.driving.grid as grid
 from experiments.core.config import parse_config
 from experiments.core.sections import ConfigError
-from orchestrator.grid import Resources, check_resources, expand, load_grid, parse_grid
+from orchestrator.driving.grid import Resources, check_resources, expand, load_grid, parse_grid
 
 
 def _spec(**fields):

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 from experiments.core.config import parse_config
 from experiments.core.result import UnitMap
-from orchestrator.grid import expand, parse_grid
+from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import ORPHAN_ERROR, NotFound, Registry, RunStatus, upgrade
 from orchestrator.registry import db as registry_db
 from orchestrator.registry import results as registry_results
