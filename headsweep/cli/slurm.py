@@ -1,4 +1,4 @@
-"""``headsweep slurm GRID``: a sweep on a SLURM allocation (``orchestrator.slurm.submit`` writes
+"""``headsweep slurm GRID``: a sweep on a SLURM allocation (``orchestrator.slurm.sbatch`` writes
 the sbatch script and submits it; ``orchestrator.slurm.allocation`` runs inside it)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from orchestrator.slurm.submit import known_sweep, plan_job, script, submit_job
+from orchestrator.slurm.sbatch import known_sweep, plan_job, script, submit_job
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:

@@ -50,7 +50,7 @@ from orchestrator import settings
 from orchestrator.cluster import processes
 from orchestrator.cluster.head import LOOPBACK_ENV, head_ports
 from orchestrator.cluster.jobs import cluster_nodes
-from orchestrator.slurm.submit import known_sweep
+from orchestrator.slurm.sbatch import known_sweep
 
 NODE_WAIT_S = 300.0
 """How long the head waits for its workers (and itself) to join."""

@@ -35,7 +35,7 @@ from orchestrator.cluster.processes import (
 )
 from orchestrator.registry import Registry
 from orchestrator.registry.history import ALLOCATION_ENDED, DRIVER_LOST, RESUMED
-from orchestrator.slurm import allocation, submit
+from orchestrator.slurm import allocation, sbatch
 
 ROOT = Path(__file__).resolve().parents[2]
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scancel", "scontrol", "squeue", "sinfo")
@@ -50,7 +50,7 @@ GRID = {  # three tiny runs, one at a time: long enough to cancel one mid-run
     "resources": {"cpus": 1},
     "max_concurrent": 1,
 }
-EXAMPLE = submit.Job(  # examples/slurm/headsweep.sbatch is this job's script
+EXAMPLE = sbatch.Job(  # examples/slurm/headsweep.sbatch is this job's script
     name="hs-stem-cell-63f12bb014", grid="/home/me/headsweep/examples/grid_stem_cell.yaml",
     folder="/home/me/headsweep/.headsweep/slurm/stem-cell-63f12bb014", workdir="/home/me/headsweep",
     python="/home/me/headsweep/.venv/bin/python", nodes=2, cpus_per_node=16, gpus_per_node=4, time="04:00:00",
@@ -68,9 +68,9 @@ EXAMPLE = submit.Job(  # examples/slurm/headsweep.sbatch is this job's script
 
 def test_the_shipped_template_is_what_headsweep_slurm_writes(tmp_path, monkeypatch):
     """... for README's command, on a machine with other paths."""
-    assert (ROOT / "examples/slurm/headsweep.sbatch").read_text() == submit.script(EXAMPLE)
+    assert (ROOT / "examples/slurm/headsweep.sbatch").read_text() == sbatch.script(EXAMPLE)
     monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
-    readme = submit.plan_job(str(ROOT / "examples/grid_stem_cell.yaml"), nodes=2, gpus_per_node=4,
+    readme = sbatch.plan_job(str(ROOT / "examples/grid_stem_cell.yaml"), nodes=2, gpus_per_node=4,
                             time_limit="04:00:00", cpus_per_node=16, partition="gpu", requeue=True)
     assert readme.folder.startswith(f"{tmp_path}/slurm/stem-cell-")
     elsewhere = {"name": EXAMPLE.name, "grid": EXAMPLE.grid, "folder": EXAMPLE.folder, "workdir": EXAMPLE.workdir,
@@ -100,17 +100,17 @@ def test_the_allocation_is_checked_before_anything_is_submitted(tmp_path, monkey
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump({**GRID, "resources": {"cpus": 1, "gpus": 1}}))
     with pytest.raises(ConfigError, match="--time: expected a SLURM time"):
-        submit.plan_job(str(grid), 1, 1, "4 hours")
+        sbatch.plan_job(str(grid), 1, 1, "4 hours")
     with pytest.raises(ConfigError, match="a trial needs 1 CPU and 1 GPU on one node"):
-        submit.plan_job(str(grid), 1, 0, "60")
-    assert submit.plan_job(str(grid), 2, 4, "60").cpus_per_node == 4  # 4 runs of 1 CPU fit on 4 GPUs
+        sbatch.plan_job(str(grid), 1, 0, "60")
+    assert sbatch.plan_job(str(grid), 2, 4, "60").cpus_per_node == 4  # 4 runs of 1 CPU fit on 4 GPUs
 
 
 def test_a_password_in_a_url_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
     monkeypatch.setenv("HEADSWEEP_DB", "postgresql+psycopg://me:secret@db:5432/headsweep")
     with pytest.raises(ConfigError, match="HEADSWEEP_DB has a password in it"):
-        submit.exported_env()
+        sbatch.exported_env()
 
 
 def test_ray_on_one_node_is_loopback_only_with_ports_of_its_own():
