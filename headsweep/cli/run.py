@@ -6,19 +6,11 @@ import argparse
 import os
 import traceback
 
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from experiments.common.naming import suggest
 from experiments.core.sections import ConfigError, read_yaml
-from headsweep.cli.common import console, out
+from headsweep.cli.common import out, progress_bar
 
 
 def load_yaml(path: str) -> dict:
@@ -115,12 +107,7 @@ def _run_tracked(cfg, args: argparse.Namespace, store, save: bool):
     def values(metrics: dict) -> str:
         return "".join(f"  {said} {_progress_value(metrics.get(name))}" for name, said in shown.items())
 
-    columns = [
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.3f}{task.fields[values]}"),
-        TimeElapsedColumn(), TimeRemainingColumn(),
-    ]
-    with Progress(*columns, console=console, transient=False) as progress:
+    with progress_bar("loss {task.fields[loss]:.3f}{task.fields[values]}") as progress:
         bar = progress.add_task(cfg.run_name(" "), total=None, loss=float("nan"), values=values({}))
 
         def on_progress(step, total, metrics):

@@ -7,31 +7,16 @@ from __future__ import annotations
 
 import argparse
 
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from analysis.cli import SWEEP_HELP
 from experiments.common.naming import suggest
 from experiments.core.sections import ConfigError
-from headsweep.cli.common import console, out
+from headsweep.cli.common import out, progress_bar
 from orchestrator import settings
 from orchestrator.status import RUN_DONE, SWEEP_DONE, RunStatus
 
 STATUSES = tuple(RunStatus)
-
-
-def _sweep_progress() -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-    )
 
 
 def _count_text(counts: dict[str, int]) -> str:
@@ -45,7 +30,7 @@ def follow(sweep_id: str) -> int:
     """Progress bar until the sweep is done; exit 0 only if every run finished."""
     from orchestrator.driving import sweeps
 
-    with _sweep_progress() as progress:
+    with progress_bar("{task.fields[counts]}") as progress:
         bar = progress.add_task(sweep_id, total=None, counts="")
 
         def update(sweep, counts):

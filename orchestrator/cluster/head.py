@@ -1,9 +1,9 @@
 """Finding (or starting) the Ray cluster: the local head of a ``HEADSWEEP_HOME`` and its ports.
 
 A sweep outlives the ``headsweep submit`` that started it: the driver runs as
-a Ray Job on the cluster's head (``orchestrator.cluster.jobs``). ``RAY_ADDRESS`` + ``HEADSWEEP_RAY_DASHBOARD``
-point at an existing cluster; otherwise ``submit`` starts a local head once
-and reuses it.
+a Ray Job on the cluster's head (``orchestrator.cluster.jobs``). ``RAY_ADDRESS``
++ ``HEADSWEEP_RAY_DASHBOARD`` point at an existing cluster; otherwise ``submit``
+starts a local head once and reuses it (:func:`cluster_in_use`).
 
 The local head belongs to its ``HEADSWEEP_HOME``:
 
@@ -83,6 +83,12 @@ def _state_file(home: Path | None = None) -> Path:
     return (home or settings.home()) / "ray.json"
 
 
+def _recorded(home: Path | None = None) -> dict:
+    """What ray.json of ``home`` records ({} when nothing is)."""
+    state_file = _state_file(home)
+    return json.loads(state_file.read_text()) if state_file.exists() else {}
+
+
 def _home_key(home: Path) -> str:
     return hashlib.sha256(str(home).encode()).hexdigest()[:12]
 
@@ -135,8 +141,7 @@ def local_head(num_cpus: int | None = None, num_gpus: int | None = None, home: P
     home.mkdir(parents=True, exist_ok=True)
     with open(home / "ray.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two submits at once start one head
-        state_file = _state_file(home)
-        state = json.loads(state_file.read_text()) if state_file.exists() else {}
+        state = _recorded(home)
         if state.get("home") == str(home) and _head_alive(state):
             if state.get("python") != sys.executable:
                 raise ClusterError(
@@ -201,8 +206,7 @@ def known_dashboard() -> str:
     home has no local head on record (never a guess such as :8265, where another cluster may answer)."""
     if os.environ.get("HEADSWEEP_RAY_DASHBOARD"):
         return os.environ["HEADSWEEP_RAY_DASHBOARD"]
-    state_file = _state_file()
-    state = json.loads(state_file.read_text()) if state_file.exists() else {}
+    state = _recorded()
     return state.get("dashboard", "") if state.get("home") == str(settings.home()) else ""
 
 
@@ -248,8 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     elif command == "stop":
         print("stopped" if stop_local_head() else "no local head was running", f"(HEADSWEEP_HOME={settings.home()})")
     elif command == "status":
-        state_file = _state_file()
-        state = json.loads(state_file.read_text()) if state_file.exists() else {}
+        state = _recorded()
         alive = state.get("home") == str(settings.home()) and _head_alive(state)
         print(json.dumps(state | {"alive": alive}, indent=1) if state else "no local head for this HEADSWEEP_HOME")
     else:

@@ -47,9 +47,9 @@ from pathlib import Path
 
 from experiments.core.sections import ConfigError
 from orchestrator import settings
-from orchestrator.cluster import processes
 from orchestrator.cluster.head import LOOPBACK_ENV, head_ports
 from orchestrator.cluster.jobs import cluster_nodes
+from orchestrator.cluster.processes import is_loopback, kill_tree
 from orchestrator.slurm.sbatch import known_sweep
 
 NODE_WAIT_S = 300.0
@@ -71,7 +71,7 @@ def node_ip() -> str:
         address = socket.gethostbyname(socket.gethostname())
     except OSError:
         address = ""
-    if address and not processes.is_loopback(address):
+    if address and not is_loopback(address):
         return address
     from ray._private.services import get_node_ip_address
 
@@ -102,7 +102,7 @@ def node_command(tmp: str, ports: dict[str, int], cpus: int, gpus: int, ip: str,
 
 def network_env(ip: str) -> dict[str, str]:
     """Ray's single-machine mode (every server on 127.0.0.1) for a loopback ``ip``, its cluster mode else."""
-    return LOOPBACK_ENV if processes.is_loopback(ip) else {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+    return LOOPBACK_ENV if is_loopback(ip) else {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
 
 
 def allocated(env: dict[str, str] | None = None) -> tuple[int, int]:
@@ -115,7 +115,7 @@ def allocated(env: dict[str, str] | None = None) -> tuple[int, int]:
 def start_node(tmp: str, ip: str, head: str | None = None) -> tuple[subprocess.Popen, dict[str, int]]:
     """Start this node's Ray, with ports from this job's block (keyed by its temp dir, probed free
     on this node); what a dead earlier allocation of the job left under ``tmp`` is stopped first."""
-    processes.stop_ray(tmp)
+    kill_tree(tmp)
     Path(tmp).mkdir(parents=True, exist_ok=True)
     ports = head_ports(Path(tmp))
     command, env = node_command(tmp, ports, *allocated(), ip, head)
@@ -130,7 +130,7 @@ def stop_node(process: subprocess.Popen | None, tmp: str) -> None:
     """Stop this node's Ray: every process under the job's temp dir, by PID, then ``ray start --block``
     (killed: its SIGTERM would drain the node for up to 30 s, of SLURM's 30 s before SIGKILL); the
     temp dir goes too (what went wrong is in the job's log)."""
-    processes.stop_ray(tmp)
+    kill_tree(tmp)
     if process is not None and process.poll() is None:
         process.kill()
         process.wait()

@@ -5,8 +5,8 @@ The script (:func:`script`; ``examples/slurm/headsweep.sbatch`` is one, commente
 folder of its own under ``$HEADSWEEP_HOME/slurm/``, one per grid (by its content), beside the
 job's log and a file ``sweep`` with the sweep's id. It asks for the nodes, CPUs, GPUs and time
 given, exports where the registry, MLflow, artifacts and checkpoints are (as this process resolves
-them), and runs ``python -m orchestrator.slurm.allocation job FOLDER`` on the allocation's first node:
-Ray on every node, the sweep submitted (its first allocation) or resumed (every later one),
+them), and runs ``python -m orchestrator.slurm.allocation job FOLDER`` on the allocation's first
+node: Ray on every node, the sweep submitted (its first allocation) or resumed (every later one),
 waited for, Ray stopped (``orchestrator/slurm/allocation.py``).
 
 Around it, SLURM's side of the story:
