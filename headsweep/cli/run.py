@@ -173,8 +173,6 @@ def _yaml_value(value: object) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-
-
 def register(sub) -> None:
     """``headsweep run`` and ``headsweep methods``."""
     p = sub.add_parser("run", help="one run, no Ray")

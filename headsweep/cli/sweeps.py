@@ -192,8 +192,6 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-
-
 def register(sub) -> None:
     """``headsweep submit``, ``status``, ``ls``, ``resume`` and ``cancel``."""
     p = sub.add_parser("submit", help="submit a grid as a sweep on Ray")

@@ -26,6 +26,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     os.execv(sys.executable, command)
     return 0  # not reached
 
+
 def cmd_report(args: argparse.Namespace) -> int:
     """The sweep's figures and summary metrics, drawn by ``args.render`` (analysis's), logged to its
     MLflow parent run (the driver's job runs this when the sweep finishes)."""
@@ -41,7 +42,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     for path in logged:
         out.print(path, highlight=False)
     return 0
-
 
 
 def register(sub) -> None:

@@ -84,7 +84,6 @@ def _submit_driver(client, sweep_id: str, env: dict[str, str]) -> str:
     return submission_id
 
 
-
 STARTING_S = 30.0
 """How long a driver may take to start (Ray's job, its runtime env, its imports) before ``wait`` says why."""
 
