@@ -65,7 +65,7 @@ scale: venv
 	  && exit $$sqlite
 
 lint: venv
-	$(VENV)/bin/ruff check experiments orchestrator analysis tests
+	$(VENV)/bin/ruff check experiments orchestrator analysis headsweep tests
 
 clean:
 	rm -rf $(VENV) .headsweep

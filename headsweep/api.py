@@ -5,7 +5,7 @@ The same answers as ``headsweep results | agreement | compare-maps`` and the HTT
 the same functions: the sweep is loaded by ``analysis.loading.open_sweep`` (cached, reloaded when
 its runs change), every answer comes from ``analysis.queries`` / ``analysis.compare`` and every
 figure from ``analysis.figure_plan`` / ``analysis.compare``; this module only turns their rows into
-DataFrames. ``submit`` is ``orchestrator.sweeps.submit``. The registry is the CLI's:
+DataFrames. ``submit`` is ``orchestrator.driving.sweeps.submit``. The registry is the CLI's:
 ``HEADSWEEP_DB``, else the SQLite file under ``HEADSWEEP_HOME`` (``orchestrator.settings``), read
 at each call.
 """
@@ -52,7 +52,7 @@ def submit(grid: str | Path | Mapping[str, Any], wait: bool = True, force: bool 
     A dict is written to ``$HEADSWEEP_HOME/grids/<name>-<hash>.yaml`` first, so the sweep keeps
     its grid text as one submitted from a file does; relative paths in it are read from the
     current directory, as from a file."""
-    from orchestrator import sweeps
+    from orchestrator.driving import sweeps
 
     path = _grid_file(grid) if isinstance(grid, Mapping) else str(grid)
     submitted = sweeps.submit(path, force=force, track=track)

@@ -3,12 +3,12 @@ so the MLflow UI shows the sweep's answer (its figures, and charts of the parent
 
     headsweep report SWEEP_ID
 
-The sweep driver's job runs this after the sweep finishes (``cluster.submit_driver``). The
+The sweep driver's job runs this after the sweep finishes (``driver_job.submit_driver``). The
 report is analysis's to draw (``analysis.report.sweep_report``: it reads, never writes); this
 module, the orchestrator's side of MLflow, logs what it is handed (:data:`Render`) to the run
 ``get_sweep(id)["mlflow_parent_run_id"]`` (figures under ``figures/``) with an explicit
-``MlflowClient`` (DESIGN.md decision 3). It imports nothing from analysis: the CLI, the one
-place the orchestrator reaches up into analysis, passes the renderer in.
+``MlflowClient`` (DESIGN.md decision 3). It imports nothing from analysis: the CLI above both
+(``headsweep.cli.tracking``) passes the renderer in.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 - MLflow: ``HEADSWEEP_TRACKING_URI`` / ``MLFLOW_TRACKING_URI`` or ``sqlite:///$HOME/mlflow.db``,
   artifacts under ``$HOME/mlartifacts`` (with a tracking server, ``http(s)://...``: the server's
   proxied artifact store), or ``HEADSWEEP_ARTIFACT_ROOT``
-- the supervisor (``orchestrator/supervisor.py``): ``HEADSWEEP_AUTO_RESUMES`` automatic resumes
+- the supervisor (``orchestrator/driving/supervisor.py``): ``HEADSWEEP_AUTO_RESUMES`` automatic resumes
   per sweep (default 3; 0 turns them off, as ``submit --no-auto-resume`` does for one sweep),
   looking every ``HEADSWEEP_SUPERVISOR_POLL_S`` seconds (default 5)
 - retries through a lost database (``orchestrator/retry.py``): registry and MLflow calls keep

@@ -29,9 +29,9 @@ os.environ["HEADSWEEP_HOME"] = SESSION_HOME
 
 
 def pytest_sessionfinish(session, exitstatus):
-    from orchestrator import cluster
+    from orchestrator.cluster.head import stop_local_head
 
-    cluster.stop_local_head(home=SESSION_HOME)  # a local head some test's CLI started in the session home
+    stop_local_head(home=SESSION_HOME)  # a local head some test's CLI started in the session home
     shutil.rmtree(SESSION_HOME, ignore_errors=True)
 
 from pathlib import Path  # noqa: E402

@@ -16,7 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator import cluster
+from orchestrator.cluster.head import HEAD_ENV, head_ports
+from orchestrator.cluster.processes import kill_tree, processes, ray_pids, stop_ray
 
 # Ray's single-machine mode refuses to start a worker node, and would turn 127.0.0.1 into the
 # machine's address without the second patch; the third leaves out the Ray client server.
@@ -45,13 +46,13 @@ def start_node(address: str, tmp: str, cpus: int, gpus: int, env: dict[str, str]
     logical GPUs (no CUDA: Ray only counts them and sets ``CUDA_VISIBLE_DEVICES`` per task); return
     its temp dir, ports and Ray node id (hex). ``tmp`` must be short (unix sockets live under it)."""
     Path(tmp).mkdir(parents=True, exist_ok=True)
-    ports = cluster.head_ports(Path(tmp))  # a free block keyed by the node's temp dir
+    ports = head_ports(Path(tmp))  # a free block keyed by the node's temp dir
     command = [sys.executable, "-c", JOIN, "start", f"--address={address}", "--node-ip-address=127.0.0.1",
                f"--temp-dir={tmp}", f"--num-cpus={cpus}", f"--num-gpus={gpus}", "--disable-usage-stats",
                f"--dashboard-agent-listen-port={ports['agent_http']}", f"--dashboard-agent-grpc-port={ports['agent_grpc']}",
                f"--runtime-env-agent-port={ports['runtime_env_agent']}", f"--metrics-export-port={ports['metrics_export']}",
                f"--node-manager-port={ports['node_manager']}", f"--object-manager-port={ports['object_manager']}"]
-    environ = {k: v for k, v in (env or os.environ).items() if k != "RAY_ADDRESS"} | cluster.HEAD_ENV | NODE_ENV
+    environ = {k: v for k, v in (env or os.environ).items() if k != "RAY_ADDRESS"} | HEAD_ENV | NODE_ENV
     subprocess.run(command, check=True, capture_output=True, env=environ, cwd=tmp, timeout=180)
     return {"tmp": tmp, "ports": ports, "node_id": node_id(tmp)}
 
@@ -59,12 +60,12 @@ def start_node(address: str, tmp: str, cpus: int, gpus: int, env: dict[str, str]
 def node_pids(tmp: str) -> set[int]:
     """Every living process of the node that uses ``tmp``: its raylet, agents, log monitor, and their
     children (the workers, whose command lines Ray retitles, e.g. ``ray::ImplicitFunc.train``)."""
-    return cluster._head_pids(tmp)
+    return ray_pids(tmp)
 
 
 def node_id(tmp: str) -> str:
     """The node's Ray node id (hex), from its raylet's command line (``--node_id=``)."""
-    table = cluster._processes()
+    table = processes()
     for pid in node_pids(tmp):
         found = re.search(r"--node_id=([0-9a-f]+)", table.get(pid, (0, ""))[1])
         if found and "raylet" in table[pid][1]:
@@ -75,16 +76,16 @@ def node_id(tmp: str) -> str:
 def alive(tmp: str) -> bool:
     """The node's raylet runs (a raylet the GCS marked dead, e.g. after missed health checks on a
     loaded machine, exits by itself)."""
-    table = cluster._processes()
+    table = processes()
     return any("raylet" in table.get(pid, (0, ""))[1] for pid in node_pids(tmp))
 
 
 def kill_node(tmp: str) -> set[int]:
     """SIGKILL every process of the node at once (a machine that died: no drain, no goodbye to the
     GCS), until none of them lives; the PIDs killed."""
-    return cluster._kill_tree(tmp, grace_s=0, kill_s=10)
+    return kill_tree(tmp, grace_s=0, kill_s=10)
 
 
 def stop_node(tmp: str) -> None:
     """Stop the node's processes by PID (SIGTERM, then SIGKILL)."""
-    cluster.stop_ray(tmp)
+    stop_ray(tmp)

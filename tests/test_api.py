@@ -23,7 +23,7 @@ import yaml
 import headsweep
 from analysis import figures, statistics
 from experiments.common.png import figure_png
-from orchestrator.cli import main as headsweep_cli
+from headsweep.cli import main as headsweep_cli
 from orchestrator.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def tiny_sweep(tmp_path_factory) -> tuple[str, str]:
     """(registry URL, sweep id) of the GRID's runs, each run for real as a trial runs it."""
     from experiments.core.context import RunContext
     from experiments.keyed.runner import run
-    from orchestrator.grid import expand, parse_grid
+    from orchestrator.driving.grid import expand, parse_grid
 
     spec = parse_grid(GRID)
     configs = expand(spec)
@@ -255,7 +255,7 @@ def test_the_example_notebook_runs_and_shows_the_sweep(db, capsys, tmp_path):
 def test_submit_a_grid_dict_and_wait(tmp_path, monkeypatch, capsys):
     """``headsweep.submit(dict, wait=True)`` is ``headsweep submit --wait``: the sweep is done when it
     returns, its grid kept as submitted, and its results are the CLI's."""
-    from orchestrator import cluster
+    from orchestrator.cluster.head import stop_local_head
 
     home = tmp_path / "home"
     monkeypatch.setenv("HEADSWEEP_HOME", str(home))
@@ -265,7 +265,7 @@ def test_submit_a_grid_dict_and_wait(tmp_path, monkeypatch, capsys):
     try:
         s = headsweep.submit(grid, wait=True)
     finally:
-        cluster.stop_local_head(home=home)
+        stop_local_head(home=home)
     assert repr(s) == f"<Sweep {s.id} (api-submit): finished, 2 finished>"
     with Registry(f"sqlite:///{home / 'registry.db'}") as registry:
         assert yaml.safe_load(registry.get_sweep(s.id)["grid"]) == grid

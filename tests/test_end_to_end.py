@@ -16,10 +16,10 @@ import ray
 import yaml
 
 from analysis.report import sweep_report
+from headsweep.cli import main as headsweep
 from orchestrator import tracking
-from orchestrator.cli import main as headsweep
-from orchestrator.driver import execute_sweep
-from orchestrator.grid import expand, parse_grid
+from orchestrator.driving.driver import execute_sweep
+from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import Registry
 from orchestrator.report import log_sweep_report
 

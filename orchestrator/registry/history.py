@@ -42,7 +42,7 @@ DIED = ("FAILED", "STOPPED")
 NODE_BURST_S = 60.0
 """Workers of one Ray node lost within this many seconds of the first are one loss of the node."""
 ALLOCATION_ENDED = "ALLOCATION_ENDED"
-"""The state of a driver that ended with its SLURM allocation (``orchestrator/slurm.py``): not
+"""The state of a driver that ended with its SLURM allocation (``orchestrator/slurm/``): not
 resumed by the supervisor (its Ray goes too), but by the job's next allocation."""
 _FIELDS = (Sweep.id, Sweep.status, Sweep.driver, Sweep.auto_resumes, Sweep.cancel_requested,
            Sweep.mlflow_parent_run_id)

@@ -77,7 +77,7 @@ class Sweep(Base):
 
 
 class SweepEvent(Base):
-    """One entry of a sweep's history (``orchestrator.supervisor`` writes and reads them):
+    """One entry of a sweep's history (``orchestrator.driving.supervisor`` writes and reads them):
     ``driver_lost`` {driver, state}, ``resumed`` {driver, auto, attempt, of}, ``gave_up`` {used, of}.
     ``at``: when it happened (a lost driver: when its Ray job ended)."""
 

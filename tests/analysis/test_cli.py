@@ -25,8 +25,8 @@ import pytest
 from analysis import cli, statistics
 from analysis.report import sweep_report
 from experiments.common.sections import ConfigError
+from headsweep.cli import main as headsweep
 from orchestrator import report
-from orchestrator.cli import main as headsweep
 from orchestrator.registry import Registry
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -163,7 +163,7 @@ def test_agreement_across_runs_is_not_cut_in_a_pipe(sweep, data):
     """Piped (no terminal; COLUMNS=80), the run x run table keeps every run key and value whole
     on its line, however wide that makes it."""
     result = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "agreement", sweep.sweep_id, "--across", "run", "--n-perm", "0",
+        [sys.executable, "-m", "headsweep.cli", "agreement", sweep.sweep_id, "--across", "run", "--n-perm", "0",
          "--where", "pipeline:dp", "--db", sweep.url],
         capture_output=True, text=True, cwd=ROOT, env=os.environ | {"COLUMNS": "80"}, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -240,7 +240,7 @@ def test_serve_blocks_until_ctrl_c(sweep, clients, tmp_path):
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(1)
         assert response.status_code == 200 and sweep.sweep_id in response.text
-        from orchestrator.cluster import is_loopback, listening_sockets, process_tree
+        from orchestrator.cluster.processes import is_loopback, listening_sockets, process_tree
 
         # its private Ray, Serve's proxy and replica included: loopback only
         assert [s for s in listening_sockets(process_tree({process.pid})) if not is_loopback(s[0])] == []

@@ -392,7 +392,7 @@ def test_cli_across_task_and_bad_input(methods_sweep, capsys):
 
 def test_headsweep_main_takes_a_flipped_map_as_a_map(methods_sweep, capsys):
     """Through the real top-level parser: '-heads.ablation_delta' is a map, not an unknown option."""
-    from orchestrator.cli import main
+    from headsweep.cli import main
 
     url, sweep_id = methods_sweep
     assert main(["compare-maps", "last", "heads.importance", "-heads.ablation_delta", "--n-perm", "0",

@@ -11,7 +11,7 @@ import pytest
 from analysis.loading import clear_cache, load_sweep
 from analysis.select import QueryError
 from experiments.common.result import UnitMap
-from orchestrator.grid import expand, parse_grid
+from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import Registry
 
 GATES = np.arange(72, dtype=np.float32).reshape(6, 12) / 72

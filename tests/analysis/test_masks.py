@@ -83,8 +83,8 @@ def test_the_cli_and_the_service_answer_from_the_store(sweep, tmp_path, monkeypa
     from fastapi.testclient import TestClient
 
     from analysis.service import build_app
+    from headsweep.cli import main
     from orchestrator.checkpoints import CheckpointStore
-    from orchestrator.cli import main
 
     data, stored = sweep
     root = tmp_path / "store"

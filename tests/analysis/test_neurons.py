@@ -10,7 +10,7 @@ from analysis import figure_plan, neurons
 from analysis.loading import clear_cache, load_sweep
 from analysis.select import QueryError
 from experiments.common.result import UnitMap
-from orchestrator.grid import expand, parse_grid
+from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import Registry
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

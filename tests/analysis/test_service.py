@@ -110,8 +110,8 @@ def test_a_sweep_whose_driver_died_is_failed_with_its_history(served):
     """The service only reads: a running sweep whose driver job no cluster knows stays as recorded
     (nothing written) until the orchestrator records the loss (the supervisor, or `status` as
     here); then it is failed, with its orphaned runs, and the workers that died are named."""
-    from orchestrator.drivers import driver_gone
-    from orchestrator.grid import expand, parse_grid
+    from orchestrator.driving.driver_job import driver_gone
+    from orchestrator.driving.grid import expand, parse_grid
     from orchestrator.registry.history import WORKER_LOST
 
     client, sweep = served  # served from the tests' temp home: no Ray head, no dashboard known

@@ -49,8 +49,8 @@ def _grid(n: int) -> dict:
 def one_sweep(n: int, home: str) -> dict[str, float]:
     """Register n trivial runs and execute them; return the driver's wall seconds (``seconds``), the
     start-up (start to the first run claimed) and the steady part (first claim to last finish)."""
-    from orchestrator.driver import execute_sweep
-    from orchestrator.grid import expand, parse_grid
+    from orchestrator.driving.driver import execute_sweep
+    from orchestrator.driving.grid import expand, parse_grid
     from orchestrator.registry import Registry, Run
     from orchestrator.registry.db import now
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import below, emit, finish  # noqa: E402
 from pg_schema import pg_schema  # noqa: E402
 
-from orchestrator.grid import expand, parse_grid  # noqa: E402
+from orchestrator.driving.grid import expand, parse_grid  # noqa: E402
 from orchestrator.registry import Registry, Run, RunMap  # noqa: E402
 from orchestrator.registry.schema import pack_map  # noqa: E402
 

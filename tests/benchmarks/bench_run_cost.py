@@ -90,8 +90,8 @@ def tiny_in_trial(args) -> None:
 
     from experiments.common.costs import PARTS
     from orchestrator import settings, tracking
-    from orchestrator.driver import execute_sweep
-    from orchestrator.grid import expand, parse_grid
+    from orchestrator.driving.driver import execute_sweep
+    from orchestrator.driving.grid import expand, parse_grid
     from orchestrator.registry import Registry
 
     grid = TINY_GRID | {"axes": {"seed": list(range(args.runs))}}

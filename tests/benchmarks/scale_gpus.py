@@ -58,7 +58,9 @@ import ray_nodes  # noqa: E402  (tests/ray_nodes.py)
 import scale_methods  # noqa: E402
 from _bench import at_least, at_most, emit, finish  # noqa: E402
 
-from orchestrator import cluster  # noqa: E402
+from orchestrator.cluster.head import HEAD_ENV, head_pids, local_head, stop_local_head, temp_dir  # noqa: E402
+from orchestrator.cluster.jobs import cluster_nodes  # noqa: E402
+from orchestrator.cluster.processes import processes  # noqa: E402
 from orchestrator.registry import Registry  # noqa: E402
 from orchestrator.registry.history import worker_node  # noqa: E402
 
@@ -105,7 +107,7 @@ ray.init(address=sys.argv[1], log_to_driver=False, logging_level="WARNING")
 
 @ray.remote(num_cpus=1, num_gpus=0.25)
 def probe():
-    import experiments.keyed.runner, orchestrator.trial  # what a trial worker imports before its method
+    import experiments.keyed.runner, orchestrator.driving.trial  # what a trial worker imports before its method
     return os.getpid(), sorted(m for m in ("torch", "transformers", "matplotlib", "sqlalchemy", "mlflow") if m in sys.modules)
 
 pid, modules = ray.get(probe.remote())
@@ -118,7 +120,7 @@ def probe_worker(address: str, nodes: list[dict]) -> dict:
     """A Ray worker on a GPU node that imported the trial path, measured while it lives: what each
     concurrent trial costs before its method runs, and the heavy modules it holds."""
     probe = subprocess.Popen([sys.executable, "-c", PROBE, address], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True, env=os.environ | cluster.HEAD_ENV)
+                             text=True, env=os.environ | HEAD_ENV)
     try:
         found = json.loads(probe.stdout.readline())
         assert any(found["pid"] in ray_nodes.node_pids(node["tmp"]) for node in nodes), "the probe ran off the GPU nodes"
@@ -140,7 +142,7 @@ def _measured(pids: list[int]) -> list[dict[str, float]]:
 
 def trial_workers(nodes: list[dict]) -> list[int]:
     """The Tune trial processes (``ray::ImplicitFunc``) of the worker nodes."""
-    table = cluster._processes()
+    table = processes()
     pids = set().union(*(ray_nodes.node_pids(node["tmp"]) for node in nodes))
     return [pid for pid in pids if table.get(pid, (0, ""))[1].startswith("ray::ImplicitFunc")]
 
@@ -167,9 +169,9 @@ def rss_by_kind(table: dict[int, tuple[int, str]]) -> dict[str, float]:
 def sample_memory(home: Path, sweep_id: str, nodes: list[dict]) -> dict[str, float]:
     """The trial workers now: how many, their USS summed and median; the driver's RSS; and the
     machine's available memory."""
-    table = cluster._processes()
-    driver = [pid for pid in cluster.head_pids(home) if table.get(pid, (0, ""))[1].strip().endswith(
-        f"-m orchestrator.driver {sweep_id}")]
+    table = processes()
+    driver = [pid for pid in head_pids(home) if table.get(pid, (0, ""))[1].strip().endswith(
+        f"-m orchestrator.driving.driver {sweep_id}")]
     used = _measured(trial_workers(nodes))
     uss = sorted(m["uss"] for m in used)
     with open("/proc/meminfo") as meminfo:
@@ -238,12 +240,12 @@ def open_attempts(path: Path) -> Counter:
 def start_cluster(home: Path, args: argparse.Namespace, nodes: list[dict]) -> dict:
     """The head (no GPUs), and the worker nodes appended to ``nodes`` as they start (so that a failed
     start stops those already up), once all of them joined."""
-    head = cluster.local_head(num_cpus=2, num_gpus=0, home=home)
+    head = local_head(num_cpus=2, num_gpus=0, home=home)
     for i in range(args.nodes):
         nodes.append(ray_nodes.start_node(head["address"], f"/tmp/hsg{os.getpid()}-{i}", args.cpus_per_node,
                                           args.gpus_per_node))
     deadline = time.monotonic() + 120
-    while len(cluster.cluster_nodes(head["dashboard"])) < args.nodes + 1:
+    while len(cluster_nodes(head["dashboard"])) < args.nodes + 1:
         assert time.monotonic() < deadline, "the worker nodes did not all join"
         time.sleep(1)
     return head
@@ -253,22 +255,22 @@ def stop_cluster(home: Path, nodes: list[dict], keep: bool) -> None:
     """Stop every node by PID; their temp dirs (Ray's logs: the driver's is the head's) go unless ``keep``."""
     for node in nodes:
         ray_nodes.stop_node(node["tmp"])
-    cluster.stop_local_head(home=home)
-    for tmp in ([] if keep else [node["tmp"] for node in nodes] + [cluster.temp_dir(home)]):
+    stop_local_head(home=home)
+    for tmp in ([] if keep else [node["tmp"] for node in nodes] + [temp_dir(home)]):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def cli_env(home: Path, head: dict) -> dict[str, str]:
     """The CLI's environment: this home and cluster, the plug-in method on its path."""
     env = {k: v for k, v in os.environ.items() if k not in ("HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI")}
-    return env | cluster.HEAD_ENV | {
+    return env | HEAD_ENV | {
         "HEADSWEEP_HOME": str(home), "RAY_ADDRESS": head["address"], "HEADSWEEP_RAY_DASHBOARD": head["dashboard"],
         "HEADSWEEP_METHODS": "scale_methods", "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])),
     }
 
 
 def headsweep(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "headsweep.cli", *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return done.stdout
@@ -286,7 +288,7 @@ def follow(sweep_id: str, home: Path, nodes: list[dict], args: argparse.Namespac
     the supervisor's resume awaited), killing a node once ``kill_after`` runs finished; memory sampled
     every ~5 s. Ray's memory monitor sees the whole machine from every simulated node: under memory
     pressure it kills workers on all of them, the head's job supervisor (and so the driver) included."""
-    from orchestrator.sweeps import wait
+    from orchestrator.driving.sweeps import wait
 
     started, state = time.monotonic(), {"lost": None, "samples": [], "sampled": 0.0}
 
@@ -349,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_cluster(home, nodes, args.keep)
         if args.keep:
-            print(f"kept {home} and Ray's logs under {cluster.temp_dir(home)}", file=sys.stderr)
+            print(f"kept {home} and Ray's logs under {temp_dir(home)}", file=sys.stderr)
         else:
             shutil.rmtree(home, ignore_errors=True)
     finish()

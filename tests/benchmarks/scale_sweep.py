@@ -12,8 +12,8 @@ times what a user does next on that sweep. Prints one JSON line per figure and a
 - the fixed cost per run by part (median and p90 of each ``cost.<part>_s``), and how many runs were
   the first of their worker process (``cost.first_in_worker``: they pay the imports);
 - the driver's RSS over time: every ``--sample-s`` seconds, the RSS of the process running
-  ``python -m orchestrator.driver SWEEP`` (the sweep's Ray Job), found among this home's Ray head's
-  processes (``orchestrator.cluster.head_pids``: the head's daemons by their temp dir and every
+  ``python -m orchestrator.driving.driver SWEEP`` (the sweep's Ray Job), found among this home's Ray head's
+  processes (``orchestrator.cluster.head.head_pids``: the head's daemons by their temp dir and every
   descendant, which the job's driver is), read from /proc/PID/status; beside it, every process
   of the head together (the trial workers included): what must fit in memory;
 - the registry's and MLflow's store sizes (SQLite files, or ``pg_database_size`` and each side's
@@ -172,11 +172,11 @@ class RssSampler(threading.Thread):
         self.started_at = time.monotonic()
 
     def run(self) -> None:
-        from orchestrator.cluster import head_pids
+        from orchestrator.cluster.head import head_pids
 
         while not self.stopped.wait(self.every_s):
             pids = head_pids(self.home)
-            drivers = [pid for pid in pids if runs_module(pid, "orchestrator.driver")]
+            drivers = [pid for pid in pids if runs_module(pid, "orchestrator.driving.driver")]
             driver = sum(filter(None, map(rss_mb, drivers))) if drivers else None
             self.samples.append((time.monotonic() - self.started_at, driver, sum(filter(None, map(rss_mb, pids)))))
 
@@ -195,11 +195,11 @@ def submit(grid: Path, env: dict[str, str]) -> tuple[str, float]:
 def await_driver_job(home: Path, sweep_id: str, limit_s: float = 3600) -> float:
     """Seconds until the sweep's Ray Job is done after ``--wait`` returned: its driver, then the
     sweep report it logs to the MLflow parent run (``headsweep report``)."""
-    from orchestrator.cluster import head_pids
+    from orchestrator.cluster.head import head_pids
 
     started = time.perf_counter()
     while time.perf_counter() - started < limit_s:
-        if not any(runs_module(pid, "orchestrator.driver", sweep_id) or runs_module(pid, "orchestrator.cli", "report", sweep_id)
+        if not any(runs_module(pid, "orchestrator.driving.driver", sweep_id) or runs_module(pid, "headsweep.cli", "report", sweep_id)
                    for pid in head_pids(home)):
             return time.perf_counter() - started
         time.sleep(1)
@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, value, unit, extra in check_ui(sweep_id, env, out):
                 rows.append(figure(f"ui_{name}", value, unit, context | {"load": load()}, **extra))
     finally:
-        from orchestrator.cluster import stop_local_head
+        from orchestrator.cluster.head import stop_local_head
 
         stop_local_head(home)  # this home's Ray head only, by PID
         if pg_name and not args.keep:

@@ -16,7 +16,7 @@ from experiments.core.tracking import MemoryTracker
 from experiments.keyed.config import parse_config
 from experiments.methods import METHODS
 from experiments.tasks import TASKS, bias_feature_names, classification
-from orchestrator.grid import expand, parse_grid
+from orchestrator.driving.grid import expand, parse_grid
 
 SHORTCUT = {"name": "synthetic-shortcut", "num_train": 400, "num_eval": 200, "max_length": 24}
 BIAS_ONLY = {"method": "bias_only", "model": "tiny-bert", "task": SHORTCUT, "train": {"eval_every": 100}}

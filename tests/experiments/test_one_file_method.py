@@ -15,7 +15,7 @@ from experiments.common.sections import ConfigError
 from experiments.core.tracking import MemoryTracker
 from experiments.keyed.config import apply_overrides, parse_config
 from experiments.methods import METHODS
-from orchestrator.grid import expand, parse_grid
+from orchestrator.driving.grid import expand, parse_grid
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "tiny_method.py"
 
@@ -61,7 +61,7 @@ def test_grids_resolve_its_short_names_through_each_cell(tiny):
 
 
 def test_headsweep_methods_lists_it(tiny, capsys):
-    from orchestrator.cli import main
+    from headsweep.cli import main
 
     assert main(["methods", "tiny"]) == 0
     shown = " ".join(capsys.readouterr().out.split())

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from experiments import RunContext, parse_config, run
-from experiments.common.sections import ConfigError
 from experiments.core.loop import evaluate_all, forward_logits, take, update
 from experiments.core.precision import autocast, check_precision, grad_scaler
+from experiments.common.sections import ConfigError
 from experiments.core.state import set_up
 from experiments.core.tracking import MemoryTracker
 from experiments.interventions.gates import HeadGates
@@ -67,9 +67,9 @@ def test_precision_is_a_train_key_whose_default_keeps_every_run_key():
 
 
 def test_the_key_is_documented_in_headsweep_methods(capsys):
-    from experiments.keyed import config_keys
+    from experiments.core import config_keys
     from experiments.keyed.config import RunConfig
-    from orchestrator.cli import main
+    from headsweep.cli import main
 
     assert main(["methods", "finetune", "--shared"]) == 0
     shown = " ".join(capsys.readouterr().out.split())
@@ -92,7 +92,7 @@ def test_fp16_on_cpu_is_a_one_line_config_error_naming_the_key_before_anything_r
         autocast("fp16", "cpu")
 
     # headsweep run trains on CPU: exit 2, one line, no MLflow store
-    from orchestrator.cli import main
+    from headsweep.cli import main
 
     monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path / "home"))
     config = tmp_path / "c.yaml"
@@ -103,7 +103,7 @@ def test_fp16_on_cpu_is_a_one_line_config_error_naming_the_key_before_anything_r
     assert not (tmp_path / "home" / "mlflow.db").exists()
 
     # a grid whose trials get no GPU fails at expansion, naming the cell; with a GPU it expands
-    from orchestrator.grid import expand, parse_grid
+    from orchestrator.driving.grid import expand, parse_grid
 
     grid = {"name": "p", "base": {"method": "finetune", "model": "tiny-bert", "train.precision": "fp16"},
             "axes": {"seed": [0, 1]}}

@@ -12,7 +12,7 @@ from experiments.common.sections import ConfigError
 from experiments.core.tracking import MemoryTracker
 from experiments.keyed.config import apply_overrides
 from experiments.maths.transfer import chance_overlap, overlap
-from orchestrator.grid import expand, parse_grid
+from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry.stages import with_upstreams
 
 TINY = {
@@ -85,7 +85,7 @@ def test_a_grid_over_task_and_source_task_trains_each_prompt_once_per_seed():
 def test_the_example_grid_shares_nine_prompts(shared_data):
     from pathlib import Path
 
-    from orchestrator.grid import load_grid
+    from orchestrator.driving.grid import load_grid
 
     spec = load_grid(Path(__file__).resolve().parents[2] / "examples" / "grid_skill_transfer.yaml")
     cells = expand(spec)

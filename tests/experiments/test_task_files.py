@@ -361,7 +361,7 @@ def test_headsweep_run_and_submit_stop_at_bad_data_and_write_nothing(tmp_path, m
             "axes": {"task.dev": ["dev.csv", "maybe.csv"]}}  # fmt: skip
     (tmp_path / "grid.yaml").write_text(yaml.safe_dump(grid))
     # the CLI in this process: its exit status through a real one is test_cli_submit.py's and test_cli_run.py's
-    from orchestrator.cli import main
+    from headsweep.cli import main
 
     home = tmp_path / "home"
     monkeypatch.setenv("HEADSWEEP_HOME", str(home))
@@ -377,7 +377,7 @@ def test_headsweep_run_and_submit_stop_at_bad_data_and_write_nothing(tmp_path, m
 
 
 def test_a_grid_over_a_file_task_keeps_its_eval_sets_and_keys_runs_by_content(tmp_path):
-    from orchestrator.grid import expand, parse_grid
+    from orchestrator.driving.grid import expand, parse_grid
 
     grid = {"name": "pairs", "base": {"model": "tiny-bert", "task": pair_task(tmp_path)},
             "axes": {"seed": [0, 1, 2], "task.max_train": [4, 8]}}  # fmt: skip

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from experiments.keyed.config import parse_config
-from orchestrator import cli
+from headsweep import cli
 from orchestrator.registry import LAST, NotFound, Registry
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from experiments.keyed.config import parse_config
+from headsweep.cli import main as headsweep
 from orchestrator import settings
-from orchestrator.cli import main as headsweep
 from orchestrator.registry import Registry
 
 

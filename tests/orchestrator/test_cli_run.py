@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 
 from orchestrator.tracking import ui_url
 
-HEADSWEEP = [sys.executable, "-m", "orchestrator.cli"]
+HEADSWEEP = [sys.executable, "-m", "headsweep.cli"]
 TINY = {
     "model": "tiny-bert",
     "task": {"name": "synthetic-tag", "num_train": 48, "num_eval": 16, "max_length": 24},
@@ -52,7 +52,7 @@ def _write(path, data):
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, config, message):
     """In this process (a fresh interpreter costs ~6 CPU-seconds of imports); the next test goes
     through a real one, its exit status and its stderr."""
-    from orchestrator.cli import main
+    from headsweep.cli import main
 
     home = tmp_path / "home"
     monkeypatch.setenv("HEADSWEEP_HOME", str(home))
@@ -77,7 +77,7 @@ def test_set_with_a_key_the_method_lacks_exits_2(tmp_path):
 
 
 def test_methods_lists_every_method_its_keys_defaults_and_short_names(capsys):
-    from orchestrator.cli import main
+    from headsweep.cli import main
 
     assert main(["methods", "--shared"]) == 0
     shown = " ".join(capsys.readouterr().out.split())
@@ -92,7 +92,7 @@ def test_methods_says_which_defaults_are_the_papers_protocol_and_the_set_that_re
     from experiments.common.sections import section_value
     from experiments.keyed.config import apply_overrides, parse_config
     from experiments.methods import METHODS
-    from orchestrator.cli import main
+    from headsweep.cli import main
 
     kept = {name: module.REFERENCE for name, module in METHODS.items() if getattr(module, "REFERENCE", None)}
     assert {"attention_analysis", "probes", "skill_neurons"} <= set(kept)  # both branches are exercised
@@ -170,7 +170,7 @@ def test_run_of_a_method_whose_progress_reports_no_loss(tmp_path, monkeypatch, c
     """head_importance's pruning steps report open heads and no loss: the progress bar shows '-'
     for it (it raised KeyError 'loss'), and the method's own progress value (its ``PROGRESS``:
     open heads), the fine-tune stage run first none. In this process."""
-    from orchestrator.cli import main
+    from headsweep.cli import main
 
     monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path / "home"))
     for name in ("HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI"):

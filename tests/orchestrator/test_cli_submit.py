@@ -1,6 +1,6 @@
 """`headsweep submit` with bad grids: one line naming the problem, exit 2, nothing written anywhere.
 
-The cases run ``orchestrator.cli.main`` in this process (a fresh interpreter costs ~6 CPU-seconds of
+The cases run ``headsweep.cli.main`` in this process (a fresh interpreter costs ~6 CPU-seconds of
 imports, 20-40 s each on a loaded 2-core machine); one case goes through a real process, its exit
 status and its stderr."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.cli import main as headsweep
+from headsweep.cli import main as headsweep
 
 GOOD = {
     "name": "bad",
@@ -70,7 +70,7 @@ def test_bad_grids_fail_at_submit_and_write_nothing(tmp_path, home, capsys, text
 def test_a_bad_grid_in_a_real_process_exits_2_with_one_line(tmp_path, home):
     grid = tmp_path / "grid.yaml"
     grid.write_text(_bad(axes={"sed": [0, 1]}))
-    result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(grid)],
+    result = subprocess.run([sys.executable, "-m", "headsweep.cli", "submit", str(grid)],
                             capture_output=True, text=True, env=os.environ.copy(), timeout=300)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines() == [

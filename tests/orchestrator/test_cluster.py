@@ -17,8 +17,13 @@ import ray
 import yaml
 
 from experiments.common.result import RunResult, UnitMap
-from orchestrator import cluster, settings, supervisor, tracking
-from orchestrator.grid import expand, parse_grid
+from orchestrator import settings, tracking
+from orchestrator.cluster.head import HEAD_ENV, head_pids, local_head, stop_local_head
+from orchestrator.cluster.jobs import cluster_nodes, job_state, stop_job
+from orchestrator.cluster.packaging import job_runtime_env
+from orchestrator.cluster.processes import is_loopback, listening_sockets, processes
+from orchestrator.driving import supervisor
+from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import Registry, history
 from orchestrator.registry import db as registry_db
 
@@ -31,9 +36,9 @@ import ray_nodes  # noqa: E402  (tests/ray_nodes.py: simulated worker nodes on t
 def ray_cluster(tmp_path_factory):
     """The project's own local head (of a home of its own, so its ports and temp dir are its own)."""
     cluster_home = tmp_path_factory.mktemp("cluster_home")
-    head = cluster.local_head(num_cpus=2, num_gpus=4, home=cluster_home)
+    head = local_head(num_cpus=2, num_gpus=4, home=cluster_home)
     yield head | {"home": cluster_home, "ports": json.loads((cluster_home / "ray.json").read_text())["ports"]}
-    cluster.stop_local_head(home=cluster_home)  # its processes, the second node's included, by PID
+    stop_local_head(home=cluster_home)  # its processes, the second node's included, by PID
 
 
 @pytest.fixture
@@ -45,7 +50,7 @@ def home(tmp_path, monkeypatch, ray_cluster):
     monkeypatch.setenv("HEADSWEEP_RAY_DASHBOARD", ray_cluster["dashboard"])
     # ray.init leaves RAY_AUTH_MODE=token in os.environ (seen after Serve tests in this process):
     # our drivers and CLIs must talk to this cluster the way it was started (loopback included)
-    for key, value in cluster.HEAD_ENV.items():
+    for key, value in HEAD_ENV.items():
         monkeypatch.setenv(key, value)
     yield tmp_path
     supervisor.stop(ray_cluster["dashboard"], settings.registry_url())  # the one a CLI submit started
@@ -81,7 +86,7 @@ from ray import cloudpickle  # Ray pickles with its own vendored cloudpickle
 sys.path.insert(0, {here!r})
 import test_cluster
 cloudpickle.register_pickle_by_value(test_cluster)  # workers get the run function by value
-from orchestrator.driver import execute_sweep
+from orchestrator.driving.driver import execute_sweep
 ray.init(address={address!r}, log_to_driver=False, logging_level="WARNING")
 {arrivals}
 counts = execute_sweep({sweep!r}, registry_url={url!r}, track=False,
@@ -192,7 +197,7 @@ SLOW_GRID = {
 
 
 def _cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "headsweep.cli", *args], capture_output=True, text=True,
                           env=os.environ.copy(), timeout=timeout)
 
 
@@ -218,8 +223,8 @@ def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ra
         time.sleep(0.5)
     time.sleep(3)  # mid-run
     driver = registry.get_sweep(sweep_id)["driver"]
-    cluster.stop_driver(ray_cluster["dashboard"], driver)
-    while cluster.driver_status(ray_cluster["dashboard"], driver) in ("PENDING", "RUNNING"):
+    stop_job(ray_cluster["dashboard"], driver)
+    while job_state(ray_cluster["dashboard"], driver)[0] in ("PENDING", "RUNNING"):
         time.sleep(0.5)
     interrupted = registry.sweep_counts(sweep_id)
     assert interrupted.get("finished", 0) < 4, interrupted
@@ -252,8 +257,8 @@ def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ra
 
 def _driver_pid(sweep_id: str) -> int:
     """The driver's Python process of the sweep (not the job's shell around it)."""
-    command = f"{sys.executable} -m orchestrator.driver {sweep_id}"
-    (pid,) = [pid for pid, (_, cmdline) in cluster._processes().items() if cmdline.strip() == command]
+    command = f"{sys.executable} -m orchestrator.driving.driver {sweep_id}"
+    (pid,) = [pid for pid, (_, cmdline) in processes().items() if cmdline.strip() == command]
     return pid
 
 
@@ -292,11 +297,11 @@ def test_a_sigkilled_driver_is_resumed_by_the_supervisor(home, ray_cluster, tmp_
     assert f"; {orphaned} run{'s' if orphaned > 1 else ''} orphaned; resumed automatically" in told, told
     assert resumed["detail"]["auto"] and resumed["detail"]["driver"] == registry.get_sweep(sweep_id)["driver"] != first_driver
     # the supervisor is a process of the head (the head's stop ends it) and listens nowhere beyond loopback
-    job_pids = {pid for pid, (_, cmdline) in cluster._processes().items() if f"orchestrator.supervisor {watching}" in cmdline}
-    head = cluster.head_pids(ray_cluster["home"])
+    job_pids = {pid for pid, (_, cmdline) in processes().items() if f"orchestrator.driving.supervisor {watching}" in cmdline}
+    head = head_pids(ray_cluster["home"])
     assert job_pids and job_pids <= head
-    assert [s for s in cluster.listening_sockets(head) if not cluster.is_loopback(s[0])] == []
-    assert cluster.listening_sockets(job_pids) == []
+    assert [s for s in listening_sockets(head) if not is_loopback(s[0])] == []
+    assert listening_sockets(job_pids) == []
 
     deadline = time.time() + 400
     while registry.get_sweep(sweep_id)["status"] != "finished" and time.time() < deadline:
@@ -344,7 +349,7 @@ def test_a_sigkilled_worker_is_rerun_and_every_run_finishes_exactly_once(home, r
     victim = registry.get_run(running[0]["run_key"])
     assert victim["status"] == "running" and victim["attempts"] == 1, victim
     pid = int(victim["worker"].rsplit(":", 1)[1])  # trial_id@host:pid, the trial's own process
-    assert "ImplicitFunc" in cluster._processes()[pid][1]  # a Tune trial's worker, not the driver
+    assert "ImplicitFunc" in processes()[pid][1]  # a Tune trial's worker, not the driver
     os.kill(pid, signal.SIGKILL)
     killed = time.time()
     while True:  # rerun: a new attempt holds the run (or has finished it)
@@ -402,7 +407,7 @@ def test_cancel_stops_a_detached_sweep_through_its_live_driver(home, ray_cluster
     assert cancelled.returncode == 0 and "cancel requested" in cancelled.stdout, cancelled.stderr[-3000:]
     driver = registry.get_sweep(sweep["id"])["driver"]
     deadline = time.time() + 180  # a hang, not a loaded machine: trials look every 2 s
-    while (state := cluster.driver_status(ray_cluster["dashboard"], driver)) in ("PENDING", "RUNNING"):
+    while (state := job_state(ray_cluster["dashboard"], driver)[0]) in ("PENDING", "RUNNING"):
         assert time.time() < deadline, registry.sweep_counts(sweep["id"])
         time.sleep(0.5)
     assert state == "SUCCEEDED"  # it ended by itself, not stopped
@@ -421,21 +426,21 @@ def second_node(ray_cluster):
     try:
         node = ray_nodes.start_node(ray_cluster["address"], tmp, cpus=4, gpus=0)
         deadline = time.time() + 60
-        while len(cluster.cluster_nodes(ray_cluster["dashboard"])) < 2 and time.time() < deadline:
+        while len(cluster_nodes(ray_cluster["dashboard"])) < 2 and time.time() < deadline:
             time.sleep(1)
         yield node
     finally:
         ray_nodes.stop_node(tmp)
         deadline = time.time() + 60  # gone from the cluster before the next test counts nodes
-        while len(cluster.cluster_nodes(ray_cluster["dashboard"])) > 1 and time.time() < deadline:
+        while len(cluster_nodes(ray_cluster["dashboard"])) > 1 and time.time() < deadline:
             time.sleep(1)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 def test_trials_land_on_both_nodes(home, ray_cluster, second_node):
-    assert [a for a, _, _ in cluster.listening_sockets(cluster.head_pids(ray_cluster["home"]) | ray_nodes.node_pids(second_node["tmp"]))
-            if not cluster.is_loopback(a)] == []
+    assert [a for a, _, _ in listening_sockets(head_pids(ray_cluster["home"]) | ray_nodes.node_pids(second_node["tmp"]))
+            if not is_loopback(a)] == []
     grid = {**TRIVIAL, "axes": {"seed": list(range(8))}, "resources": {"cpus": 1}, "max_concurrent": 4}
     registry, sweep_id = _register(grid)
     assert _drive(sweep_id, home, seconds=2.0) == {"finished": 8}
@@ -495,8 +500,8 @@ def test_trials_find_the_data_where_the_grid_was_validated(monkeypatch, shared_d
     """The shipped code lives in Ray's package cache, where ../shared/data is not beside it: the
     job's environment carries the data root resolved at submit (a built-in sst2 sweep failed
     with 'train.tsv not found in .../runtime_resources/py_modules_files/...' without it)."""
-    from orchestrator import cluster, drivers
+    from orchestrator.driving import driver_job
 
     monkeypatch.delenv("HEADSWEEP_DATA", raising=False)
-    env = cluster.job_runtime_env(drivers.driver_env({"address": "127.0.0.1:1"}, track=False))["env_vars"]
+    env = job_runtime_env(driver_job.driver_env({"address": "127.0.0.1:1"}, track=False))["env_vars"]
     assert env["HEADSWEEP_DATA"] == str(shared_data.resolve()) and (shared_data / "sst2" / "train.tsv").exists()

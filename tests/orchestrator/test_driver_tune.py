@@ -15,8 +15,8 @@ import pytest
 import ray
 
 from experiments.common.result import RunResult, UnitMap
-from orchestrator.driver import execute_sweep
-from orchestrator.grid import expand, parse_grid
+from orchestrator.driving.driver import execute_sweep
+from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import Registry
 
 pytestmark = pytest.mark.ray
@@ -68,7 +68,7 @@ def test_a_wave_looks_its_trainable_up_once_and_puts_tune_back(monkeypatch):
     the driver's cache answers from the first read, and Tune's own lookups are back after it."""
     from ray.tune.experiment import trial as tune_trial
 
-    from orchestrator.driver import _trainable_looked_up_once
+    from orchestrator.driving.driver import _trainable_looked_up_once
 
     reads: list[str] = []
     monkeypatch.setattr(tune_trial, "get_trainable_cls", lambda name: reads.append(name) or object())
@@ -104,7 +104,7 @@ def test_trials_that_end_together_keep_their_worker_processes(local_ray, tmp_pat
 
 def test_the_actor_cache_keeps_up_to_its_cap_and_flushes_all_at_the_end():
     """Pure: Tune's cache keeps one actor when no trial is staged; the driver's keeps up to the cap."""
-    from orchestrator.driver import _WarmActors
+    from orchestrator.driving.driver import _WarmActors
 
     cache = _WarmActors(keep=3)
     assert [cache.cache_object("quarter-gpu", actor) for actor in "abcd"] == [True, True, True, False]
@@ -121,7 +121,7 @@ def test_the_actor_cache_keeps_up_to_its_cap_and_flushes_all_at_the_end():
 def test_a_wave_s_actor_cache_is_the_driver_s_and_tune_s_after_it():
     from ray.tune.execution import tune_controller
 
-    from orchestrator.driver import _actors_kept
+    from orchestrator.driving.driver import _actors_kept
 
     before = tune_controller._ObjectCache
     with _actors_kept(5):

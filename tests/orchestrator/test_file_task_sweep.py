@@ -15,8 +15,8 @@ import yaml
 
 from experiments.common.sections import read_yaml
 from orchestrator import tracking
-from orchestrator.driver import execute_sweep
-from orchestrator.grid import expand, parse_grid
+from orchestrator.driving.driver import execute_sweep
+from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,7 +94,7 @@ def test_a_csv_task_and_a_pair_task_with_an_ood_set_run_through_a_sweep(home):
 
 def test_submit_stops_a_grid_whose_csv_has_no_label_column_and_writes_nothing(tmp_path, monkeypatch, capsys):
     """``headsweep submit`` in this process (its exit status through a real one: test_cli_submit.py)."""
-    from orchestrator.cli import main
+    from headsweep.cli import main
 
     (tmp_path / "train.csv").write_text("text,category\ngreat,pos\nawful,neg\n", encoding="utf-8")
     (tmp_path / "dev.csv").write_text("text,category\nfine,pos\n", encoding="utf-8")
@@ -126,7 +126,7 @@ def headerless_tsv(folder: Path, name: str, words: tuple[str, str], rows: int) -
 def test_two_headerless_tsv_tasks_named_by_id_compared_across_task(home, capsys):
     """Two of the user's own TSV tasks without header rows, told apart by ``task.id`` in the
     registry's labels, MLflow run names and ``headsweep agreement --across task``."""
-    from orchestrator.cli import main
+    from headsweep.cli import main
 
     data = home / "data"
     data.mkdir()

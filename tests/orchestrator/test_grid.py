@@ -9,10 +9,10 @@ import time
 import pytest
 import yaml
 
-import orchestrator.grid as grid
-from experiments.common.sections import ConfigError
+import orchestrator.driving.grid as grid
 from experiments.keyed.config import parse_config
-from orchestrator.grid import Resources, check_resources, expand, load_grid, parse_grid
+from experiments.common.sections import ConfigError
+from orchestrator.driving.grid import Resources, check_resources, expand, load_grid, parse_grid
 
 
 def _spec(**fields):

@@ -15,7 +15,17 @@ import pytest
 import yaml
 
 from experiments.keyed.runner import source_hash
-from orchestrator import cluster
+from orchestrator.cluster.head import (
+    LOCAL_ENV,
+    ClusterError,
+    head_pids,
+    local_head,
+    stop_local_head,
+    temp_dir,
+)
+from orchestrator.cluster.jobs import job_client
+from orchestrator.cluster.packaging import PACKAGES
+from orchestrator.cluster.processes import is_loopback, listening_sockets
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,9 +35,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def head_a(tmp_path_factory):
     """Checkout A's head: this checkout, a home of its own."""
     home = tmp_path_factory.mktemp("home_a")
-    head = cluster.local_head(num_cpus=2, home=home)
+    head = local_head(num_cpus=2, home=home)
     yield head | {"home": home}
-    cluster.stop_local_head(home=home)
+    stop_local_head(home=home)
 
 
 JOB = """
@@ -50,17 +60,17 @@ def test_nothing_the_local_head_starts_listens_beyond_loopback(head_a, tmp_path)
     an actor and a task worker: every listening socket of the head's process tree is on 127.0.0.1."""
     (tmp_path / "job.py").write_text(JOB)
     ready = tmp_path / "ready"
-    client = cluster.job_client(head_a["dashboard"])
+    client = job_client(head_a["dashboard"])
     job = client.submit_job(entrypoint=f"{sys.executable} {tmp_path / 'job.py'} {ready}")
     deadline = time.monotonic() + 180
     while not ready.exists():
         assert client.get_job_status(job).value in ("PENDING", "RUNNING") and time.monotonic() < deadline, client.get_job_logs(job)
         time.sleep(0.5)
     try:
-        pids = cluster.head_pids(head_a["home"])
-        sockets = cluster.listening_sockets(pids)
+        pids = head_pids(head_a["home"])
+        sockets = listening_sockets(pids)
         table = {pid: cmdline(pid) for pid in pids}  # a short-lived worker may be gone by now: ""
-        assert [s for s in sockets if not cluster.is_loopback(s[0])] == [], sockets
+        assert [s for s in sockets if not is_loopback(s[0])] == [], sockets
         ports = {port for _, port, _ in sockets}
         state = json.loads((head_a["home"] / "ray.json").read_text())
         assert {state["ports"][name] for name in ("gcs", "dashboard", "node_manager", "object_manager")} <= ports
@@ -81,23 +91,23 @@ def cmdline(pid: int) -> str:
 
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 def test_each_home_has_its_own_head_and_stops_only_its_own(head_a, tmp_path):
-    assert cluster.local_head(home=head_a["home"]) == {k: head_a[k] for k in ("address", "dashboard")}  # reused
-    a_pids = cluster.head_pids(head_a["home"])
+    assert local_head(home=head_a["home"]) == {k: head_a[k] for k in ("address", "dashboard")}  # reused
+    a_pids = head_pids(head_a["home"])
     home_b = tmp_path / "home_b"
     home_b.mkdir()
     # ray.json copied from A's home into B's: B must not take A's head for its own
     shutil.copy(head_a["home"] / "ray.json", home_b / "ray.json")
-    head_b = cluster.local_head(num_cpus=1, home=home_b)
+    head_b = local_head(num_cpus=1, home=home_b)
     try:
         assert head_b["address"] != head_a["address"] and head_b["dashboard"] != head_a["dashboard"]
         b_state = json.loads((home_b / "ray.json").read_text())
-        assert b_state["home"] == str(home_b.resolve()) and b_state["temp_dir"] != cluster.temp_dir(head_a["home"])
-        assert cluster.head_pids(home_b).isdisjoint(a_pids)
+        assert b_state["home"] == str(home_b.resolve()) and b_state["temp_dir"] != temp_dir(head_a["home"])
+        assert head_pids(home_b).isdisjoint(a_pids)
     finally:
-        assert cluster.stop_local_head(home=home_b)
-    assert not cluster.head_pids(home_b) and not (home_b / "ray.json").exists()
-    assert a_pids <= cluster.head_pids(head_a["home"]) | {p for p in a_pids if not Path(f"/proc/{p}").exists()}
-    assert cluster.local_head(home=head_a["home"])["address"] == head_a["address"]  # A's head still up
+        assert stop_local_head(home=home_b)
+    assert not head_pids(home_b) and not (home_b / "ray.json").exists()
+    assert a_pids <= head_pids(head_a["home"]) | {p for p in a_pids if not Path(f"/proc/{p}").exists()}
+    assert local_head(home=head_a["home"])["address"] == head_a["address"]  # A's head still up
 
 
 def test_a_port_held_by_someone_else_is_an_error_not_a_head_to_join(tmp_path, monkeypatch):
@@ -105,15 +115,15 @@ def test_a_port_held_by_someone_else_is_an_error_not_a_head_to_join(tmp_path, mo
         foreign.bind(("127.0.0.1", 0))
         foreign.listen()
         monkeypatch.setenv("HEADSWEEP_RAY_PORT", str(foreign.getsockname()[1]))
-        with pytest.raises(cluster.ClusterError, match="taken by another process"):
-            cluster.local_head(home=tmp_path)
+        with pytest.raises(ClusterError, match="taken by another process"):
+            local_head(home=tmp_path)
     assert not (tmp_path / "ray.json").exists()
 
 
 def test_resources_no_node_can_satisfy_fail_at_submit_and_write_nothing(head_a, tmp_path, monkeypatch, capsys):
     """Checked against the head's real nodes (2 CPUs, no GPU), before anything is written. `submit`
     in this process: its exit status through a real one is test_cli_submit.py's."""
-    from orchestrator.cli import main
+    from headsweep.cli import main
 
     home = tmp_path / "home"
     monkeypatch.setenv("HEADSWEEP_HOME", str(home))
@@ -133,8 +143,8 @@ def test_a_driver_that_cannot_start_is_named_while_submit_waits(head_a, tmp_path
     """A sweep whose driver's Ray job stays PENDING (here: it asks for more CPUs than the head has) is
     not a silent "submitted": ``wait`` hands its progress printer Ray's own words about the job, and
     ``status`` shows them."""
-    from orchestrator import drivers, sweeps
-    from orchestrator.grid import expand, parse_grid
+    from orchestrator.driving import driver_job, sweeps
+    from orchestrator.driving.grid import expand, parse_grid
     from orchestrator.registry import Registry
 
     monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
@@ -143,13 +153,13 @@ def test_a_driver_that_cannot_start_is_named_while_submit_waits(head_a, tmp_path
         monkeypatch.delenv(name, raising=False)
     registry = Registry(f"sqlite:///{tmp_path}/registry.db")
     sweep_id, _ = registry.create_sweep("stuck", "", expand(parse_grid(GRID)), {"cpus": 1}, 1, 0)
-    client = cluster.job_client(head_a["dashboard"])
+    client = job_client(head_a["dashboard"])
     job = client.submit_job(entrypoint="true", entrypoint_num_cpus=64)
     registry.set_sweep(sweep_id, driver=job, status="submitted")
     try:
-        monkeypatch.setattr(drivers, "STARTING_S", 3600.0)
-        assert drivers.driver_starting(registry.get_sweep(sweep_id)) is None  # not yet
-        monkeypatch.setattr(drivers, "STARTING_S", 0.0)
+        monkeypatch.setattr(driver_job, "STARTING_S", 3600.0)
+        assert driver_job.driver_starting(registry.get_sweep(sweep_id)) is None  # not yet
+        monkeypatch.setattr(driver_job, "STARTING_S", 0.0)
         notes = []
 
         def printer(sweep, counts):
@@ -162,13 +172,13 @@ def test_a_driver_that_cannot_start_is_named_while_submit_waits(head_a, tmp_path
         (note,) = notes
         assert note.startswith("its driver's Ray job is PENDING ") and "s after submission: " in note, note
         assert "waiting for resources" in note, note  # Ray's message
-        from orchestrator.cli import main
+        from headsweep.cli import main
 
         assert main(["status", sweep_id]) == 0  # and `status` says it too
         told = " ".join(capsys.readouterr().out.split())
         assert "its driver's Ray job is PENDING " in told and "waiting for resources" in told, told
         registry.set_sweep(sweep_id, status="running")  # a driver that started the sweep has nothing to explain
-        assert drivers.driver_starting(registry.get_sweep(sweep_id)) is None
+        assert driver_job.driver_starting(registry.get_sweep(sweep_id)) is None
     finally:
         client.stop_job(job)
 
@@ -190,21 +200,21 @@ def test_a_sweep_submitted_from_checkout_b_runs_b_code_on_a_head(head_a, tmp_pat
     """Checkout B (a copy of the packages with a marker added) submits to the head that A started, in the
     same home: the driver job and the trial import B's code, and the run records B's source hash."""
     checkout_b = tmp_path / "b"
-    for package in cluster.PACKAGES:
+    for package in PACKAGES:
         shutil.copytree(ROOT / package, checkout_b / package, ignore=shutil.ignore_patterns("__pycache__"))
     with open(checkout_b / "experiments" / "__init__.py", "a") as init:
         init.write('\nCHECKOUT_MARKER = "B"\n')
-    env = os.environ | cluster.LOCAL_ENV | {"HEADSWEEP_HOME": str(head_a["home"]), "PYTHONPATH": str(checkout_b)}
+    env = os.environ | LOCAL_ENV | {"HEADSWEEP_HOME": str(head_a["home"]), "PYTHONPATH": str(checkout_b)}
     hash_b = subprocess.run([sys.executable, "-c", "from experiments.keyed.runner import source_hash; print(source_hash())"],
                             cwd=checkout_b, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert hash_b != source_hash()
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump(GRID))
-    a_pids = cluster.head_pids(head_a["home"])
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(grid), "--wait"],
+    a_pids = head_pids(head_a["home"])
+    done = subprocess.run([sys.executable, "-m", "headsweep.cli", "submit", str(grid), "--wait"],
                           cwd=checkout_b, env=env, capture_output=True, text=True, timeout=480)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert cluster.head_pids(head_a["home"]) & a_pids  # A's head, not a new one
+    assert head_pids(head_a["home"]) & a_pids  # A's head, not a new one
 
     import mlflow
 

@@ -37,8 +37,8 @@ from orchestrator.registry.history import DRIVER_LOST, RESUMED  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 ROOT = Path(__file__).resolve().parents[2]
-HEADSWEEP = [sys.executable, "-m", "orchestrator.cli"]
-RAY_START = [sys.executable, "-m", "orchestrator.cluster", "ray-start"]
+HEADSWEEP = [sys.executable, "-m", "headsweep.cli"]
+RAY_START = [sys.executable, "-m", "orchestrator.cluster.head", "ray-start"]
 COMPUTES = ["n1", "n2", "n3"]
 GRID = {  # six short runs at half a GPU: two per node at once on 3 nodes of 2 logical GPUs
     "name": "multihost",

@@ -20,8 +20,8 @@ import yaml
 from experiments import methods
 from experiments.common.sections import ConfigError
 from orchestrator import tracking
-from orchestrator.driver import execute_sweep
-from orchestrator.grid import expand, parse_grid
+from orchestrator.driving.driver import execute_sweep
+from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import Registry
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
@@ -69,7 +69,7 @@ def home(tmp_path, monkeypatch):
 def test_a_method_from_headsweep_methods_runs_a_sweep_and_is_analysed_by_its_map(plugin_ray, home, capsys):
     from analysis import queries
     from analysis.loading import clear_cache, load_sweep
-    from orchestrator.cli import main
+    from headsweep.cli import main
 
     url = f"sqlite:///{home}/registry.db"
     spec = parse_grid(GRID)
@@ -140,11 +140,11 @@ def test_a_bad_module_in_headsweep_methods_is_one_line_naming_it(tmp_path, monke
 def test_headsweep_methods_lists_it_in_a_fresh_process(tmp_path):
     """The import-time path: a new process with the variable set, the CLI, exit status."""
     env = os.environ | {methods.ENV_VAR: "tiny_method", "PYTHONPATH": str(PLUGINS)}
-    shown = subprocess.run([sys.executable, "-m", "orchestrator.cli", "methods", "tiny"],
+    shown = subprocess.run([sys.executable, "-m", "headsweep.cli", "methods", "tiny"],
                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert "tiny VERSION 1 pipelines: once, twice" in " ".join(shown.stdout.split())
-    bad = subprocess.run([sys.executable, "-m", "orchestrator.cli", "methods"], capture_output=True, text=True,
+    bad = subprocess.run([sys.executable, "-m", "headsweep.cli", "methods"], capture_output=True, text=True,
                          env=env | {methods.ENV_VAR: "tiny_method,nope_mod"}, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "headsweep: error: HEADSWEEP_METHODS: module 'nope_mod' cannot be imported: no module named 'nope_mod' "
@@ -154,7 +154,7 @@ def test_headsweep_methods_lists_it_in_a_fresh_process(tmp_path):
 SUBMIT = """
 import sys
 sys.path.insert(0, sys.argv[1])  # the plug-in is on this process's path only, not in the environment
-from orchestrator.cli import main
+from headsweep.cli import main
 sys.exit(main(["submit", sys.argv[2], "--wait"]))
 """
 
@@ -187,4 +187,4 @@ def test_submit_ships_the_plugin_to_a_head_that_cannot_import_it(tmp_path):
         assert "Uploading package" in (tmp_path / "home" / "logs" / f"{sweep['id']}.log").read_text()
         assert all("heads.tiny" in names for names in runs["run_maps"])  # the plug-in's own map, from its trials
     finally:
-        subprocess.run([sys.executable, "-m", "orchestrator.cluster", "stop"], env=env, cwd=ROOT, timeout=120)
+        subprocess.run([sys.executable, "-m", "orchestrator.cluster.head", "stop"], env=env, cwd=ROOT, timeout=120)

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from experiments.common.result import UnitMap
 from experiments.keyed.config import parse_config
-from orchestrator.grid import expand, parse_grid
+from experiments.common.result import UnitMap
+from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import ORPHAN_ERROR, NotFound, Registry, RunStatus, upgrade
 from orchestrator.registry import db as registry_db
 from orchestrator.registry import results as registry_results

@@ -8,8 +8,8 @@ import yaml
 
 from experiments.common.costs import PARTS
 from orchestrator import settings, tracking
-from orchestrator.driver import execute_sweep
-from orchestrator.grid import expand, parse_grid
+from orchestrator.driving.driver import execute_sweep
+from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import Registry
 
 pytestmark = pytest.mark.ray

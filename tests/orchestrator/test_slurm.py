@@ -24,9 +24,18 @@ import pytest
 import yaml
 
 from experiments.common.sections import ConfigError
-from orchestrator import cluster, slurm, slurm_job, tracking
+from orchestrator import tracking
+from orchestrator.cluster.head import PORTS
+from orchestrator.cluster.processes import (
+    is_loopback,
+    listening_sockets,
+    process_tree,
+    processes,
+    stop_ray,
+)
 from orchestrator.registry import Registry
 from orchestrator.registry.history import ALLOCATION_ENDED, DRIVER_LOST, RESUMED
+from orchestrator.slurm import allocation, sbatch
 
 ROOT = Path(__file__).resolve().parents[2]
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scancel", "scontrol", "squeue", "sinfo")
@@ -41,7 +50,7 @@ GRID = {  # three tiny runs, one at a time: long enough to cancel one mid-run
     "resources": {"cpus": 1},
     "max_concurrent": 1,
 }
-EXAMPLE = slurm.Job(  # examples/slurm/headsweep.sbatch is this job's script
+EXAMPLE = sbatch.Job(  # examples/slurm/headsweep.sbatch is this job's script
     name="hs-stem-cell-63f12bb014", grid="/home/me/headsweep/examples/grid_stem_cell.yaml",
     folder="/home/me/headsweep/.headsweep/slurm/stem-cell-63f12bb014", workdir="/home/me/headsweep",
     python="/home/me/headsweep/.venv/bin/python", nodes=2, cpus_per_node=16, gpus_per_node=4, time="04:00:00",
@@ -59,9 +68,9 @@ EXAMPLE = slurm.Job(  # examples/slurm/headsweep.sbatch is this job's script
 
 def test_the_shipped_template_is_what_headsweep_slurm_writes(tmp_path, monkeypatch):
     """... for README's command, on a machine with other paths."""
-    assert (ROOT / "examples/slurm/headsweep.sbatch").read_text() == slurm.script(EXAMPLE)
+    assert (ROOT / "examples/slurm/headsweep.sbatch").read_text() == sbatch.script(EXAMPLE)
     monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
-    readme = slurm.plan_job(str(ROOT / "examples/grid_stem_cell.yaml"), nodes=2, gpus_per_node=4,
+    readme = sbatch.plan_job(str(ROOT / "examples/grid_stem_cell.yaml"), nodes=2, gpus_per_node=4,
                             time_limit="04:00:00", cpus_per_node=16, partition="gpu", requeue=True)
     assert readme.folder.startswith(f"{tmp_path}/slurm/stem-cell-")
     elsewhere = {"name": EXAMPLE.name, "grid": EXAMPLE.grid, "folder": EXAMPLE.folder, "workdir": EXAMPLE.workdir,
@@ -82,7 +91,7 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path, monkeypatch):
     assert "--cpus-per-task=1" in options  # max_concurrent 1 over 2 nodes, 1 CPU per run
     assert not any(option.startswith("--gpus-per-node") for option in options)
     assert f"export HEADSWEEP_DB=sqlite:///{tmp_path}/home/registry.db" in lines
-    assert lines[-1].startswith(f"exec {sys.executable} -m orchestrator.slurm_job job {tmp_path}/home/slurm/onslurm-")
+    assert lines[-1].startswith(f"exec {sys.executable} -m orchestrator.slurm.allocation job {tmp_path}/home/slurm/onslurm-")
     assert not (tmp_path / "home" / "slurm").exists()
 
 
@@ -91,30 +100,30 @@ def test_the_allocation_is_checked_before_anything_is_submitted(tmp_path, monkey
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump({**GRID, "resources": {"cpus": 1, "gpus": 1}}))
     with pytest.raises(ConfigError, match="--time: expected a SLURM time"):
-        slurm.plan_job(str(grid), 1, 1, "4 hours")
+        sbatch.plan_job(str(grid), 1, 1, "4 hours")
     with pytest.raises(ConfigError, match="a trial needs 1 CPU and 1 GPU on one node"):
-        slurm.plan_job(str(grid), 1, 0, "60")
-    assert slurm.plan_job(str(grid), 2, 4, "60").cpus_per_node == 4  # 4 runs of 1 CPU fit on 4 GPUs
+        sbatch.plan_job(str(grid), 1, 0, "60")
+    assert sbatch.plan_job(str(grid), 2, 4, "60").cpus_per_node == 4  # 4 runs of 1 CPU fit on 4 GPUs
 
 
 def test_a_password_in_a_url_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
     monkeypatch.setenv("HEADSWEEP_DB", "postgresql+psycopg://me:secret@db:5432/headsweep")
     with pytest.raises(ConfigError, match="HEADSWEEP_DB has a password in it"):
-        slurm.exported_env()
+        sbatch.exported_env()
 
 
 def test_ray_on_one_node_is_loopback_only_with_ports_of_its_own():
-    ports = {name: 30000 + i for i, name in enumerate(cluster.PORTS)}
-    head, env = slurm_job.node_command("/tmp/hs-7", ports, 8, 2, "127.0.0.1")
+    ports = {name: 30000 + i for i, name in enumerate(PORTS)}
+    head, env = allocation.node_command("/tmp/hs-7", ports, 8, 2, "127.0.0.1")
     assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0" and "--head" in head
     assert {"--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", "--port=30000", "--num-cpus=8",
             "--num-gpus=2", "--temp-dir=/tmp/hs-7", "--block"} <= set(head)
-    worker, env = slurm_job.node_command("/tmp/hs-7", ports, 8, 0, "10.0.0.12", head="10.0.0.11:30000")
+    worker, env = allocation.node_command("/tmp/hs-7", ports, 8, 0, "10.0.0.12", head="10.0.0.11:30000")
     assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1" and "--head" not in worker
     assert {"--node-ip-address=10.0.0.12", "--address=10.0.0.11:30000"} <= set(worker)
     assert not any(arg.startswith(("--port=", "--dashboard")) and "agent" not in arg for arg in worker)
-    assert slurm_job.allocated({"SLURM_CPUS_ON_NODE": "6", "CUDA_VISIBLE_DEVICES": "0,1"}) == (6, 2)
+    assert allocation.allocated({"SLURM_CPUS_ON_NODE": "6", "CUDA_VISIBLE_DEVICES": "0,1"}) == (6, 2)
 
 
 def test_the_history_names_the_allocation_that_ended_and_the_job_that_resumed():
@@ -202,10 +211,10 @@ def slurm_env(tmp_path_factory):
         if jobs:
             _run(["scancel", *jobs], env)
             _until(lambda: not _run(["squeue", "-h"], env).stdout.strip(), 60, "", fail=False)
-        slurmd_tree = cluster.process_tree({daemons[-1].pid}) if daemons else set()
+        slurmd_tree = process_tree({daemons[-1].pid}) if daemons else set()
         for job in range(first_job, first_job + 20):  # what a killed job's Ray left, if any
-            cluster.stop_ray(slurm_job.ray_temp_dir(str(job)))
-            shutil.rmtree(slurm_job.ray_temp_dir(str(job)), ignore_errors=True)
+            stop_ray(allocation.ray_temp_dir(str(job)))
+            shutil.rmtree(allocation.ray_temp_dir(str(job)), ignore_errors=True)
         for daemon in reversed(daemons):
             _stop(daemon)
         for pid in slurmd_tree - {d.pid for d in daemons}:  # slurmstepd of a job that did not end
@@ -231,7 +240,7 @@ def _until(condition, timeout: float, message, fail: bool = True) -> None:
 
 
 def _headsweep(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env or os.environ.copy(),
+    return subprocess.run([sys.executable, "-m", "headsweep.cli", *args], env=env or os.environ.copy(),
                           capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
@@ -278,7 +287,7 @@ def _stuck(folder: Path, job_id: str) -> str:
     the supervisor's job output, their runtime env's set-up, the job agent, the trials' workers), read
     before the job's Ray goes."""
     said = [_log(folder, job_id)[-3000:]]
-    logs = Path(slurm_job.ray_temp_dir(job_id)) / "session_latest" / "logs"
+    logs = Path(allocation.ray_temp_dir(job_id)) / "session_latest" / "logs"
     patterns = ("job-driver-*.log", "runtime_env_setup-*.log", "runtime_env_agent.log", "dashboard_agent.log",
                 "dashboard_JobHead.log", "raylet.err", "gcs_server.err", "worker-*.err")
     for path in sorted({path for pattern in patterns for path in logs.glob(pattern)}):
@@ -330,8 +339,8 @@ def test_a_sweep_on_slurm_finishes(submit):
     _finished_once_in_mlflow(env, registry, sweep_id)
     log = _log(folder, job_id)
     assert f"{sweep_id}: finished" in log and "INFO" not in log.split("Ray: 1 node(s)")[1], log[-3000:]
-    tmp = slurm_job.ray_temp_dir(job_id)
-    assert not cluster.stop_ray(tmp) and not Path(tmp).exists()  # the job stopped its Ray and removed its temp dir
+    tmp = allocation.ray_temp_dir(job_id)
+    assert not stop_ray(tmp) and not Path(tmp).exists()  # the job stopped its Ray and removed its temp dir
     # the comments after #SBATCH options are comments: the job ran where `headsweep slurm` ran
     assert f"WorkDir={folder.parents[2]} " in _run(["scontrol", "-o", "show", "job", job_id], env).stdout
     print(f"\nsubmit -> sweep finished -> SLURM job ended: {took:.0f} s")
@@ -344,9 +353,9 @@ def test_a_cancelled_job_submitted_again_finishes_every_run_once(submit):
     registry, sweep_id = _mid_sweep(first, env, folder)
 
     # while it runs: every server of the job's Ray on loopback, its dashboard refusing a client without the token
-    tmp = slurm_job.ray_temp_dir(first)
-    ray = {pid for pid, (_, cmdline) in cluster._processes().items() if tmp in cmdline}
-    assert ray and [s for s in cluster.listening_sockets(cluster.process_tree(ray)) if not cluster.is_loopback(s[0])] == []
+    tmp = allocation.ray_temp_dir(first)
+    ray = {pid for pid, (_, cmdline) in processes().items() if tmp in cmdline}
+    assert ray and [s for s in listening_sockets(process_tree(ray)) if not is_loopback(s[0])] == []
     dashboard = re.search(r"dashboard (http://127\.0\.0\.1:\d+)", _log(folder, first)).group(1)
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(f"{dashboard}/api/jobs/", timeout=10)
@@ -356,7 +365,7 @@ def test_a_cancelled_job_submitted_again_finishes_every_run_once(submit):
     _run(["scancel", first], env)
     cancelled_after_s = time.monotonic() - start
     assert _wait_job(first, env) == "CANCELLED"
-    _until(lambda: not cluster.stop_ray(tmp), 30, "the cancelled job's Ray is still running")
+    _until(lambda: not stop_ray(tmp), 30, "the cancelled job's Ray is still running")
     assert registry.sweep_counts(sweep_id).get("finished", 0) < 3
 
     second, _, _, told = submit()

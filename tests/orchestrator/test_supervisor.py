@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from orchestrator import supervisor
-from orchestrator.grid import expand, parse_grid
+from orchestrator.driving import supervisor
+from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import Registry, upgrade
 from orchestrator.registry import db as registry_db
 from orchestrator.registry.history import (
@@ -151,7 +151,7 @@ def test_history_says_which_node_was_lost():
     ({"finished": 3}, True, "cancelled"),
 ])
 def test_a_sweep_ends_with_the_status_its_runs_say(counts, cancel_requested, expected):
-    from orchestrator.driver import final_status
+    from orchestrator.driving.driver import final_status
 
     assert final_status(counts, cancel_requested) == expected
 

@@ -18,8 +18,8 @@ import yaml
 from experiments.common.result import RunResult
 from experiments.keyed.runner import run as real_run
 from orchestrator import settings, tracking
-from orchestrator.driver import execute_sweep
-from orchestrator.grid import expand, parse_grid
+from orchestrator.driving.driver import execute_sweep
+from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import Registry
 
 pytestmark = pytest.mark.ray

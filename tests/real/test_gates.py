@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from experiments import parse_config, run
-from orchestrator.cli import load_yaml
+from headsweep.cli.run import load_yaml
 
 pytestmark = pytest.mark.real
 

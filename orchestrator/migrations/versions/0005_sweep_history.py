@@ -1,6 +1,6 @@
 """A sweep's history and its automatic resumes: ``sweep_events`` and ``sweeps.auto_resumes``.
 
-The supervisor (``orchestrator/supervisor.py``) resumes a sweep whose driver died, at most
+The supervisor (``orchestrator/driving/supervisor.py``) resumes a sweep whose driver died, at most
 ``auto_resumes`` times, and records each lost driver, each resume (automatic or by hand) and
 giving up as an event, which ``headsweep status`` shows. Sweeps registered before this
 revision get ``auto_resumes = 0``: the supervisor never resumes a sweep nobody asked it to.

@@ -1,12 +1,13 @@
-"""A sweep on a SLURM allocation: ``headsweep slurm GRID`` writes an sbatch script and submits it.
+"""A sweep on a SLURM allocation, from the login node: ``headsweep slurm GRID`` writes an sbatch
+script and submits it.
 
 The script (:func:`script`; ``examples/slurm/headsweep.sbatch`` is one, commented) lives in a
 folder of its own under ``$HEADSWEEP_HOME/slurm/``, one per grid (by its content), beside the
 job's log and a file ``sweep`` with the sweep's id. It asks for the nodes, CPUs, GPUs and time
 given, exports where the registry, MLflow, artifacts and checkpoints are (as this process resolves
-them), and runs ``python -m orchestrator.slurm_job job FOLDER`` on the allocation's first node:
-Ray on every node, the sweep submitted (its first allocation) or resumed (every later one),
-waited for, Ray stopped (``orchestrator/slurm_job.py``).
+them), and runs ``python -m orchestrator.slurm.allocation job FOLDER`` on the allocation's first
+node: Ray on every node, the sweep submitted (its first allocation) or resumed (every later one),
+waited for, Ray stopped (``orchestrator/slurm/allocation.py``).
 
 Around it, SLURM's side of the story:
 
@@ -20,7 +21,6 @@ Around it, SLURM's side of the story:
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import math
 import os
@@ -84,7 +84,7 @@ def script(job: Job) -> str:
         ("--open-mode=append", ""),
     ]
     exports = [f"export {name}={shlex.quote(value)}" for name, value in job.env.items()]
-    command = [job.python, "-m", "orchestrator.slurm_job", "job", job.folder, *(["--requeue"] if job.requeue else [])]
+    command = [job.python, "-m", "orchestrator.slurm.allocation", "job", job.folder, *(["--requeue"] if job.requeue else [])]
     return "\n".join([
         "#!/bin/bash",
         "# headsweep on a SLURM allocation, written by `headsweep slurm` (README.md, \"On a SLURM cluster\").",
@@ -141,7 +141,7 @@ def exported_env() -> dict[str, str]:
 def plan_job(grid_path: str, nodes: int, gpus_per_node: int, time_limit: str, cpus_per_node: int | None = None,
              partition: str | None = None, account: str | None = None, requeue: bool = False) -> Job:
     """Validate the grid (every cell, as submit does) and the allocation against its resources; the job."""
-    from orchestrator.grid import check_resources, expand, load_grid
+    from orchestrator.driving.grid import check_resources, expand, load_grid
 
     if nodes < 1 or gpus_per_node < 0:
         raise ConfigError(f"--nodes must be >= 1 and --gpus-per-node >= 0 (got {nodes} and {gpus_per_node})")
@@ -189,38 +189,3 @@ def known_sweep(folder: Path) -> str | None:
     except NotFound:
         return None
     return sweep_id
-
-
-# --------------------------------------------------------------------------- the command
-
-
-def cmd_slurm(args: argparse.Namespace) -> int:
-    job = plan_job(args.grid, args.nodes, args.gpus_per_node, args.time, args.cpus_per_node,
-                   args.partition, args.account, args.requeue)
-    if args.dry_run:
-        print(script(job), end="")
-        return 0
-    sweep_id = known_sweep(Path(job.folder))
-    job_id = submit_job(job)
-    print(f"SLURM job {job_id}: " + (f"resumes sweep {sweep_id}" if sweep_id else f"the sweep of {args.grid}")
-          + f"; log {job.folder}/slurm-{job_id}.out")
-    print(f"follow it with: headsweep status $(cat {job.folder}/sweep)   (the file exists once the job runs)")
-    return 0
-
-
-def register(sub) -> None:
-    """``headsweep slurm``: the CLI's subcommand (orchestrator/cli.py registers it)."""
-    p = sub.add_parser("slurm", help="run a sweep on a SLURM allocation: write an sbatch script and submit it")
-    p.add_argument("grid", help="grid YAML (see examples/grid_*.yaml)")
-    p.add_argument("--nodes", type=int, default=1, help="nodes (default 1): a Ray head on the first, workers on the rest")
-    p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default 0)")
-    p.add_argument("--cpus-per-node", type=int,
-                   help="CPUs per node (default: the grid's CPUs per run times the runs that fit on a node)")
-    p.add_argument("--time", required=True, help="time limit of one allocation, as sbatch takes it (e.g. 04:00:00)")
-    p.add_argument("--partition", help="SLURM partition")
-    p.add_argument("--account", help="SLURM account")
-    p.add_argument("--requeue", action="store_true",
-                   help="preempted or at its time limit, the job goes back to the queue and the sweep resumes "
-                        "(default: submit the script again to resume it)")
-    p.add_argument("--dry-run", action="store_true", help="print the sbatch script; write and submit nothing")
-    p.set_defaults(func=cmd_slurm)

@@ -7,7 +7,7 @@ reconciles orphans and launches a new Tuner over what is not finished. Runs that
 start from other runs (stages) wait for them: each wave is the runs whose upstream
 runs have finished (``Registry.next_wave``).
 
-    python -m orchestrator.driver SWEEP_ID
+    python -m orchestrator.driving.driver SWEEP_ID
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ from ray.tune.schedulers import FIFOScheduler  # noqa: E402
 from ray.tune.search.basic_variant import BasicVariantGenerator  # noqa: E402
 from ray.tune.utils.object_cache import _ObjectCache  # noqa: E402
 
-from orchestrator import settings, trial  # noqa: E402
+from orchestrator import settings  # noqa: E402
+from orchestrator.driving import trial  # noqa: E402
+from orchestrator.driving.supervisor import reconcile  # noqa: E402  (the supervisor reconciles too, without Tune)
 from orchestrator.registry import Registry  # noqa: E402
 from orchestrator.registry.history import WORKER_LOST, worker_trial  # noqa: E402
 from orchestrator.status import RunStatus, SweepStatus  # noqa: E402
-from orchestrator.supervisor import reconcile  # noqa: E402  (the supervisor reconciles too, without Tune)
 
 STALE_AFTER_S = 4 * trial.HEARTBEAT_S
 # we turned Tune's result files off (the registry holds results); its analysis complains per trial

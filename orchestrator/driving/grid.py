@@ -181,7 +181,7 @@ def expand(spec: GridSpec) -> list[RunConfig]:
     index = 0
     from experiments.core.precision import check_precision
 
-    on_cpu = spec.resources.gpus == 0  # trials without a GPU run on CPU (orchestrator/trial.py)
+    on_cpu = spec.resources.gpus == 0  # trials without a GPU run on CPU (orchestrator/driving/trial.py)
     with gc_paused(), fingerprints_memoised():
         for prefix, values, is_include in _candidates(spec):
             try:

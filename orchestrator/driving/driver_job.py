@@ -1,7 +1,7 @@
 """A sweep's driver: the Ray Job that runs it, and whether it still lives.
 
-Below both who start drivers, the sweep commands (``orchestrator.sweeps``: submit, resume) and
-the supervisor (``orchestrator.supervisor``: automatic resumes), so neither imports the other's
+Below both who start drivers, the sweep commands (``orchestrator.driving.sweeps``: submit, resume)
+and the supervisor (``orchestrator.driving.supervisor``: automatic resumes), so neither imports the other's
 way of starting one. Driver liveness is the orchestrator's to record: the supervisor records a
 dead driver within seconds, ``status``, ``ls`` and ``wait`` when they look (:func:`driver_gone`),
 into the registry, where every reader (the analysis service included) finds it.
@@ -10,19 +10,16 @@ into the registry, where every reader (the analysis service included) finds it.
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
+import sys
+import time
 
-from orchestrator import cluster, settings
+from orchestrator import settings
+from orchestrator.cluster import jobs
+from orchestrator.cluster.head import cluster_in_use, known_dashboard
+from orchestrator.cluster.packaging import job_runtime_env
 from orchestrator.registry import Registry
 from orchestrator.registry.history import ALIVE, history
 from orchestrator.status import SWEEP_DONE
-
-
-def head() -> dict[str, str]:
-    """The cluster to use: RAY_ADDRESS + HEADSWEEP_RAY_DASHBOARD if set, else the local head."""
-    if os.environ.get("HEADSWEEP_RAY_DASHBOARD"):
-        return {"address": os.environ.get("RAY_ADDRESS", "auto"), "dashboard": os.environ["HEADSWEEP_RAY_DASHBOARD"]}
-    return cluster.local_head()
 
 
 def driver_env(head: dict[str, str], track: bool) -> dict[str, str]:
@@ -40,7 +37,7 @@ def driver_env(head: dict[str, str], track: bool) -> dict[str, str]:
         "RAY_ADDRESS": head["address"],
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        # plug-in methods: the job ships their modules (cluster.plugin_code); the trials import them by name
+        # plug-in methods: the job ships their modules (packaging.plugin_code); the trials import them by name
         **({"HEADSWEEP_METHODS": os.environ["HEADSWEEP_METHODS"]} if os.environ.get("HEADSWEEP_METHODS") else {}),
     }
 
@@ -50,16 +47,41 @@ def start_driver(registry: Registry, sweep_id: str, where: dict[str, str] | None
     if not registry.unfinished(sweep_id):
         registry.set_sweep(sweep_id, status="finished")
         return None
-    where = where or head()
-    submission = cluster.submit_driver(where["dashboard"], sweep_id, driver_env(where, track))
+    where = where or cluster_in_use()
+    submission = submit_driver(where["dashboard"], sweep_id, driver_env(where, track))
     registry.set_sweep(sweep_id, driver=submission, status="submitted")
     return submission
 
 
-def job_state(dashboard: str, driver: str) -> tuple[str, datetime | None]:
-    """The driver job's state (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED or UNKNOWN) and when it ended."""
-    state, ended = cluster.driver_job(dashboard, driver)
-    return state, (datetime.fromtimestamp(ended, UTC).replace(tzinfo=None) if ended else None)
+def submit_driver(dashboard: str, sweep_id: str, env: dict[str, str]) -> str:
+    """Start ``python -m orchestrator.driving.driver SWEEP`` as a Ray Job; return the job's submission id.
+    Ray's own INFO lines go to ``$HEADSWEEP_HOME/logs/<sweep>.log``."""
+    client = jobs.job_client(dashboard)  # imports Ray, which sets up its loggers: redirect them after
+    with jobs.ray_logs_to(settings.home() / "logs" / f"{sweep_id}.log"):
+        return _submit_driver(client, sweep_id, env)
+
+
+def _submit_driver(client, sweep_id: str, env: dict[str, str]) -> str:
+    submission_id = f"{sweep_id}-driver-{int(time.time())}"
+    for attempt in range(10):  # a just-started node's job agent may not be up yet
+        try:
+            client.submit_job(
+                # the sweep, then its figures logged to the sweep's MLflow parent run; the job's status is the
+                # driver's. A killed or crashed driver ends the job at once (its figures wait for the driver that
+                # finishes the sweep): the supervisor resumes it within seconds.
+                entrypoint=(
+                    f"{sys.executable} -m orchestrator.driving.driver {sweep_id}; rc=$?; [ $rc -ne 0 ] || "
+                    f"[ \"$HEADSWEEP_TRACK\" = 0 ] || {sys.executable} -m headsweep.cli report {sweep_id} || true; exit $rc"
+                ),
+                submission_id=submission_id,
+                runtime_env=job_runtime_env(env),
+            )
+            return submission_id
+        except RuntimeError as err:
+            if "No available agent" not in str(err) or attempt == 9:
+                raise
+            time.sleep(1)
+    return submission_id
 
 
 STARTING_S = 30.0
@@ -72,7 +94,7 @@ def driver_starting(sweep: dict) -> str | None:
     started yet. It may be waiting for ... the runtime environment to be set up."; None else."""
     if sweep["status"] != "submitted" or not sweep.get("driver"):
         return None
-    job = cluster.driver_since(cluster.known_dashboard(), sweep["driver"])
+    job = jobs.job_since(known_dashboard(), sweep["driver"])
     if job is None or job[0] not in ALIVE or job[1] < STARTING_S:
         return None
     state, age, message = job
@@ -82,7 +104,7 @@ def driver_starting(sweep: dict) -> str | None:
 
 def driver_alive(sweep: dict) -> bool:
     driver = sweep.get("driver") or ""
-    return bool(driver) and cluster.driver_status(cluster.known_dashboard(), driver) in ALIVE
+    return bool(driver) and jobs.job_state(known_dashboard(), driver)[0] in ALIVE
 
 
 def driver_gone(registry: Registry, sweep: dict) -> str | None:
@@ -96,7 +118,7 @@ def driver_gone(registry: Registry, sweep: dict) -> str | None:
     driver = sweep.get("driver") or ""
     if sweep["status"] in SWEEP_DONE or not driver:
         return None
-    state, ended = job_state(cluster.known_dashboard(), driver)
+    state, ended = jobs.job_state(known_dashboard(), driver)
     if state in ALIVE or not registry.lose_driver(sweep["id"], driver, state, ended):
         return None  # alive, or it ended after writing the sweep's final status, or was noticed already
     return history(registry.get_sweep(sweep["id"]) | {"events": registry.events(sweep["id"])})[-1]

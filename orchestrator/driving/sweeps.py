@@ -3,7 +3,7 @@
 ``submit`` validates the whole grid before anything is written, registers
 the sweep (dedup by run key), creates its MLflow parent run and starts the
 driver as a Ray Job on the cluster, so the sweep outlives the command, and the
-supervisor (``orchestrator.supervisor``), which resumes it if its driver dies.
+supervisor (``orchestrator.driving.supervisor``), which resumes it if its driver dies.
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.common.sections import ConfigError
-from orchestrator import cluster, settings, supervisor
-from orchestrator.drivers import driver_alive, driver_gone, driver_starting, head, start_driver
-from orchestrator.grid import check_resources, expand, load_grid
+from orchestrator import settings
+from orchestrator.cluster.head import cluster_in_use
+from orchestrator.cluster.jobs import cluster_nodes
+from orchestrator.driving import supervisor
+from orchestrator.driving.driver_job import driver_alive, driver_gone, driver_starting, start_driver
+from orchestrator.driving.grid import check_resources, expand, load_grid
 from orchestrator.registry import Registry
 from orchestrator.registry.history import RESUMED, resume_pending
 from orchestrator.status import SWEEP_DONE
@@ -60,9 +63,9 @@ def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, t
     times) resumes the sweep."""
     spec = load_grid(grid_path)
     configs = expand(spec)
-    where = head()
+    where = cluster_in_use()
     resources = spec.resources.model_dump()
-    check_resources(resources, cluster.cluster_nodes(where["dashboard"]))
+    check_resources(resources, cluster_nodes(where["dashboard"]))
     registry = Registry(settings.registry_url())
     sweep_id, counts = registry.create_sweep(
         spec.name, Path(grid_path).read_text(), configs, resources,
@@ -97,7 +100,7 @@ def resume(sweep_id: str, track: bool = True, by: str | None = None) -> str | No
     if driver_alive(sweep):
         raise ConfigError(f"sweep {sweep_id} is still running (driver {sweep['driver']}); cancel it first")
     registry.set_sweep(sweep_id, cancel_requested=False)
-    where = head()
+    where = cluster_in_use()
     driver = start_driver(registry, sweep_id, where, track=track)
     registry.add_event(sweep_id, RESUMED, {"driver": driver, "auto": False} | ({"by": by} if by else {}))
     if driver:
@@ -121,7 +124,7 @@ def cancel(sweep_id: str) -> dict[str, int]:
 def wait(sweep_id: str, on_update=None, poll_s: float = 1.0) -> dict:
     """Poll the registry until the sweep is done (or its driver died and the supervisor will not
     resume it); return the sweep row. ``on_update(sweep, counts)`` each poll; while its driver is slow
-    to start, the sweep has a "starting" note once a minute (:func:`drivers.driver_starting`)."""
+    to start, the sweep has a "starting" note once a minute (:func:`driver_job.driver_starting`)."""
     registry = Registry(settings.registry_url())
     last_driver_check, starting, noted = 0.0, None, float("-inf")
     while True:

@@ -1,6 +1,6 @@
 """A sweep inside its SLURM allocation: the last line of ``headsweep slurm``'s script.
 
-``python -m orchestrator.slurm_job job FOLDER [--requeue]`` (:func:`run_job`) runs on the
+``python -m orchestrator.slurm.allocation job FOLDER [--requeue]`` (:func:`run_job`) runs on the
 allocation's first node:
 
 1. a Ray head there and, through ``srun``, a Ray worker on each other node (``... node
@@ -46,8 +46,11 @@ from datetime import datetime
 from pathlib import Path
 
 from experiments.common.sections import ConfigError
-from orchestrator import cluster, settings
-from orchestrator.slurm import known_sweep
+from orchestrator import settings
+from orchestrator.cluster.head import LOOPBACK_ENV, head_ports
+from orchestrator.cluster.jobs import cluster_nodes
+from orchestrator.cluster.processes import is_loopback, kill_tree
+from orchestrator.slurm.sbatch import known_sweep
 
 NODE_WAIT_S = 300.0
 """How long the head waits for its workers (and itself) to join."""
@@ -75,7 +78,7 @@ def node_ip(peer: str | None = None) -> str:
             address = candidate()
         except (OSError, subprocess.SubprocessError, ValueError):
             continue
-        if address and not cluster.is_loopback(address):
+        if address and not is_loopback(address):
             return address
     raise ConfigError(f"cannot tell {socket.gethostname()}'s address on the cluster network: set HEADSWEEP_NODE_IP "
                       "in the job's environment (the sbatch script's set-up) to it")
@@ -105,7 +108,7 @@ def _only_address() -> str:
     import psutil  # a dependency of Ray's
 
     found = {a.address for addresses in psutil.net_if_addrs().values() for a in addresses
-             if a.family == socket.AF_INET and not cluster.is_loopback(a.address)}
+             if a.family == socket.AF_INET and not is_loopback(a.address)}
     return found.pop() if len(found) == 1 else ""
 
 
@@ -113,9 +116,9 @@ def node_command(tmp: str, ports: dict[str, int], cpus: int, gpus: int, ip: str,
                  head: str | None = None) -> tuple[list[str], dict[str, str]]:
     """``ray start --block`` (without the Ray client server) for a head (``head`` None) or a worker
     joining ``head``, and the environment it needs: this node's CPUs and GPUs, its ``ports``
-    (:func:`cluster.head_ports`), ``ip`` as the node's address (127.0.0.1: every server on loopback)."""
+    (:func:`head_ports`), ``ip`` as the node's address (127.0.0.1: every server on loopback)."""
     command = [
-        sys.executable, "-m", "orchestrator.cluster", "ray-start", "--block", f"--node-ip-address={ip}",
+        sys.executable, "-m", "orchestrator.cluster.head", "ray-start", "--block", f"--node-ip-address={ip}",
         f"--temp-dir={tmp}", f"--num-cpus={cpus}", f"--num-gpus={gpus}", "--disable-usage-stats",
         f"--node-manager-port={ports['node_manager']}", f"--object-manager-port={ports['object_manager']}",
         f"--dashboard-agent-listen-port={ports['agent_http']}", f"--dashboard-agent-grpc-port={ports['agent_grpc']}",
@@ -133,7 +136,7 @@ def node_command(tmp: str, ports: dict[str, int], cpus: int, gpus: int, ip: str,
 
 def network_env(ip: str) -> dict[str, str]:
     """Ray's single-machine mode (every server on 127.0.0.1) for a loopback ``ip``, its cluster mode else."""
-    return cluster.LOOPBACK_ENV if cluster.is_loopback(ip) else {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+    return LOOPBACK_ENV if is_loopback(ip) else {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
 
 
 def allocated(env: dict[str, str] | None = None) -> tuple[int, int]:
@@ -146,9 +149,9 @@ def allocated(env: dict[str, str] | None = None) -> tuple[int, int]:
 def start_node(tmp: str, ip: str, head: str | None = None) -> tuple[subprocess.Popen, dict[str, int]]:
     """Start this node's Ray, with ports from this job's block (keyed by its temp dir, probed free
     on this node); what a dead earlier allocation of the job left under ``tmp`` is stopped first."""
-    cluster.stop_ray(tmp)
+    kill_tree(tmp)
     Path(tmp).mkdir(parents=True, exist_ok=True)
-    ports = cluster.head_ports(Path(tmp))
+    ports = head_ports(Path(tmp))
     command, env = node_command(tmp, ports, *allocated(), ip, head)
     # cwd: the temp dir, so that no job or worker finds a checkout's packages in its working directory;
     # Ray's banner to a file there (the job's log is the sweep's)
@@ -161,7 +164,7 @@ def stop_node(process: subprocess.Popen | None, tmp: str) -> None:
     """Stop this node's Ray: every process under the job's temp dir, by PID, then ``ray start --block``
     (killed: its SIGTERM would drain the node for up to 30 s, of SLURM's 30 s before SIGKILL); the
     temp dir goes too (what went wrong is in the job's log)."""
-    cluster.stop_ray(tmp)
+    kill_tree(tmp)
     if process is not None and process.poll() is None:
         process.kill()
         process.wait()
@@ -185,7 +188,7 @@ def _wait_for_nodes(dashboard: str, count: int, processes: list[subprocess.Popen
                 raise ConfigError(f"Ray did not start: `{shlex.join(process.args[:4])} ...` exited with "
                                   f"{process.returncode}; this node's Ray said:\n{_start_log(tmp)}")
         try:
-            seen = len(cluster.cluster_nodes(dashboard))
+            seen = len(cluster_nodes(dashboard))
         except Exception:  # noqa: BLE001 - the dashboard is not up yet
             seen = 0
         if seen >= count:
@@ -207,7 +210,7 @@ def start_ray(tmp: str, nodes: int, ip: str) -> tuple[list[subprocess.Popen], di
             processes.append(subprocess.Popen([
                 "srun", f"--nodes={nodes - 1}", f"--ntasks={nodes - 1}", "--ntasks-per-node=1",
                 f"--exclude={os.environ.get('SLURMD_NODENAME', socket.gethostname())}",
-                sys.executable, "-m", "orchestrator.slurm_job", "node", where["address"]]))
+                sys.executable, "-m", "orchestrator.slurm.allocation", "node", where["address"]]))
         _wait_for_nodes(where["dashboard"], nodes, processes, tmp)
     except BaseException:
         stop_ray(processes, tmp)
@@ -277,7 +280,7 @@ def record_end(sweep_id: str) -> bool:
 
 def start_sweep(folder: Path, job_id: str) -> str:
     """Submit the folder's grid (its first allocation) or resume its sweep (every later one); the sweep id."""
-    from orchestrator import sweeps
+    from orchestrator.driving import sweeps
 
     sweep_id = known_sweep(folder)
     if sweep_id is None:
@@ -325,7 +328,7 @@ def _printer(sweep_id: str):
 def run_job(folder: Path, requeue: bool = False) -> int:
     """The job on its first node: Ray on every node, the sweep submitted or resumed, waited for, Ray
     stopped. 0 when every run finished; 128 + the signal when SLURM ended the allocation first."""
-    from orchestrator import sweeps
+    from orchestrator.driving import sweeps
 
     job_id, nodes = os.environ["SLURM_JOB_ID"], int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
     tmp = ray_temp_dir(job_id)
@@ -366,7 +369,7 @@ def run_job(folder: Path, requeue: bool = False) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m orchestrator.slurm_job job FOLDER [--requeue]`` (the script's last line) or
+    """``python -m orchestrator.slurm.allocation job FOLDER [--requeue]`` (the script's last line) or
     ``node HEAD_ADDRESS`` (a worker node, through srun)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -377,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"headsweep: error: {err}", file=sys.stderr)
         return 2
-    print("usage: python -m orchestrator.slurm_job job FOLDER [--requeue] | node HEAD_ADDRESS", file=sys.stderr)
+    print("usage: python -m orchestrator.slurm.allocation job FOLDER [--requeue] | node HEAD_ADDRESS", file=sys.stderr)
     return 2
 
 

@@ -1,8 +1,8 @@
 """The supervisor: resumes a sweep whose driver died, and reconciles runs whose worker died.
 
-One per registry on each cluster: a Ray Job (``python -m orchestrator.supervisor``) that
+One per registry on each cluster: a Ray Job (``python -m orchestrator.driving.supervisor``) that
 ``submit`` and ``resume`` start when none runs (``ensure``). It lives as long as the head
-(``python -m orchestrator.cluster stop`` ends it with the head's other processes), holds no
+(``python -m orchestrator.cluster.head stop`` ends it with the head's other processes), holds no
 CPU (a job's entrypoint asks for none), opens no port, and talks only to the registry and to
 the head's Jobs API (HTTP, as the CLI does). Every ``HEADSWEEP_SUPERVISOR_POLL_S`` seconds
 (default 5) it looks at the live sweeps and the lost ones with automatic resumes
@@ -13,7 +13,7 @@ the head's Jobs API (HTTP, as the CLI does). Every ``HEADSWEEP_SUPERVISOR_POLL_S
   event), as ``status`` says. Driver liveness is recorded here, in the registry, where every
   reader finds it: the analysis service only reads it;
 - a sweep with a lost driver and automatic resumes left: resumed as ``headsweep resume``
-  does (``drivers.start_driver``: a new driver over what is not finished; it reconciles the
+  does (``driver_job.start_driver``: a new driver over what is not finished; it reconciles the
   dead driver's runs), recorded as ``resumed`` (attempt n of the sweep's ``auto_resumes``,
   ``settings.auto_resumes()`` at submit, 0 with ``--no-auto-resume``); used up: ``gave_up``,
   and the sweep stays failed;
@@ -23,9 +23,9 @@ the head's Jobs API (HTTP, as the CLI does). Every ``HEADSWEEP_SUPERVISOR_POLL_S
 
 A driver whose job this cluster does not know (its head stopped, or another cluster's driver
 in a shared registry) is neither lost nor resumed here: ``status`` and ``ls`` record it
-(``drivers.driver_gone``) and name ``headsweep resume``. A manual resume gives the sweep its automatic resumes back.
+(``driver_job.driver_gone``) and name ``headsweep resume``. A manual resume gives the sweep its automatic resumes back.
 
-    python -m orchestrator.supervisor SUBMISSION_ID DASHBOARD ADDRESS
+    python -m orchestrator.driving.supervisor SUBMISSION_ID DASHBOARD ADDRESS
 """
 
 from __future__ import annotations
@@ -37,8 +37,11 @@ import traceback
 from datetime import datetime
 from typing import Any
 
-from orchestrator import cluster, settings
-from orchestrator.drivers import driver_env, job_state, start_driver
+from orchestrator import settings
+from orchestrator.cluster import jobs
+from orchestrator.cluster.head import known_dashboard
+from orchestrator.cluster.packaging import job_runtime_env
+from orchestrator.driving.driver_job import driver_env, start_driver
 from orchestrator.registry import Registry
 from orchestrator.registry.history import ALIVE, GAVE_UP, LIVE, ORPHANED, RESUMED, decide
 from orchestrator.status import SweepStatus
@@ -67,7 +70,7 @@ def reconcile(registry: Registry, sweep_id: str, stale_after_s: float, tracking_
     return [orphan["run_key"] for orphan in orphans]
 
 
-def tick(registry: Registry, head: dict[str, str], job=job_state, start=start_driver) -> list[str]:
+def tick(registry: Registry, head: dict[str, str], job=jobs.job_state, start=start_driver) -> list[str]:
     """One look at every supervised sweep; returns what it did, one line each.
 
     ``job(dashboard, driver) -> (state, ended_at)`` and ``start(registry, sweep_id, head, track)``
@@ -118,8 +121,8 @@ def job_prefix(registry_url: str) -> str:
 def running(dashboard: str, registry_url: str | None = None) -> list[str]:
     """Submission ids of this registry's supervisor jobs that are pending or running, oldest first."""
     prefix = job_prefix(registry_url or settings.registry_url())
-    jobs = cluster.job_client(dashboard).list_jobs()
-    return sorted(job.submission_id for job in jobs
+    found = jobs.job_client(dashboard).list_jobs()
+    return sorted(job.submission_id for job in found
                   if (job.submission_id or "").startswith(prefix) and str(job.status.value) in ALIVE)
 
 
@@ -127,7 +130,7 @@ def watching() -> bool:
     """Whether a supervisor of this registry runs on the cluster in use (``status`` and ``wait`` ask
     before they promise an automatic resume: Ray's OOM killer can take it with the driver). True
     when it cannot tell: no local head on record, or its Jobs API does not answer."""
-    dashboard = cluster.known_dashboard()
+    dashboard = known_dashboard()
     try:
         return not dashboard or bool(running(dashboard))
     except Exception:  # noqa: BLE001 - a head that is gone or busy: say nothing rather than alarm
@@ -141,11 +144,11 @@ def ensure(head: dict[str, str]) -> str:
         return found[0]
     submission_id = f"{job_prefix(settings.registry_url())}{time.time_ns() // 1_000_000}"
     env = driver_env(head, track=True) | {"HEADSWEEP_SUPERVISOR_POLL_S": str(settings.supervisor_poll_s())}
-    client = cluster.job_client(head["dashboard"])
-    with cluster.ray_logs_to(settings.home() / "logs" / "supervisor.log"):
+    client = jobs.job_client(head["dashboard"])
+    with jobs.ray_logs_to(settings.home() / "logs" / "supervisor.log"):
         client.submit_job(
-            entrypoint=f"{sys.executable} -m orchestrator.supervisor {submission_id} {head['dashboard']} {head['address']}",
-            submission_id=submission_id, runtime_env=cluster.job_runtime_env(env), entrypoint_num_cpus=0,
+            entrypoint=f"{sys.executable} -m orchestrator.driving.supervisor {submission_id} {head['dashboard']} {head['address']}",
+            submission_id=submission_id, runtime_env=job_runtime_env(env), entrypoint_num_cpus=0,
         )
     return submission_id
 
@@ -154,7 +157,7 @@ def stop(dashboard: str, registry_url: str | None = None) -> list[str]:
     """Stop this registry's supervisor jobs on the cluster (tests; the head's stop ends them too)."""
     found = running(dashboard, registry_url)
     for submission_id in found:
-        cluster.stop_driver(dashboard, submission_id)
+        jobs.stop_job(dashboard, submission_id)
     return found
 
 
