@@ -2,9 +2,9 @@
 numpy arrays and matplotlib figures.
 
 The same answers as ``headsweep results | agreement | compare-maps`` and the HTTP service, through
-the same functions: the sweep is loaded by ``analysis.loading.open_sweep`` (cached, reloaded when
+the same functions: the sweep is loaded by ``analysis.data.loading.open_sweep`` (cached, reloaded when
 its runs change), every answer comes from ``analysis.queries`` / ``analysis.compare`` and every
-figure from ``analysis.figure_plan`` / ``analysis.compare``; this module only turns their rows into
+figure from ``analysis.views.figure_plan`` / ``analysis.compare``; this module only turns their rows into
 DataFrames. ``submit`` is ``orchestrator.sweeps.submit``. The registry is the CLI's:
 ``HEADSWEEP_DB``, else the SQLite file under ``HEADSWEEP_HOME`` (``orchestrator.settings``), read
 at each call.
@@ -24,7 +24,7 @@ import pandas as pd
 import yaml
 
 from analysis import compare, figure_plan, queries, select
-from analysis.loading import AXES, SweepData, open_sweep
+from analysis.data.loading import AXES, SweepData, open_sweep
 from orchestrator import settings
 from orchestrator.registry import Registry
 
@@ -71,7 +71,7 @@ def _show_figures_in_ipython() -> None:
         return
     from matplotlib.figure import Figure
 
-    from analysis.figures import DPI
+    from analysis.views.figures import DPI
     from experiments.common.png import figure_png
 
     png = shell.display_formatter.formatters["image/png"]

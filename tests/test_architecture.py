@@ -22,8 +22,8 @@ def test_experiments_imports_no_orchestration_library():
 
 ANALYSIS = """
 import sys
-import analysis.cli, analysis.figure_plan, analysis.loading, analysis.queries, analysis.select
-import analysis.service, analysis.stats
+import analysis.views.cli.commands, analysis.views.figure_plan, analysis.data.loading, analysis.queries, analysis.data.select
+import analysis.service, analysis.statistics.nulls
 bad = sorted(m for m in ("torch", "mlflow", "experiments.methods", "experiments.core.runner", "experiments.models")
              if m in sys.modules)
 print(",".join(bad))
@@ -60,7 +60,7 @@ Driver liveness, sweeps, the supervisor, MLflow: never (analysis reads what they
 ANALYSIS_VOCABULARY = ("experiments.common", "experiments.core.sections")
 """What analysis may import from experiments: the plain vocabulary (naming, units, the mask and PNG
 formats, ConfigError), never training code."""
-UPWARD = {"orchestrator.cli": ("analysis.cli", "analysis.report")}
+UPWARD = {"orchestrator.cli": ("analysis.views.cli.commands", "analysis.views.report")}
 """The one sanctioned arrow up: the CLI registers the analysis commands and hands the driver's
 report (orchestrator/report.py logs it to MLflow) analysis's renderer."""
 
@@ -211,7 +211,7 @@ def test_the_checks_catch_a_circle_and_a_broken_floor(tmp_path):
         "experiments/methods/b.py": "def f():\n    from . import a\n",
         "orchestrator/__init__.py": "",
         "orchestrator/sweeps.py": "import analysis.service\n",
-        "orchestrator/cli.py": "from analysis.cli import register\n",
+        "orchestrator/cli.py": "from analysis.views.cli.commands import register\n",
         "analysis/__init__.py": "",
         "analysis/cli.py": "",
         "analysis/service.py": "from orchestrator import sweeps\n",
@@ -224,8 +224,8 @@ def test_the_checks_catch_a_circle_and_a_broken_floor(tmp_path):
                               ["experiments.methods.a", "experiments.methods.b"]]
     breaks = [line.split(" (")[0] for line in floor_breaks(graph)]
     assert breaks == [
-        "analysis.select -> headsweep",
+        "analysis.data.select -> headsweep",
         "analysis.service -> orchestrator.sweeps",
         "experiments.common.naming -> experiments.methods.a",
         "orchestrator.sweeps -> analysis.service",
-    ]  # orchestrator.cli -> analysis.cli is the sanctioned one
+    ]  # orchestrator.cli -> analysis.views.cli.commands is the sanctioned one

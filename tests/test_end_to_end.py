@@ -15,7 +15,7 @@ import pytest
 import ray
 import yaml
 
-from analysis.report import sweep_report
+from analysis.views.report import sweep_report
 from orchestrator import tracking
 from orchestrator.cli import main as headsweep
 from orchestrator.driver import execute_sweep

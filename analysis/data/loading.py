@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.engine import make_url
 
-from analysis.errors import QueryError, did_you_mean
+from analysis.data.errors import QueryError, did_you_mean
 from experiments.common.naming import suggest
 from orchestrator.registry import LABELS, LAST, NUMBER_LABELS, MapInfo, NotFound, Registry, Version
 from orchestrator.status import RunStatus

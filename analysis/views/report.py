@@ -19,9 +19,9 @@ def sweep_report(registry: Registry, sweep_id: str) -> tuple[dict[str, float], l
     sweep. Raises ``orchestrator.registry.NotFound`` for an unknown sweep."""
     # imported here: the CLI builds its parser with this function on every command, and the
     # figures (matplotlib, scipy) take seconds to import
-    from analysis.figure_plan import render_all
-    from analysis.loading import load_sweep
-    from analysis.summary import summary_metrics
+    from analysis.data.loading import load_sweep
+    from analysis.views.figure_plan import render_all
+    from analysis.views.summary import summary_metrics
 
     data = load_sweep(registry, sweep_id)
     return summary_metrics(data), render_all(data)

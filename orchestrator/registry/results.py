@@ -7,7 +7,7 @@
   float32 with NaN rows for runs without the map, and the ``(N,)`` has-mask;
 - :meth:`ReadModel.sweep_version`: one aggregate query, the cache key of a loaded sweep.
 
-Nothing here writes. ``analysis.loading`` builds its ``SweepData`` from these.
+Nothing here writes. ``analysis.data.loading`` builds its ``SweepData`` from these.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``headsweep results | agreement | figures | serve`` through a parser built with
-``analysis.cli.register``, and ``headsweep report`` against a real SQLite MLflow store."""
+``analysis.views.cli.commands.register``, and ``headsweep report`` against a real SQLite MLflow store."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from analysis import cli, statistics
-from analysis.report import sweep_report
+from analysis.views.report import sweep_report
 from experiments.core.sections import ConfigError
 from orchestrator import report
 from orchestrator.cli import main as headsweep

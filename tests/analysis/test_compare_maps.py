@@ -17,8 +17,8 @@ import pytest
 from scipy.stats import spearmanr
 
 from analysis import cli, compare, figure_plan, select
-from analysis.loading import from_runs, load_sweep
-from analysis.select import QueryError
+from analysis.data.loading import from_runs, load_sweep
+from analysis.data.select import QueryError
 from experiments.core.sections import ConfigError
 from orchestrator.registry import Registry
 
@@ -451,7 +451,7 @@ def test_figures_include_the_method_matrix(methods_sweep, tmp_path):
 
 
 def test_select_module_is_reused_for_names(methods_sweep):
-    """The map suggestion is the one every analysis question gives (analysis.loading / select)."""
+    """The map suggestion is the one every analysis question gives (analysis.data.loading / select)."""
     url, sweep_id = methods_sweep
     with Registry(url) as registry:
         data = load_sweep(registry, sweep_id)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.loading import load_sweep
-from analysis.masks import mask_iou
-from analysis.select import QueryError
+from analysis.data.loading import load_sweep
+from analysis.questions.masks import mask_iou
+from analysis.data.select import QueryError
 from experiments.common.mask_format import pack_masks
 from experiments.core.config import parse_config
 from orchestrator.registry import Registry

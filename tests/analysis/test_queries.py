@@ -1,4 +1,4 @@
-"""analysis.loading and analysis.queries on a real SQLite registry with known gates (conftest.py)."""
+"""analysis.data.loading and analysis.queries on a real SQLite registry with known gates (conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from analysis import figure_plan, figures, queries, select, stats
-from analysis.loading import load_sweep
-from analysis.select import QueryError
+from analysis.data.loading import load_sweep
+from analysis.data.select import QueryError
 from analysis.statistics import pearson, spearman, stem_cell
 from orchestrator.registry import NotFound, Registry
 
@@ -318,7 +318,7 @@ def test_a_constant_binarised_map_switches_to_its_continuous_companion(fresh_swe
     """Every gate closed in one run (the random-init control does this): say so, use log_alpha."""
     from dataclasses import replace
 
-    from analysis.loading import load_sweep
+    from analysis.data.loading import load_sweep
     from orchestrator.registry import Registry
 
     with Registry(fresh_sweep.url) as registry:

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from analysis import cli, compare, queries, stats
 from analysis.service import build_app
 from analysis.statistics import STATISTICS, rbo
-from analysis.summary import summary_metrics
+from analysis.views.summary import summary_metrics
 from orchestrator.cli import main as headsweep
 
 P_ = 0.9  # the persistence of the hand computations

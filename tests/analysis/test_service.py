@@ -16,7 +16,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from analysis import queries
-from analysis.loading import load_sweep
+from analysis.data.loading import load_sweep
 from analysis.service import build_app
 from experiments.core.result import UnitMap
 from orchestrator.registry import Registry

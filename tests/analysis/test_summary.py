@@ -1,11 +1,11 @@
-"""The sweep's summary metrics (analysis.summary) on the known sweep of conftest.py."""
+"""The sweep's summary metrics (analysis.views.summary) on the known sweep of conftest.py."""
 
 import math
 
 import pytest
 
 from analysis import queries
-from analysis.summary import metric_key, summary_metrics
+from analysis.views.summary import metric_key, summary_metrics
 
 TASK_ACC, LAMBDAS, SEEDS = {"synthetic-cls": 0.7, "synthetic-tag": 0.8}, (0.01, 0.1), (0, 1, 2)  # conftest.py's
 

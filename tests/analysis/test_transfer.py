@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from analysis import cli, transfer
-from analysis.loading import load_sweep
-from analysis.select import QueryError
+from analysis.data.loading import load_sweep
+from analysis.data.select import QueryError
 from orchestrator.registry import Registry
 
 TASKS = ("sst2", "synthetic-cls", "synthetic-shortcut")

@@ -55,7 +55,7 @@ from _bench import below, emit, finish  # noqa: E402
 from pg_schema import pg_schema  # noqa: E402
 
 from analysis import queries  # noqa: E402
-from analysis.loading import clear_cache, load_sweep  # noqa: E402
+from analysis.data.loading import clear_cache, load_sweep  # noqa: E402
 from orchestrator.registry import Registry, Run, RunMap, Sweep, SweepRun  # noqa: E402
 from orchestrator.registry.schema import pack_map  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Timings of analysis.statistics and analysis.stats at sweep scale; one JSON line per figure.
+"""Timings of analysis.statistics and analysis.statistics.nulls at sweep scale; one JSON line per figure.
 
     .venv/bin/python tests/benchmarks/bench_stats.py
 
@@ -27,7 +27,7 @@ import scipy.stats
 from _bench import at_most, below, emit, finish
 
 from analysis import queries, stats
-from analysis.loading import SweepData, from_runs
+from analysis.data.loading import SweepData, from_runs
 from analysis.service import MAX_RUN_PERMS
 from analysis.statistics import pearson, rbo, spearman, stem_cell
 

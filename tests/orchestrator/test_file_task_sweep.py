@@ -80,7 +80,7 @@ def test_a_csv_task_and_a_pair_task_with_an_ood_set_run_through_a_sweep(home):
     assert sum("accuracy/ood" in r.data.metrics for r in children) == 2
 
     from analysis import queries
-    from analysis.loading import clear_cache, load_sweep
+    from analysis.data.loading import clear_cache, load_sweep
 
     clear_cache()
     data = load_sweep(registry, sweep_id)

@@ -68,7 +68,7 @@ def home(tmp_path, monkeypatch):
 @pytest.mark.ray
 def test_a_method_from_headsweep_methods_runs_a_sweep_and_is_analysed_by_its_map(plugin_ray, home, capsys):
     from analysis import queries
-    from analysis.loading import clear_cache, load_sweep
+    from analysis.data.loading import clear_cache, load_sweep
     from orchestrator.cli import main
 
     url = f"sqlite:///{home}/registry.db"

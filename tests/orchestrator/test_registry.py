@@ -638,7 +638,7 @@ def _registry_at_0001(url: str) -> tuple[str, list[str]]:
 
 
 def test_a_registry_at_0001_upgrades_and_its_sweep_still_loads(registry_url):
-    from analysis.loading import clear_cache, load_sweep
+    from analysis.data.loading import clear_cache, load_sweep
 
     sweep_id, keys = _registry_at_0001(registry_url)
     with Registry(registry_url) as registry:  # opening upgrades to head: gates/scores -> run_maps

@@ -1,176 +1,48 @@
-"""What the runs say: tables, agreement and overlaps over a loaded :class:`SweepData`.
+"""Agreement across runs: do the selected runs keep the same units? (``headsweep agreement``).
 
-The CLI and the HTTP service both call these; they translate their input
-into these arguments and the answers into tables, JSON or PNG. No I/O, no
-global RNG: every random answer (CIs, permutation nulls, tie-breaks) comes
-from ``np.random.default_rng(seed)`` with a fixed default ``seed``, so the
-same question on the same data always gets the same answer. Selecting runs
-and naming things is ``analysis.select``; figures are ``analysis.figure_plan``.
+The agreement engine's question over runs (``compare`` asks it over maps): a matrix of Pearson r
+over labels (seeds, any axis's values, or runs), every statistic ``statistics.asked("agreement")``
+beside it, each tested against both nulls of ``statistics.nulls.NULLS`` (each run's units shuffled,
+``shuffles``). No I/O, no global RNG: every random answer comes from ``np.random.default_rng(seed)``
+with a fixed default ``seed``, so the same question on the same data always gets the same answer.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import numpy as np
 
-from analysis import statistics, stats
-from analysis.loading import AXES, CELL_LABELS, SweepData
-from analysis.select import (
+from analysis import statistics
+from analysis.data.loading import SweepData
+from analysis.data.select import (
     DEFAULT_MAP,
     Filters,
     QueryError,
     as_codes,
     axis_values,
-    check_axis,
-    check_metric,
     column,
-    config_columns,
-    config_keys_of,
-    default_metric,
-    describe,
     did_you_mean,
     group_indices,
-    groups_in_cell_order,
     list_choices,
     map_runs,
-    py,
     select,
     value_label,
-    varying_config,
 )
-from analysis.statistics import pearson, spearman, topk
+from analysis.questions.agreement.result import Agreement, R, Tested
+from analysis.questions.agreement.shuffles import (
+    MAX_PAIR_WORK,
+    statistics_on_copies,
+    tested_together,
+)
+from analysis.questions.agreement.strata import check_across, strata
+from analysis.statistics import nulls
 from analysis.statistics.base import Statistic, pair_matrix, pair_stack, stack_runs, take_runs
-
-ACROSS = ("seed", "task", "pipeline", "model", "run")
-MATRIX = "r"
-"""The statistic of agreement's matrix (``statistics.STATISTICS``): Pearson r."""
-_COPY_CHUNK_ELEMENTS = 1_000_000
-"""Shuffled copies x runs x units handed to the statistics at once in a permutation null (each
-array of a chunk is ~8 MB; RBO's temporaries are a few of them)."""
-MAX_PAIR_WORK = 50_000_000
-"""Largest work of a pairwise statistic beside the matrix's, in compared pairs x units x copies (the
-maps and ``len(stats.NULLS) * n_perm`` shuffles): larger questions leave it out. Pearson's matrix
-is one product per copy; RBO sorts every map of every pair, ~0.2 us per pair and unit (seconds at
-this bound)."""
-
-
-def runs(data: SweepData, filters: Filters | None = None, offset: int = 0,
-         limit: int = 100) -> tuple[int, list[dict[str, Any]]]:
-    """(number of matching runs, one page of them as dicts with their metrics)."""
-    sel = select(data, filters)
-    page = range(len(sel))[offset:offset + limit]
-    rows = []
-    for i in page:
-        row = {axis: py(sel.axis(axis)[i]) for axis in AXES}
-        row["metrics"] = {name: py(col[i]) for name, col in sel.metrics.items() if not np.isnan(col[i])}
-        row["maps"] = list(sel.run_maps[i])
-        rows.append(row)
-    return len(sel), rows
-
-
-def aggregate(data: SweepData, group_by: Sequence[str], metric: str, filters: Filters | None = None,
-              n_boot: int = 1000, seed: int = 0) -> list[dict[str, Any]]:
-    """Mean, std, n and 95 % CI of ``metric`` per group (``stats.aggregate``: a t interval
-    below 10 runs, a bootstrap from 10 on; ``ci_method`` says which).
-
-    ``group_by`` = [] groups by cell (``group_key``: the spread is over seeds)
-    and each row also names the cell's axes. Runs without the metric (not
-    finished) are left out of n; a group with none has n = 0 and NaN stats.
-    Runs of different methods are never pooled: when the selection has several,
-    ``method`` is added to ``group_by`` (a fine-tune stage and the head-gate runs
-    that start from it are different experiments).
-    """
-    by = [check_axis(a, data) for a in group_by] or ["group_key"]
-    sel = select(data, filters)
-    if group_by and "method" not in by and len(set(sel.method.tolist())) > 1:
-        by.append("method")
-    values = check_metric(sel, metric)
-    shown = by if group_by else ["group_key", *CELL_LABELS]
-    groups = group_indices(sel, by) if group_by else groups_in_cell_order(sel)
-    rows = []
-    for idx in groups:
-        # one generator per group, seeded by the group's runs: a group's CI does not depend on
-        # which other groups were asked for, or in which order
-        rng = np.random.default_rng([seed, *(int(k[:8], 16) for k in sorted(sel.run_key[idx].tolist()))])
-        agg = stats.aggregate(values[idx], rng, n_boot=n_boot, nan_policy="omit")
-        row = {axis: py(column(sel, axis)[idx[0]]) for axis in shown}
-        row.update(metric=metric, mean=py(agg.mean), std=py(agg.std), n=agg.n,
-                   ci_lo=py(agg.ci_lo), ci_hi=py(agg.ci_hi), ci_method=agg.ci_method, runs=len(idx))
-        rows.append(row)
-    return rows
-
-
-def results(data: SweepData, group_by: Sequence[str], metric: str | None = None,
-            filters: Filters | None = None) -> tuple[str, list[dict[str, Any]]]:
-    """(the metric, its ``aggregate`` rows) as ``headsweep results`` and the Python API show them:
-    ``metric`` None is ``default_metric``; beside ``open_heads``, each group's mean expected open
-    heads (``expected_open``: what the L0 penalty counts), when the runs report them."""
-    metric = metric or default_metric(data)
-    rows = aggregate(data, group_by, metric, filters)
-    if metric == "open_heads" and "expected_open_heads" in data.metrics:
-        expected = aggregate(data, group_by, "expected_open_heads", filters)  # the same groups, in order
-        rows = [row | {"expected_open": e["mean"]} for row, e in zip(rows, expected, strict=True)]
-    return metric, rows
-
-
-@dataclass(frozen=True)
-class Tested:
-    """A statistic with its permutation nulls (``stats.NULLS``; empty when n_perm = 0)."""
-
-    observed: float
-    nulls: Mapping[str, stats.NullResult]
-    pooled: str
-    """What was pooled into the number, in words (e.g. "mean over 8 cells of 3 seeds")."""
-
-
-@dataclass(frozen=True)
-class Agreement:
-    """Agreement of a selection's unit maps: a Pearson matrix over labels, and the tested statistics."""
-
-    across: str
-    map_name: str
-    """The unit map compared (e.g. ``heads.gate``); may be the continuous companion of the map
-    asked for, when that one is constant in some run (see ``notes``)."""
-    labels: list[str]
-    matrix: np.ndarray
-    """``(K, K)`` Pearson r between the labels' maps (see ``agreement``)."""
-    n_runs: list[int]
-    """Runs behind each label."""
-    statistics: dict[str, Tested]
-    """Every statistic agreement asks (``statistics.asked("agreement")``) by name, tested; also
-    ``result.<name>``. The matrix's (``MATRIX``, r) is the mean off-diagonal entry of ``matrix``; a
-    pairwise one the same mean of its own matrix; a cells one (``stem_cell``: He & Choi's multiple
-    correlation, ``stem_cell_paper``: their single fit, the triple's last seed as response) the
-    mean over the cells with enough seeds. Not computed (not asked for, no cell with enough seeds,
-    too many pairs): NaN, and ``pooled`` says why."""
-    n_cells: int
-    """Cells (group keys) with at least 3 seeds behind ``stem_cell``."""
-    matched_on: list[str] = field(default_factory=list)
-    """Axes (config keys) on which every compared pair of runs agrees: labels are compared
-    only within runs equal on all of them."""
-    pooled_axes: list[str] = field(default_factory=list)
-    """Axes that vary in the selection but were pooled (averaged over) on request."""
-    notes: list[str] = field(default_factory=list)
-    """One-line remarks a reader must see (a map switched, runs left out)."""
-
-    @property
-    def mean_offdiag(self) -> Tested:
-        """The matrix's statistic: the mean off-diagonal entry of ``matrix``, tested."""
-        return self.statistics[MATRIX]
-
-    def __getattr__(self, name: str) -> Tested:
-        """``result.stem_cell``, ``result.rbo``: the statistic of that name."""
-        tested = self.__dict__.get("statistics", {})
-        if name in tested:
-            return tested[name]
-        raise AttributeError(f"{type(self).__name__!r} has no attribute or statistic {name!r}")
 
 
 def _offdiag_mean(matrix: np.ndarray) -> float:
@@ -284,122 +156,6 @@ def _pairs_of_copies(stat: Statistic, rows: np.ndarray, pairs: _LabelPairs) -> n
     return _offdiag_means(np.concatenate(values, axis=1)[:, pairs.order], pairs)
 
 
-_OnCopies = Callable[[np.ndarray], dict[str, np.ndarray]]
-
-
-def _on_copies(stats_: list[Statistic], x: np.ndarray, fast: Callable[[Statistic, np.ndarray], np.ndarray] | None,
-               slow: Callable[[Statistic, np.ndarray], float]) -> tuple[np.ndarray, _OnCopies]:
-    """Every statistic on every shuffled copy of the runs ``x`` ``(N, L, K)``: ``(what to shuffle,
-    (N, L, K); its shuffled copies (c, N, L, K) -> {name: (c,)})``.
-
-    A statistic with ``rows`` (when ``fast`` is given) reads its rows, computed once and
-    shuffled: ``fast(stat, (c, N, P) rows)``; any other one the shuffled maps, one copy at a time:
-    ``slow(stat, (N, L, K) copy)``. When every statistic reads the same rows, those are shuffled;
-    else the runs' ``stats.positions``, and each statistic gathers what it reads."""
-    flat = x.reshape(len(x), -1)
-    rows = {stat.rows: stat.rows(flat) for stat in stats_ if fast is not None and stat.rows is not None}
-    if len(rows) == 1 and all(stat.rows in rows for stat in stats_):
-        shared = next(iter(rows.values()))
-        return shared.reshape(x.shape), lambda copies: {
-            stat.name: fast(stat, copies.reshape(len(copies), len(x), -1)) for stat in stats_}
-
-    def on_copies(order: np.ndarray) -> dict[str, np.ndarray]:
-        shuffled = {fn: stats.gather(r, order) for fn, r in rows.items()}
-        out = {}
-        for stat in stats_:
-            if stat.rows in shuffled:
-                out[stat.name] = fast(stat, shuffled[stat.rows])
-            else:
-                out[stat.name] = np.array([slow(stat, copy) for copy in stats.gather(flat, order).reshape(
-                    len(order), *x.shape)])
-        return out
-
-    return stats.positions(x.shape), on_copies
-
-
-def _test_together(observed: dict[str, float], x: np.ndarray, n_perm: int, seed: int, pooled: dict[str, str],
-                   on_copies: tuple[np.ndarray, _OnCopies]) -> dict[str, Tested]:
-    """Statistics of the same runs ``x`` ``(N, L, K)``, each tested as ``_test`` tests it alone (a
-    generator seeded ``seed``: the same shuffles), the shuffles drawn once for all of them
-    (``on_copies``: what to shuffle and the statistics of its copies, ``_on_copies``)."""
-    if n_perm == 0 or len(x) == 0 or not observed:
-        return {name: Tested(value, {}, pooled[name]) for name, value in observed.items()}
-    shuffled, batch_fn = on_copies
-    nulls = stats.joint_nulls(batch_fn, observed, shuffled, n_perm, np.random.default_rng(seed),
-                              _COPY_CHUNK_ELEMENTS)
-    return {name: Tested(value, nulls[name], pooled[name]) for name, value in observed.items()}
-
-
-def _test(stat_fn: Callable[[np.ndarray], float], x: np.ndarray, n_perm: int, seed: int,
-          pooled: str, batch_fn: Callable[[np.ndarray], np.ndarray] | None = None) -> Tested:
-    if n_perm == 0 or len(x) == 0:
-        return Tested(float(stat_fn(x)) if len(x) else math.nan, {}, pooled)
-    nulls = stats.both_nulls(stat_fn, x, n_perm, np.random.default_rng(seed), batch_fn=batch_fn)
-    return Tested(next(iter(nulls.values())).observed, nulls, pooled)
-
-
-def check_across(across: str, data: SweepData) -> str:
-    choices = [*ACROSS, *(a for a in AXES if a not in ACROSS and a not in ("status", "run_key", "group_key")),
-               *sorted(config_columns(data))]
-    if across not in choices:
-        raise QueryError(f"unknown across '{across}'{did_you_mean(across, choices)} (one of {list_choices(choices)})")
-    return across
-
-
-def strata(data: SweepData, across: str, pool: Sequence[str] = ()) -> tuple[list[np.ndarray], dict[str, list[str]]]:
-    """Groups of runs that may be compared across ``across``: equal on every other axis.
-
-    The axes are the dotted config keys that vary in ``data`` (from the stored
-    configs, so any hyper-parameter counts, not a fixed list), less ``seed``,
-    less the keys tied to ``across`` (constant within each of its values, so they
-    cannot be matched: e.g. ``task.name`` for tasks, or a method's own keys for
-    methods), less the axes in ``pool`` (averaged over on request) and the keys they
-    decide (pooling ``pipeline`` pools ``init_from.method`` too, which only SP runs set).
-
-    Returns:
-        (the strata as index arrays, ``{"matched": [...], "tied": [...], "pooled": [...]}``).
-    """
-    across_col = column(data, across)
-    varying = {key: col for key, col in varying_config(data).items() if key != "seed"}
-    varying = {key: col for key, col in varying.items() if key not in config_keys_of(data, across)}
-    unknown = [a for a in pool if not config_keys_of(data, a) & set(varying)]
-    if unknown:
-        raise QueryError(f"pool: '{unknown[0]}' is not an axis that varies here"
-                         f"{did_you_mean(unknown[0], list(varying))} (varying: {list_choices(sorted(varying))})")
-    pool_keys = set().union(*(config_keys_of(data, a) for a in pool)) if pool else set()
-    pool_keys = {k for k in pool_keys if k in varying}
-    if pool_keys:  # a key that the pooled axes decide (init_from.method for pipeline) is pooled with them
-        pooled_codes = _joint_codes([varying[k] for k in sorted(pool_keys)])
-        pool_keys |= {k for k, col in varying.items() if _decided_by(as_codes(col), pooled_codes)}
-    _, across_codes = np.unique(as_codes(across_col), return_inverse=True)
-    tied, matched = [], []
-    for key, col in sorted(varying.items()):
-        if key in pool_keys:
-            continue
-        if _decided_by(as_codes(col), across_codes):
-            tied.append(key)
-        else:
-            matched.append(key)
-    if matched:
-        inverse = _joint_codes([varying[k] for k in matched])
-        order = np.argsort(inverse, kind="stable")
-        blocks = np.split(order, np.flatnonzero(np.diff(inverse[order])) + 1)
-    else:
-        blocks = [np.arange(len(data))]
-    return blocks, {"matched": matched, "tied": tied, "pooled": sorted(pool_keys & set(varying))}
-
-
-def _joint_codes(columns: list[np.ndarray]) -> np.ndarray:
-    """``(N,)`` int: one code per distinct combination of the columns' values."""
-    keys = np.stack([np.unique(as_codes(col), return_inverse=True)[1].ravel() for col in columns], axis=1)
-    return np.unique(keys, axis=0, return_inverse=True)[1].ravel()
-
-
-def _decided_by(codes: np.ndarray, by: np.ndarray) -> bool:
-    """Each value of ``by`` goes with one value of ``codes``."""
-    return all(len(np.unique(codes[by == b])) == 1 for b in np.unique(by))
-
-
 def agreement(data: SweepData, across: str, filters: Filters | None = None, n_perm: int = 1000,
               seed: int = 0, asked: Sequence[str] | None = None, max_run_perms: int | None = None,
               map_name: str = DEFAULT_MAP, pool: Sequence[str] = ()) -> Agreement:
@@ -419,7 +175,7 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
     between the same labels, averaged the same way; a cells one over the cells (seeds of one
     setting) with enough seeds. ``asked``: the names of those to compute (default: all; the
     others are NaN, "not asked for"). Every statistic is tested against both nulls of
-    ``stats.NULLS`` (units shuffled within layers / across all units) with ``n_perm``
+    ``nulls.NULLS`` (units shuffled within layers / across all units) with ``n_perm``
     permutations each (0 = none). ``max_run_perms`` refuses questions above that many (runs x
     permutations).
     """
@@ -505,14 +261,14 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
         def pooled_for(stat: Statistic) -> str:
             return pooled
 
-    matrix = matrix_of(statistics.STATISTICS[MATRIX], stat_x)
+    matrix = matrix_of(statistics.STATISTICS[R], stat_x)
     # compared pairs x units x copies (the maps and every shuffle): what a pairwise statistic costs
-    work = sum(len(idx) * (len(idx) - 1) // 2 for idx in compared) * x[0].size * (1 + len(stats.NULLS) * n_perm)
+    work = sum(len(idx) * (len(idx) - 1) // 2 for idx in compared) * x[0].size * (1 + len(nulls.NULLS) * n_perm)
     tested, pairs, cell_stats = {}, [], []
     for stat in statistics.asked("agreement"):
-        if stat.name != MATRIX and stat.name not in wanted:
+        if stat.name != R and stat.name not in wanted:
             tested[stat.name] = Tested(math.nan, {}, "not asked for")
-        elif stat.shape == "pairs" and stat.name != MATRIX and work > MAX_PAIR_WORK:
+        elif stat.shape == "pairs" and stat.name != R and work > MAX_PAIR_WORK:
             tested[stat.name] = Tested(math.nan, {}, f"left out: {work:,} pairs x units x copies is more than "
                                                       f"{MAX_PAIR_WORK:,}; filter the runs or lower n_perm")
         elif stat.shape == "pairs":
@@ -523,18 +279,18 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
     # (`seed + 1`), drawn meanwhile on another thread: numpy draws and sums without the GIL
     with ThreadPoolExecutor(max_workers=1) as pool:
         cells_tested = pool.submit(_cells_tested, cell_stats, x, in_seed_order, n_perm, seed + 1)
-        observed = {stat.name: _offdiag_mean(matrix if stat.name == MATRIX else matrix_of(stat, stat_x))
+        observed = {stat.name: _offdiag_mean(matrix if stat.name == R else matrix_of(stat, stat_x))
                     for stat in pairs}
         # across=run compares every pair of runs: one matrix per copy (a product for r) beats pair by pair
         fast = None if label_pairs is None else partial(_pairs_of_copies, pairs=label_pairs)
-        on_copies = _on_copies(pairs, stat_x, fast, lambda stat, copy: _offdiag_mean(matrix_of(stat, copy)))
-        tested |= _test_together(observed, stat_x, n_perm, seed, {stat.name: pooled_for(stat) for stat in pairs},
+        on_copies = statistics_on_copies(pairs, stat_x, fast, lambda stat, copy: _offdiag_mean(matrix_of(stat, copy)))
+        tested |= tested_together(observed, stat_x, n_perm, seed, {stat.name: pooled_for(stat) for stat in pairs},
                                  on_copies)
         tested |= cells_tested.result()
     tested = {stat.name: tested[stat.name] for stat in statistics.asked("agreement") if stat.name in tested}
     n_cells = sum(len(idx) >= 3 for idx in cells)
-    return Agreement(across, map_used, [value_label(v) for v in labels], matrix, n_runs, tested, n_cells,
-                     matched, pooled_axes, notes)
+    return Agreement(R, across, [value_label(v) for v in labels], matrix, n_runs, tested, matched, pooled_axes,
+                     notes, maps=[map_used], n_cells=n_cells)
 
 
 def _asked_statistics(asked: Sequence[str] | None) -> set[str]:
@@ -561,86 +317,6 @@ def _cells_tested(asked: list[Statistic], x: np.ndarray, in_seed_order: list[np.
         sizes = "/".join(map(str, sorted({len(idx) for idx in cells[stat.name]})))
         pooled[stat.name] = f"mean over {len(cells[stat.name])} cells of {sizes} seeds of {stat.per_cell}"
     observed = {stat.name: float(stat.cells(x, cells[stat.name])) for stat in testable}
-    on_copies = _on_copies(testable, x, lambda stat, rows: stat.copies(rows, cells[stat.name]),
+    on_copies = statistics_on_copies(testable, x, lambda stat, rows: stat.copies(rows, cells[stat.name]),
                            lambda stat, copy: stat.cells(copy, cells[stat.name]))
-    return tested | _test_together(observed, x, n_perm, seed, pooled, on_copies)
-
-
-def spearman_overlap(data: SweepData, a: Filters, b: Filters, map_name: str = DEFAULT_MAP,
-                     k_frac: float = 0.2, filters: Filters | None = None, n_perm: int = 1000,
-                     seed: int = 0) -> dict[str, Any]:
-    """Do two groups of runs rank the units of ``map_name`` alike?
-
-    ``spearman``: Spearman rho between the groups' mean maps
-    (``spearman.spearman_rows`` of the two means), tested against both nulls (each mean map's
-    units shuffled within layers / across all units): ``nulls`` holds each
-    null's mean, excess, band and p; ``mean_pairwise``: mean rho over every
-    (run of a, run of b) pair (``spearman.spearman_between``, lower: it also
-    counts single-run noise); ``jaccard`` / ``overlap`` / ``k``: agreement of
-    the two mean maps' top ``k_frac`` units (``topk.topk_overlap``, ties broken
-    at random), beside ``chance_jaccard`` / ``chance_overlap``.
-    """
-    if not (isinstance(k_frac, int | float) and 0.0 < k_frac <= 1.0):
-        raise QueryError(f"k must be a fraction in (0, 1], got {k_frac}")
-    if n_perm < 0:
-        raise QueryError(f"n_perm must be >= 0, got {n_perm}")
-    base = select(data, filters)
-    stacks, notes = [], []
-    for name, group in (("a", a), ("b", b)):
-        sel, x, _, _ = map_runs(select(base, group), map_name, switch=False)
-        if len(sel) == 0:
-            raise QueryError(f"group {name} ({describe(group)}) has no finished run with map {map_name}")
-        stacks.append(x)
-    xa, xb = stacks
-    if xa.shape[1:] != xb.shape[1:]:
-        raise QueryError(f"groups a and b have different map shapes: {xa.shape[1:]} vs {xb.shape[1:]}")
-    means = np.stack([xa.mean(axis=0), xb.mean(axis=0)])  # (2, L, K)
-    # Spearman of the mean maps = Pearson of their ranks; ranks shuffle like the values they rank,
-    # and shuffling b's alone gives the same null as shuffling both (pearson.pearson_to)
-    ranks = spearman.rank_rows(means).reshape(means.shape)  # (2, L, K)
-    with ThreadPoolExecutor(max_workers=1) as pool:  # ranking every run (sorts release the GIL) meanwhile
-        pairwise = pool.submit(spearman.mean_spearman_between, xa, xb)
-        rho = _test(lambda m: pearson.pearson_to(ranks[0], m)[0], ranks[1:], n_perm, seed,
-                    "the two groups' mean maps", batch_fn=lambda c: pearson.pearson_to(ranks[0], c[:, 0]))
-        top = topk.topk_overlap(means[0], means[1], float(k_frac), np.random.default_rng([seed, 7]))
-        mean_pairwise = pairwise.result()
-    return {"map": map_name, "n_a": len(xa), "n_b": len(xb), "spearman": py(rho.observed),
-            "nulls": null_summaries(rho), "mean_pairwise": py(mean_pairwise),
-            "k_frac": float(k_frac), **top, "notes": notes}
-
-
-def null_summaries(tested: Tested) -> list[dict[str, Any]]:
-    """One dict per null: what it asks, chance (null mean), excess, 95 % band, p and its text."""
-    return [{"null": name, "question": stats.NULLS[name], "observed": py(r.observed),
-             "null_mean": py(r.null_mean), "excess": py(r.excess), "band_lo": py(r.band_lo),
-             "band_hi": py(r.band_hi), "p_value": py(r.p_value), "p_text": r.p_text, "n_perm": r.n_perm}
-            for name, r in tested.nulls.items()]
-
-
-def tested_rows(tested: Mapping[str, Tested]) -> list[dict[str, Any]]:
-    """Tested statistics by name (``Agreement.statistics``, ``Comparison.statistics``) as flat rows,
-    one per statistic and null (one with empty null fields when it was not tested): its name,
-    label, observed value, what was pooled, then ``null_summaries``' fields."""
-    blank = dict.fromkeys(("null", "null_mean", "band_lo", "band_hi", "excess", "p_value", "p_text", "n_perm"))
-    rows = []
-    for name, t in tested.items():
-        stat = statistics.STATISTICS[name]
-        head = {"statistic": name, "label": stat.label, "observed": py(t.observed), "pooled": t.pooled}
-        nulls = [{key: null[key] for key in blank} for null in null_summaries(t)] or [blank]
-        rows += [head | null for null in nulls]
-    return rows
-
-
-def tested_json(tested: Tested) -> dict[str, Any]:
-    """A ``Tested`` as plain JSON values: observed, what was pooled, each null (``null_summaries``)."""
-    return {"observed": py(tested.observed), "pooled": tested.pooled, "nulls": null_summaries(tested)}
-
-
-def agreement_json(result: Agreement) -> dict[str, Any]:
-    """An ``Agreement`` as plain JSON values (the CLI's --format json and the service share it): the
-    matrix's statistic as ``mean_offdiag``, every other one under its name."""
-    tested = {("mean_offdiag" if name == MATRIX else name): tested_json(t) for name, t in result.statistics.items()}
-    return {"across": result.across, "map": result.map_name, "labels": result.labels,
-            "matrix": [[py(v) for v in row] for row in result.matrix], "n_runs": result.n_runs, **tested,
-            "n_cells": result.n_cells, "matched_on": result.matched_on, "pooled_axes": result.pooled_axes,
-            "notes": result.notes}
+    return tested | tested_together(observed, x, n_perm, seed, pooled, on_copies)
