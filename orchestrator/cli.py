@@ -421,7 +421,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     # The one place the orchestrator reaches up into analysis: its commands (results, agreement,
     # figures, serve, ...) and the sweep report that `report` logs to MLflow.
-    from analysis.views.cli.commands import SWEEP_HELP, register
+    from analysis.views.cli.commands import register
+    from analysis.views.cli.common import SWEEP_HELP
     from analysis.views.report import sweep_report
 
     parser = argparse.ArgumentParser(prog="headsweep", description=__doc__)

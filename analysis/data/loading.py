@@ -1,16 +1,16 @@
 """A sweep's runs as numpy arrays, read from the registry's read model once and cached.
 
-``load_sweep`` reads ``Registry.sweep_runs`` (ONE query over every run of the sweep:
+``load_sweep`` reads ``RegistryReader.sweep_runs`` (ONE query over every run of the sweep:
 labels, metrics, stored configs; DESIGN.md decision 2) into a frozen :class:`SweepData`.
 Its labels are the registry's label columns by name (``orchestrator.registry.LABELS``:
 task, model, method, seed and the methods' short names that have a column), never listed here.
 Unit maps (``heads.gate``, ``heads.log_alpha``, ``neurons.predictivity``, ...) are loaded
-by name on first use, ONE query per map (``Registry.sweep_map``), and kept with the
+by name on first use, ONE query per map (``RegistryReader.sweep_map``), and kept with the
 sweep. The stored configs become flattened columns (``data.config["train.lr"]``), so
 analysis can name any config key as an axis.
 
 Loads are cached in memory, keyed by (registry URL, sweep id); before a cached copy is
-reused, one cheap query checks that nothing changed: ``Registry.sweep_version`` (the
+reused, one cheap query checks that nothing changed: ``RegistryReader.sweep_version`` (the
 latest ``updated_at`` of the sweep's runs and their count; ~4 ms for 10,000 runs on
 SQLite). Any write to a run of the sweep (claim, heartbeat, finish, requeue) bumps
 ``updated_at`` and so invalidates the copy. On a SQLite file the check is first
@@ -38,7 +38,9 @@ from sqlalchemy.engine import make_url
 
 from analysis.data.errors import QueryError, did_you_mean
 from experiments.common.naming import suggest
-from orchestrator.registry import LABELS, LAST, NUMBER_LABELS, MapInfo, NotFound, Registry, Version
+from orchestrator.registry.reader import LAST, NotFound, RegistryReader
+from orchestrator.registry.results import MapInfo, Version
+from orchestrator.registry.schema import LABELS, NUMBER_LABELS
 from orchestrator.status import RunStatus
 
 AXES = (*LABELS, "status", "group_key", "run_key")
@@ -64,7 +66,7 @@ class _MapSource:
     it only where the loaded columns say the run is finished, so maps and statuses agree.
     """
 
-    def __init__(self, registry: Registry, sweep_id: str, finished: np.ndarray):
+    def __init__(self, registry: RegistryReader, sweep_id: str, finished: np.ndarray):
         self.registry, self.sweep_id, self.finished = registry, sweep_id, finished
         self.loaded: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.lock = threading.Lock()  # concurrent first uses load a map once
@@ -227,8 +229,8 @@ def _unknown_map(name: str, known: list[str]) -> Exception:
 # --------------------------------------------------------------------------- building
 
 
-def sweep_version(registry: Registry, sweep_id: str) -> Version:
-    """(latest ``updated_at`` of the sweep's runs, number of runs): ``Registry.sweep_version``."""
+def sweep_version(registry: RegistryReader, sweep_id: str) -> Version:
+    """(latest ``updated_at`` of the sweep's runs, number of runs): ``RegistryReader.sweep_version``."""
     return registry.sweep_version(sweep_id)
 
 
@@ -277,7 +279,7 @@ def config_columns(configs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
 
 
 def from_runs(runs: dict[str, Any], source: _MapSource | None, version: Version | None = None) -> SweepData:
-    """``Registry.sweep_runs(...)`` (+ where its maps come from) -> :class:`SweepData` (read only)."""
+    """``RegistryReader.sweep_runs(...)`` (+ where its maps come from) -> :class:`SweepData` (read only)."""
     arrays = {name: _frozen(np.asarray(runs[name])) for name in ("run_key", "group_key", "status")}
     run_maps = np.empty(len(runs["run_key"]), dtype=object)
     for i, names in enumerate(runs["run_maps"]):  # one by one: numpy would read equal tuples as a 2-d array
@@ -366,10 +368,10 @@ _cache = _Cache(_CACHE_SIZE)
 _commits = _CommitCounter()
 
 
-def load_sweep(registry: Registry, sweep_id: str) -> SweepData:
+def load_sweep(registry: RegistryReader, sweep_id: str) -> SweepData:
     """Every run of the sweep, from the cache when its runs did not change since.
 
-    Raises ``orchestrator.registry.NotFound`` for an unknown sweep.
+    Raises ``orchestrator.registry.reader.NotFound`` for an unknown sweep.
     """
     key = (registry.url, sweep_id)
     stamp = _commits.stamp(registry.url)  # read BEFORE the version: a later commit changes it
@@ -397,7 +399,7 @@ def clear_cache() -> None:
     _cache.clear()
 
 
-def open_sweep(registry: Registry, sweep_id: str) -> SweepData:
+def open_sweep(registry: RegistryReader, sweep_id: str) -> SweepData:
     """``load_sweep`` of a sweep id or ``last`` (the newest sweep), as the CLI and the Python API name
     one; an unknown id is a ``QueryError`` naming the nearest known sweep."""
     try:

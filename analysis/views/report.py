@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from orchestrator.registry import Registry
+    from orchestrator.registry.reader import RegistryReader
 
 
-def sweep_report(registry: Registry, sweep_id: str) -> tuple[dict[str, float], list[tuple[str, bytes]]]:
+def sweep_report(registry: RegistryReader, sweep_id: str) -> tuple[dict[str, float], list[tuple[str, bytes]]]:
     """(``summary.summary_metrics``, ``figure_plan.render_all``: ``[(file name, PNG bytes)]``) of the
-    sweep. Raises ``orchestrator.registry.NotFound`` for an unknown sweep."""
+    sweep. Raises ``orchestrator.registry.reader.NotFound`` for an unknown sweep."""
     # imported here: the CLI builds its parser with this function on every command, and the
     # figures (matplotlib, scipy) take seconds to import
     from analysis.data.loading import load_sweep

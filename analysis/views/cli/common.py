@@ -28,9 +28,9 @@ out = Console(width=None if sys.stdout.isatty() else 100_000)
 
 def _registry(args: argparse.Namespace):
     from orchestrator import settings
-    from orchestrator.registry import Registry
+    from orchestrator.registry.reader import RegistryReader
 
-    return Registry(args.db or settings.registry_url())
+    return RegistryReader(args.db or settings.registry_url())
 
 
 def load(args: argparse.Namespace):

@@ -12,12 +12,12 @@ from fastapi.responses import Response
 
 from analysis.data.loading import SweepData, load_sweep
 from experiments.common.naming import suggest
-from orchestrator.registry import NotFound, Registry
+from orchestrator.registry.reader import NotFound, RegistryReader
 
 _MEMO_SIZE = 256
 
 
-class _Memo:
+class Memo:
     """A small thread-safe LRU of answers."""
 
     def __init__(self, size: int):
@@ -36,10 +36,12 @@ class _Memo:
         return value
 
 
-class _State:
+class State:
+    """The app's registry (its reader: the service never writes or migrates) and its memo of answers."""
+
     def __init__(self, registry_url: str):
-        self.registry = Registry(registry_url)
-        self.memo = _Memo(_MEMO_SIZE)
+        self.registry = RegistryReader(registry_url)
+        self.memo = Memo(_MEMO_SIZE)
 
     def resolve(self, sweep_id: str) -> str:
         """``last`` -> the newest sweep's id, as on the command line (404 when there is none)."""

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, create_model
 
 from analysis import compare, queries, statistics
 from analysis.data.loading import SCALE_LABELS
-from orchestrator.registry import LABELS
+from orchestrator.registry.schema import LABELS
 
 
 class ErrorOut(BaseModel):

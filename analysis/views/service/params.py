@@ -7,20 +7,20 @@ import inspect
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
-import numpy as np
 from fastapi import Depends, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from analysis import select
+from analysis.data import select
 from analysis.data.loading import AXES, SCALE_LABELS
 from analysis.data.select import QueryError
+from analysis.views.service.models import SweepOut
 from experiments.common.naming import suggest
-from orchestrator.registry import LAST
+from orchestrator.registry.reader import LAST
 from orchestrator.status import RUN_DONE
 
 
-def _check_params(request: Request, *names: str, axes: bool = True) -> None:
+def check_params(request: Request, *names: str, axes: bool = True) -> None:
     """400 for a query parameter this endpoint does not take (a typo would be ignored silently)."""
     allowed = (*(AXES if axes else ()), *(("where",) if axes else ()), *names)
     for key in request.query_params:
@@ -78,7 +78,7 @@ def sweep_path(request: Request, sweep_id: Annotated[str, Path(
 SweepId = Annotated[str, Depends(sweep_path)]
 
 
-def _frozen(filters: dict[str, list[str]]) -> tuple:
+def frozen(filters: dict[str, list[str]]) -> tuple:
     return tuple(sorted((k, tuple(v)) for k, v in filters.items()))
 
 
@@ -101,16 +101,12 @@ def figure_url(sweep_id: str, kind: str, params: dict[str, Any]) -> str:
     return f"/sweeps/{sweep_id}/figures/{kind}.png" + (f"?{urlencode(query)}" if query else "")
 
 
-def _json(model: BaseModel) -> Response:
+def as_json(model: BaseModel) -> Response:
     """The serialised answer, memoised as is (a repeated question costs no validation or encoding)."""
     return Response(model.model_dump_json(by_alias=True), media_type="application/json")
 
 
-def _matrix(matrix: np.ndarray) -> list[list[float | None]]:
-    return [[select.py(v) for v in row] for row in np.asarray(matrix, dtype=np.float64)]
-
-
-def _sweep_out(sweep: dict[str, Any], model: type[SweepOut] = SweepOut, **extra: Any) -> SweepOut:
+def sweep_out(sweep: dict[str, Any], model: type[SweepOut] = SweepOut, **extra: Any) -> SweepOut:
     counts = sweep["counts"]
     total = sum(counts.values())
     done = sum(counts.get(s, 0) for s in RUN_DONE)
