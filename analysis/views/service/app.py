@@ -48,6 +48,8 @@ from analysis.views.service.models import (
     SweepOut,
 )
 from analysis.views.service.params import (
+    ACROSS_HELP,
+    MAP_HELP,
     Filters,
     SweepId,
     as_json,
