@@ -22,7 +22,7 @@ from analysis.data.select import (
     py,
     select,
 )
-from analysis.statistics import nulls
+from analysis.statistics import intervals
 
 
 def runs(data: SweepData, filters: Filters | None = None, offset: int = 0,
@@ -41,7 +41,7 @@ def runs(data: SweepData, filters: Filters | None = None, offset: int = 0,
 
 def aggregate(data: SweepData, group_by: Sequence[str], metric: str, filters: Filters | None = None,
               n_boot: int = 1000, seed: int = 0) -> list[dict[str, Any]]:
-    """Mean, std, n and 95 % CI of ``metric`` per group (``nulls.aggregate``: a t interval
+    """Mean, std, n and 95 % CI of ``metric`` per group (``intervals.aggregate``: a t interval
     below 10 runs, a bootstrap from 10 on; ``ci_method`` says which).
 
     ``group_by`` = [] groups by cell (``group_key``: the spread is over seeds)
@@ -63,7 +63,7 @@ def aggregate(data: SweepData, group_by: Sequence[str], metric: str, filters: Fi
         # one generator per group, seeded by the group's runs: a group's CI does not depend on
         # which other groups were asked for, or in which order
         rng = np.random.default_rng([seed, *(int(k[:8], 16) for k in sorted(sel.run_key[idx].tolist()))])
-        agg = nulls.aggregate(values[idx], rng, n_boot=n_boot, nan_policy="omit")
+        agg = intervals.aggregate(values[idx], rng, n_boot=n_boot, nan_policy="omit")
         row = {axis: py(column(sel, axis)[idx[0]]) for axis in shown}
         row.update(metric=metric, mean=py(agg.mean), std=py(agg.std), n=agg.n,
                    ci_lo=py(agg.ci_lo), ci_hi=py(agg.ci_hi), ci_method=agg.ci_method, runs=len(idx))
