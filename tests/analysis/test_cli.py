@@ -22,7 +22,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from analysis import cli, statistics
+from analysis import statistics
+from analysis.views.cli import commands, common
 from analysis.views.report import sweep_report
 from experiments.core.sections import ConfigError
 from orchestrator import report
@@ -35,14 +36,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="headsweep")
-    cli.register(parser.add_subparsers(dest="command", required=True))
+    commands.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(list(argv))
     return args.func(args)
 
 
 @pytest.fixture(autouse=True)
 def wide_console(monkeypatch):
-    monkeypatch.setattr(cli.out, "_width", 200)  # rich tables are not wrapped at 80 columns
+    monkeypatch.setattr(common.out, "_width", 200)  # rich tables are not wrapped at 80 columns
 
 
 def test_results_table(sweep, capsys):
@@ -217,7 +218,7 @@ def test_serve_blocks_until_ctrl_c(sweep, clients, tmp_path):
     # serve must still stop on it
     code = ("import argparse, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
             "from analysis import cli; p = argparse.ArgumentParser(); "
-            "cli.register(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
+            "commands.register(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
     log = tmp_path / "serve.log"  # a file, not a pipe nobody reads (it would block the server once full)
     with log.open("w") as sink:
         process = subprocess.Popen(

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from matplotlib import colormaps
 
-from analysis import figures
+from analysis.views import figures
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

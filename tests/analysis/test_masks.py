@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from analysis.data.loading import load_sweep
-from analysis.questions.masks import mask_iou
 from analysis.data.select import QueryError
+from analysis.questions.masks import mask_iou
 from experiments.common.mask_format import pack_masks
 from experiments.core.config import parse_config
 from orchestrator.registry import Registry
@@ -82,7 +82,7 @@ def test_the_cli_and_the_service_answer_from_the_store(sweep, tmp_path, monkeypa
 
     from fastapi.testclient import TestClient
 
-    from analysis.service import build_app
+    from analysis.views.service.app import build_app
     from orchestrator.checkpoints import CheckpointStore
     from orchestrator.cli import main
 
@@ -101,7 +101,7 @@ def test_the_cli_and_the_service_answer_from_the_store(sweep, tmp_path, monkeypa
 
 
 def test_a_mask_sweep_plans_its_density_agreement_and_no_open_heads_curves(sweep):
-    from analysis import figure_plan
+    from analysis.views import figure_plan
 
     data, _ = sweep
     plan = {name: (kind, params) for name, kind, params in figure_plan.figure_plan(data)}

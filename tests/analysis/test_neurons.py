@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis import figure_plan, neurons
 from analysis.data.loading import clear_cache, load_sweep
 from analysis.data.select import QueryError
+from analysis.questions import neurons
+from analysis.views import figure_plan
 from experiments.core.result import UnitMap
 from orchestrator.grid import expand, parse_grid
 from orchestrator.registry import Registry

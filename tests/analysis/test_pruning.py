@@ -8,9 +8,10 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from analysis import figure_plan, pruning
 from analysis.data.loading import SweepData
 from analysis.data.select import QueryError
+from analysis.questions import pruning
+from analysis.views import figure_plan
 
 PCTS = (0, 50, 100)
 

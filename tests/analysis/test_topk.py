@@ -1,90 +1,80 @@
-"""Top skill-neuron overlap of two (L, I) maps and its exact chance levels."""
+"""The one top-k of analysis (``statistics.topk``): k, the top sets with ties broken at random, overlap,
+Jaccard and their chance levels. (The exact within-layer chance of the removed ``neuron_overlap``
+lives on only in ``experiments/maths/transfer.py``, the prompt_transfer runs' own.)"""
 
 import numpy as np
 import pytest
-from scipy.stats import hypergeom
 
-from analysis.neuron_overlap import shared_count_pmf, top_neuron_overlap
+from analysis.statistics import spearman
+from analysis.statistics.topk import in_top_k, top_k_size, topk_overlap
 
 
-def test_hand_example():
+def test_hand_example_of_a_layers_x_units_map():
     a = np.array([[5.0, 4.0, 3.0], [2.0, 1.0, 0.0]])  # top 3: (0,0) (0,1) (0,2)
     b = np.array([[0.0, 4.0, 3.0], [5.0, 1.0, 2.0]])  # top 3: (1,0) (0,1) (0,2)
-    result = top_neuron_overlap(a, b, k_frac=0.5)
-    assert (result["k"], result["shared"]) == (3, 2)
+    result = topk_overlap(a, b, 0.5, np.random.default_rng(0))
+    assert result["k"] == 3
     assert result["overlap"] == pytest.approx(2 / 3) and result["jaccard"] == pytest.approx(2 / 4)
-    # all units: Hypergeom(6, 3, 3), P(0..3) = (1, 9, 9, 1) / 20, so P(S >= 2) = 10 / 20
-    assert result["chance_overlap"] == pytest.approx(0.5)
-    assert result["p_all_units"] == pytest.approx(0.5)
-    # within layers: A holds (3, 0), B (2, 1): layer 0 shares exactly 2 of 3 whatever the shuffle
-    assert result["chance_overlap_within_layers"] == pytest.approx((3 * 2 / 3) / 3)
-    assert result["p_within_layers"] == pytest.approx(1.0)
+    assert result["chance_overlap"] == pytest.approx(0.5)  # k / P
 
 
-def test_identical_maps_overlap_fully_and_beat_both_chances():
+def test_identical_maps_overlap_fully():
     scores = np.random.default_rng(0).random((6, 200))
-    result = top_neuron_overlap(scores, scores)
-    assert result["k"] == 240 and result["overlap"] == 1.0
-    assert result["p_all_units"] < 1e-50 and result["p_within_layers"] < 1e-50
+    result = topk_overlap(scores, scores, 0.2, np.random.default_rng(1))
+    assert result["k"] == 240 and result["overlap"] == 1.0 and result["jaccard"] == 1.0
 
 
-def test_pmf_is_the_convolution_of_per_layer_hypergeometrics():
-    pmf = shared_count_pmf([3, 0, 5], [2, 4, 5], inner=10)
-    assert pmf.sum() == pytest.approx(1.0)
-    layer0 = hypergeom.pmf(np.arange(3), 10, 3, 2)
-    layer2 = hypergeom.pmf(np.arange(6), 10, 5, 5)
-    np.testing.assert_allclose(pmf, np.convolve(layer0, layer2), atol=1e-12)
-    assert (np.arange(pmf.size) * pmf).sum() == pytest.approx(3 * 2 / 10 + 5 * 5 / 10)
-
-
-def test_within_layer_chance_matches_shuffling_b_within_layers():
-    """The exact null against a Monte Carlo one: shuffle B's map within each layer."""
-    rng = np.random.default_rng(1)
-    a, b = rng.random((3, 40)), rng.random((3, 40))
-    a[2] += 1.0  # A's top units sit in layer 2 ...
-    b[2] += 0.5  # ... and most of B's too
-    observed = top_neuron_overlap(a, b, 0.2)
-    top_a, top_b = _top(a, observed["k"]), _top(b, observed["k"])
-    assert observed["shared"] == (top_a & top_b).sum()
-    shuffles = rng.permuted(np.broadcast_to(top_b, (4000, 3, 40)), axis=2)  # B shuffled in each layer
-    shuffled = (shuffles & top_a).sum(axis=(1, 2))  # (4000,)
-    pmf = shared_count_pmf(top_a.sum(axis=1), top_b.sum(axis=1), inner=40)
-    expected = (np.arange(pmf.size) * pmf).sum()
-    assert np.mean(shuffled) == pytest.approx(expected, abs=0.15)
-    assert observed["chance_overlap_within_layers"] * observed["k"] == pytest.approx(expected)
-    tail = np.mean(np.array(shuffled) >= observed["shared"])
-    assert observed["p_within_layers"] == pytest.approx(tail, abs=0.03)
-
-
-def _top(m, k):
-    """Top-k mask of a map (no ties in continuous random maps)."""
-    top = np.zeros(m.size, dtype=bool)
-    top[np.argsort(-m, axis=None)[:k]] = True
-    return top.reshape(m.shape)
-
-
-def test_unrelated_maps_with_a_shared_layer_profile():
-    """Two independent maps whose top units both sit in the upper layers: beyond all-unit chance
-    (the layer profile is shared) but at within-layer chance (the neurons are not)."""
-    rng = np.random.default_rng(2)
-    p_all, p_within, overlaps, chances = [], [], [], []
-    for _ in range(200):
-        a, b = rng.random((6, 100)), rng.random((6, 100))
-        a[3:] += 0.6
-        b[3:] += 0.6
-        result = top_neuron_overlap(a, b, 0.2, rng)
-        p_all.append(result["p_all_units"])
-        p_within.append(result["p_within_layers"])
-        overlaps.append(result["overlap"])
-        chances.append(result["chance_overlap_within_layers"])
-    assert np.mean(np.array(p_all) < 0.05) > 0.9
-    assert np.mean(np.array(p_within) < 0.05) <= 0.08  # a valid (discrete, conservative) test
-    assert np.mean(overlaps) == pytest.approx(np.mean(chances), abs=0.02)
-    assert np.mean(chances) > 1.5 * 0.2  # well above the all-unit chance k / P = 0.2
+def test_k_is_the_ceiling_of_the_fraction_without_float_noise():
+    assert top_k_size(0.1, 30) == 3  # 0.1 * 30 = 3.0000000000000004
+    assert top_k_size(0.2, 72) == 15 and top_k_size(1.0, 7) == 7 and top_k_size(1e-9, 7) == 1
+    with pytest.raises(ValueError, match="k_frac"):
+        top_k_size(0.0, 10)
 
 
 def test_bad_input():
     with pytest.raises(ValueError, match="k_frac"):
-        top_neuron_overlap(np.zeros((2, 3)), np.zeros((2, 3)), 0.0)
-    with pytest.raises(ValueError, match="maps"):
-        top_neuron_overlap(np.zeros((2, 3)), np.zeros((3, 2)))
+        topk_overlap(np.zeros(6), np.zeros(6), 0.0, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="differ in length"):
+        topk_overlap(np.zeros(6), np.zeros(5), 0.2, np.random.default_rng(0))
+
+
+def test_topk_overlap_hand_example():
+    a = np.array([5.0, 4.0, 3.0, 2.0, 1.0, 0.0])  # top 3: {0, 1, 2}
+    b = np.array([0.0, 4.0, 3.0, 5.0, 1.0, 2.0])  # top 3: {3, 1, 2}
+    result = topk_overlap(a, b, 0.5, np.random.default_rng(0))
+    assert (result["jaccard"], result["overlap"], result["k"]) == (pytest.approx(2 / 4), pytest.approx(2 / 3), 3)
+    assert result["chance_overlap"] == pytest.approx(3 / 6)
+    # |A & B| ~ Hypergeom(6, 3, 3): P(0..3) = (1, 9, 9, 1) / 20; E[s / (6 - s)] by hand
+    assert result["chance_jaccard"] == pytest.approx((9 * 1 / 5 + 9 * 2 / 4 + 1 * 1) / 20)
+    same = topk_overlap(a, a, 0.2, np.random.default_rng(0))  # k = ceil(1.2) = 2
+    assert (same["jaccard"], same["overlap"], same["k"]) == (1.0, 1.0, 2)
+
+
+def test_topk_overlap_k_is_ceil_without_float_noise():
+    a = np.arange(30.0)
+    assert topk_overlap(a, a, 0.1, np.random.default_rng(0))["k"] == 3  # 0.1 * 30 = 3.0000000000000004
+    with pytest.raises(ValueError):
+        topk_overlap(a, a, 0.0, np.random.default_rng(0))
+
+
+def test_topk_overlap_of_independent_binary_runs_is_at_chance_not_biased_by_ties():
+    """Defect 2: ties broken by index made two unrelated runs (8 of 72 heads open, k = 15)
+    overlap at ~0.55 where chance is 15 / 72 ~ 0.21."""
+    rng = np.random.default_rng(30)
+    overlaps = []
+    for _ in range(300):
+        a, b = np.zeros(72), np.zeros(72)
+        a[rng.choice(72, 8, replace=False)] = 1.0
+        b[rng.choice(72, 8, replace=False)] = 1.0
+        result = topk_overlap(a, b, 0.2, rng)
+        overlaps.append(result["overlap"])
+    assert result["k"] == 15 and result["chance_overlap"] == pytest.approx(15 / 72)
+    assert np.mean(overlaps) == pytest.approx(15 / 72, abs=0.03)
+
+
+def test_topk_ties_are_broken_at_random_but_reproducibly():
+    ties = np.array([1.0, 1.0, 1.0, 0.0])
+    ranks = spearman.rank_rows(ties[None])
+    picks = {tuple(np.flatnonzero(in_top_k(ranks, 2, np.random.default_rng(seed))[0])) for seed in range(30)}
+    assert picks == {(0, 1), (0, 2), (1, 2)}  # every tied pair comes up, never the 0-scored unit
+    assert topk_overlap(ties, ties[::-1], 0.5, np.random.default_rng(5)) == topk_overlap(ties, ties[::-1], 0.5, np.random.default_rng(5))
