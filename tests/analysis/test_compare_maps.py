@@ -131,7 +131,7 @@ def test_each_null_value_is_the_statistic_of_relabelled_maps(monkeypatch, gather
     draw, the mean Spearman of the maps relabelled by that draw: one permutation per map, shared
     by its runs (map 0's is the identity), within layers or across all units."""
     if gather:
-        monkeypatch.setattr(compare, "_CROSS_ELEMENTS", 0)
+        monkeypatch.setattr(relabel, "CROSS_ELEMENTS", 0)
     rng = np.random.default_rng(9)
     maps = {f"heads.m{i}": rng.normal(size=(5, L, K)) for i in range(3)}
     data = one_method(5, rng, **maps)

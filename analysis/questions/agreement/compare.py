@@ -49,8 +49,9 @@ from analysis.data.select import (
     map_runs,
     select,
 )
+from analysis.questions.agreement import relabel
 from analysis.questions.agreement.maps import across_axis, between_maps, parse_maps
-from analysis.questions.agreement.relabel import CROSS_ELEMENTS, Rows, relabelled_tests
+from analysis.questions.agreement.relabel import Rows, relabelled_tests
 from analysis.questions.agreement.result import RHO, Agreement, PairResult, Tested
 from analysis.questions.agreement.shuffles import MAX_PAIR_WORK
 from analysis.statistics import spearman, topk
@@ -90,7 +91,7 @@ def compare_maps(data: SweepData, maps: Sequence[str], filters: Filters | None =
     notes: list[str] = []
     compared = between_maps(sel, specs, notes) if across is None else across_axis(sel, specs[0], across, pool, notes)
     labels, p = compared.labels, compared.rows.shape[1] * compared.rows.shape[2]
-    gathered = len(labels) * (len(labels) - 1) // 2 * p * p > CROSS_ELEMENTS  # see relabelled_tests
+    gathered = len(labels) * (len(labels) - 1) // 2 * p * p > relabel.CROSS_ELEMENTS  # see relabelled_tests
     if max_run_perms is not None and gathered and len(compared.pairs) * n_perm > max_run_perms:
         raise QueryError(f"{len(compared.pairs)} pairs with {n_perm} permutations is more than this service "
                          f"answers ({max_run_perms:,} pairs x permutations): lower n_perm (to "
