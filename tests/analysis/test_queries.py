@@ -1,4 +1,4 @@
-"""analysis.data.loading and analysis.queries on a real SQLite registry with known gates (conftest.py)."""
+"""analysis.data.loading, analysis.questions (results, the agreement engine) and analysis.views on a real SQLite registry with known gates (conftest.py)."""
 
 from __future__ import annotations
 

@@ -142,7 +142,7 @@ def between_maps(sel: SweepData, specs: Sequence[MapSpec], notes: list[str]) -> 
 
 def across_axis(sel: SweepData, spec: MapSpec, across: str, pool: Sequence[str], notes: list[str]) -> Rows:
     """One row per (setting of the other axes, value of ``across``): the mean map of its runs
-    (over seeds; ``queries.strata``, as ``agreement``); the values of one setting are compared."""
+    (over seeds; ``strata.strata``, as ``agreement``); the values of one setting are compared."""
     check_across(across, sel)
     if across == "run":
         raise QueryError("compare-maps compares mean maps of an axis's values; run x run agreement is "

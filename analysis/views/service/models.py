@@ -8,8 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, create_model
 
-from analysis import compare, queries, statistics
+from analysis import statistics
 from analysis.data.loading import SCALE_LABELS
+from analysis.questions.agreement.result import RHO, R
 from orchestrator.registry.schema import LABELS
 
 
@@ -127,8 +128,8 @@ AgreementOut = create_model(
     matrix=(list[list[float | None]], ...),
     n_runs=(list[int], ...),
     mean_offdiag=(TestedOut, Field(description="Mean off-diagonal entry of the matrix: "
-                                               f"{_described(statistics.STATISTICS[queries.MATRIX])}")),
-    **_tested_fields("agreement", queries.MATRIX),
+                                               f"{_described(statistics.STATISTICS[R])}")),
+    **_tested_fields("agreement", R),
     n_cells=(int, Field(description="Cells with 3+ finished seeds behind stem_cell.")),
     matched_on=(list[str], Field(description="Axes every compared pair of runs agrees on.")),
     pooled_axes=(list[str], Field(description="Axes averaged over on request.")),
@@ -166,7 +167,7 @@ ComparedPairOut = create_model(
     nulls=(list[NullOut], Field(description="Units relabelled at random, one relabelling per map (or value) "
                                             "shared by its runs: within layers, and across all units.")),
     **_top_k_fields(),
-    **_tested_fields("compare_maps", compare.MATRIX),
+    **_tested_fields("compare_maps", RHO),
 )
 
 
@@ -183,7 +184,7 @@ CompareMapsOut = create_model(
     pairs=(list[ComparedPairOut], ...),
     mean_offdiag=(TestedOut, ...),
     **{name: (TestedOut, Field(description=f"Mean over the pairs of labels of {field.description}"))
-       for name, (_, field) in _tested_fields("compare_maps", compare.MATRIX).items()},
+       for name, (_, field) in _tested_fields("compare_maps", RHO).items()},
     top=(float, ...),
     k=(int, ...),
     **_top_k_fields("chance_"),
