@@ -24,9 +24,7 @@ from analysis.data.select import (
     DEFAULT_MAP,
     Filters,
     QueryError,
-    as_codes,
     axis_values,
-    column,
     did_you_mean,
     group_indices,
     list_choices,
@@ -40,7 +38,7 @@ from analysis.questions.agreement.shuffles import (
     statistics_on_copies,
     tested_together,
 )
-from analysis.questions.agreement.strata import check_across, strata
+from analysis.questions.agreement.strata import check_across, setting_means
 from analysis.statistics import nulls
 from analysis.statistics.base import Statistic, pair_matrix, pair_stack, stack_runs, take_runs
 
@@ -223,33 +221,13 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
         def pooled_for(stat: Statistic) -> str:
             return f"every pair of {len(sel)} runs"
     else:
-        across_col = column(sel, across)
         labels = axis_values(sel, across)
         if len(labels) < 2:
             raise QueryError(f"agreement across {across} needs at least 2 values of {across} in the "
                              f"selection, found {len(labels)}: {list_choices([value_label(v) for v in labels])}")
-        blocks, axes = strata(sel, across, pool)
-        matched, pooled_axes = axes["matched"], axes["pooled"]
-        codes, label_codes = as_codes(across_col), [value_label(v) for v in labels]
-        means, at, groups = [], [], []
-        for block in blocks:
-            present = [i for i, c in enumerate(label_codes) if (codes[block] == c).any()]
-            if len(present) < 2:
-                continue
-            groups.append(np.arange(len(means), len(means) + len(present)))
-            for i in present:
-                means.append(x[block[codes[block] == label_codes[i]]].mean(axis=0))
-                at.append(i)
-        if not groups:
-            raise QueryError(f"no two values of {across} share a setting of the other axes "
-                             f"({', '.join(matched)}); pool some with pool=...")
-        left_out = len(blocks) - len(groups)
-        if left_out:
-            notes.append(f"{left_out} of {len(blocks)} settings of {', '.join(matched)} have only one "
-                         f"value of {across} and were left out")
-        at = np.array(at)
-        stat_x = np.stack(means)  # (M, L, K): one mean map per (stratum, label)
-        n_runs = [int((codes == c).sum()) for c in label_codes]
+        found = setting_means(sel, x, across, [value_label(v) for v in labels], pool, notes)
+        matched, pooled_axes, at, groups, n_runs = found.matched, found.pooled, found.label, found.groups, found.n_runs
+        stat_x = found.means  # (M, L, K): one mean map per (stratum, label)
 
         def matrix_of(stat: Statistic, z: np.ndarray) -> np.ndarray:
             return _label_matrix(stat, z, at, groups, len(labels))

@@ -21,7 +21,7 @@ from analysis.data.select import (
     varying_config,
 )
 from analysis.questions.agreement.relabel import Rows
-from analysis.questions.agreement.strata import check_across, joint_codes, strata
+from analysis.questions.agreement.strata import check_across, joint_codes, setting_means
 
 
 @dataclass(frozen=True)
@@ -153,30 +153,12 @@ def across_axis(sel: SweepData, spec: MapSpec, across: str, pool: Sequence[str],
     if len(values) < 2:
         raise QueryError(f"comparing across {across} needs at least 2 values of {across} among the runs with "
                          f"{spec.name}, found {len(values)}: {list_choices([value_label(v) for v in values])}")
-    blocks, axes = strata(sub, across, pool)
-    codes, label_codes = as_codes(column(sub, across)), [value_label(v) for v in values]
-    rows, label, pairs, used = [], [], [], 0
-    for block in blocks:
-        present = [i for i, c in enumerate(label_codes) if (codes[block] == c).any()]
-        if len(present) < 2:
-            continue
-        used += 1
-        first = len(rows)
-        for i in present:
-            rows.append(x[block[codes[block] == label_codes[i]]].mean(axis=0))
-            label.append(i)
-        pairs += [(first + i, first + j) for i in range(len(present)) for j in range(i + 1, len(present))]
-    if not pairs:
-        raise QueryError(f"no two values of {across} share a setting of the other axes "
-                         f"({', '.join(axes['matched'])}); pool some with pool=...")
-    if used < len(blocks):
-        notes.append(f"{len(blocks) - used} of {len(blocks)} settings of {', '.join(axes['matched'])} have "
-                     f"only one value of {across} and were left out")
-    matched = axes["matched"]
-    settings = (f"of {', '.join(matched)} " if matched else "") + f"of the seed-mean maps of each {across}"
-    return Rows(label_codes, np.stack(rows), np.array(label), np.array(pairs, dtype=np.int64),
-                 np.zeros(len(pairs), dtype=bool), [int((codes == c).sum()) for c in label_codes], sub, matched,
-                 axes["pooled"], settings)
+    label_codes = [value_label(v) for v in values]
+    found = setting_means(sub, x, across, label_codes, pool, notes)
+    pairs = [(g[i], g[j]) for g in found.groups for i in range(len(g)) for j in range(i + 1, len(g))]
+    settings = (f"of {', '.join(found.matched)} " if found.matched else "") + f"of the seed-mean maps of each {across}"
+    return Rows(label_codes, found.means, found.label, np.array(pairs, dtype=np.int64), np.zeros(len(pairs), dtype=bool),
+                found.n_runs, sub, found.matched, found.pooled, settings)
 
 
 def plan_maps(data: SweepData) -> list[list[str]]:

@@ -4,6 +4,7 @@ other axis), shared by ``agreement``, ``compare_maps`` and ``mask_iou``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -82,3 +83,47 @@ def joint_codes(columns: list[np.ndarray]) -> np.ndarray:
 def _decided_by(codes: np.ndarray, by: np.ndarray) -> bool:
     """Each value of ``by`` goes with one value of ``codes``."""
     return all(len(np.unique(codes[by == b])) == 1 for b in np.unique(by))
+
+
+@dataclass(frozen=True)
+class SettingMeans:
+    """The seed-mean map of each value of ``across`` in each setting of the other axes (``strata``)
+    that has two values or more: what agreement and compare-maps compare across an axis."""
+
+    means: np.ndarray
+    """``(M, L, K)``: one mean map per (setting, value)."""
+    label: np.ndarray
+    """``(M,)`` int: each mean's value (an index into the labels)."""
+    groups: list[np.ndarray]
+    """The rows of ``means`` of each setting kept (they are compared with each other)."""
+    n_runs: list[int]
+    """Runs behind each label."""
+    matched: list[str]
+    pooled: list[str]
+
+
+def setting_means(sel: SweepData, x: np.ndarray, across: str, label_codes: list[str], pool: Sequence[str],
+                  notes: list[str]) -> SettingMeans:
+    """``SettingMeans`` of the runs ``sel`` with maps ``x`` ``(N, L, K)``; ``label_codes``: the values of
+    ``across`` as text (``value_label``), in label order. A setting with one value only is left
+    out (a note says how many); QueryError when none is left."""
+    blocks, axes = strata(sel, across, pool)
+    codes = as_codes(column(sel, across))
+    means, label, groups = [], [], []
+    for block in blocks:
+        present = [i for i, c in enumerate(label_codes) if (codes[block] == c).any()]
+        if len(present) < 2:
+            continue
+        groups.append(np.arange(len(means), len(means) + len(present)))
+        for i in present:
+            means.append(x[block[codes[block] == label_codes[i]]].mean(axis=0))
+            label.append(i)
+    matched = axes["matched"]
+    if not groups:
+        raise QueryError(f"no two values of {across} share a setting of the other axes "
+                         f"({', '.join(matched)}); pool some with pool=...")
+    if len(groups) < len(blocks):
+        notes.append(f"{len(blocks) - len(groups)} of {len(blocks)} settings of {', '.join(matched)} have only one "
+                     f"value of {across} and were left out")
+    return SettingMeans(np.stack(means), np.array(label), groups, [int((codes == c).sum()) for c in label_codes],
+                        matched, axes["pooled"])
