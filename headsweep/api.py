@@ -25,7 +25,8 @@ import pandas as pd
 import yaml
 
 from analysis.data import select
-from analysis.data.loading import AXES, SweepData, open_sweep
+from analysis.data.loading import open_sweep
+from analysis.data.sweep import AXES, SweepData
 from analysis.questions import results
 from analysis.questions.agreement import across_runs, compare
 from analysis.questions.agreement import result as agreement_result

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from analysis.data.errors import QueryError, did_you_mean, list_choices
-from analysis.data.loading import AXES, SweepData
+from analysis.data.sweep import AXES, SweepData
 from experiments.core.sections import resolve_key
 
 DEFAULT_MAP = "heads.gate"

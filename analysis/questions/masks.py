@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from analysis.data.loading import SweepData
 from analysis.data.select import (
     Filters,
     QueryError,
@@ -38,6 +37,7 @@ from analysis.data.select import (
     select,
     value_label,
 )
+from analysis.data.sweep import SweepData
 from analysis.questions.agreement.strata import check_across, strata
 from experiments.common.mask_format import chance_iou, read_masks
 from experiments.common.mask_format import mask_iou as iou_of

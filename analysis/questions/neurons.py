@@ -12,7 +12,6 @@ import re
 
 import numpy as np
 
-from analysis.data.loading import SweepData
 from analysis.data.select import (
     Filters,
     QueryError,
@@ -21,6 +20,7 @@ from analysis.data.select import (
     map_runs,
     select,
 )
+from analysis.data.sweep import SweepData
 from analysis.questions.pruning import cell_labels
 
 NOISE = re.compile(r"^(?P<metric>.+)_noise_(?P<which>top|random)_(?P<fraction>[0-9.e-]+)$")

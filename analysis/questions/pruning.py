@@ -13,7 +13,6 @@ import re
 
 import numpy as np
 
-from analysis.data.loading import SweepData
 from analysis.data.select import (
     Filters,
     QueryError,
@@ -25,6 +24,7 @@ from analysis.data.select import (
     value_label,
     varying_config,
 )
+from analysis.data.sweep import SweepData
 
 PRUNED = re.compile(r"^(?P<metric>.+)_pruned_(?P<pct>\d+)(?P<where>/.+)?$")
 """``accuracy_pruned_30`` -> metric ``accuracy``, pct 30; ``accuracy_pruned_30/ood`` -> ``accuracy/ood``."""

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from analysis.data.loading import AXES, CELL_LABELS, SweepData
 from analysis.data.select import (
     Filters,
     check_axis,
@@ -22,6 +21,7 @@ from analysis.data.select import (
     py,
     select,
 )
+from analysis.data.sweep import AXES, CELL_LABELS, SweepData
 from analysis.statistics import intervals
 
 

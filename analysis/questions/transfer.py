@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.stats import rankdata
 
-from analysis.data.loading import SweepData
 from analysis.data.select import (
     Filters,
     QueryError,
@@ -50,6 +49,7 @@ from analysis.data.select import (
     value_label,
     varying_config,
 )
+from analysis.data.sweep import SweepData
 from analysis.statistics import nulls
 
 METHOD = "prompt_transfer"

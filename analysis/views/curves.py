@@ -3,8 +3,8 @@ and the FFN-neuron figures (predictivity per layer, perturbation, FFN pruning)."
 
 from __future__ import annotations
 
-from analysis.data.loading import SweepData
 from analysis.data.select import Filters, describe, select
+from analysis.data.sweep import SweepData
 from analysis.questions.neurons import ffn_pruning_points, layer_points, perturbation_points
 from analysis.questions.pruning import pruned_metrics, pruning_points
 from analysis.views import figures

@@ -13,7 +13,6 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from analysis import statistics
-from analysis.data.loading import CELL_LABELS, SCALE_LABELS, SweepData
 from analysis.data.select import (
     _NOT_CURVE_METRICS,
     DEFAULT_MAP,
@@ -34,6 +33,7 @@ from analysis.data.select import (
     select,
     varying_config,
 )
+from analysis.data.sweep import CELL_LABELS, SCALE_LABELS, SweepData
 from analysis.questions import neurons, pruning
 from analysis.questions.agreement.across_runs import agreement
 from analysis.questions.agreement.compare import compare_maps

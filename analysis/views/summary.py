@@ -10,8 +10,8 @@ import re
 
 import numpy as np
 
-from analysis.data.loading import SweepData
 from analysis.data.select import QueryError, group_indices, groups_in_cell_order
+from analysis.data.sweep import SweepData
 from analysis.questions.agreement.across_runs import agreement
 from analysis.views.figure_plan import cell_names
 

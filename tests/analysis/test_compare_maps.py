@@ -17,8 +17,9 @@ import pytest
 from scipy.stats import spearmanr
 
 from analysis.data import select
-from analysis.data.loading import from_runs, load_sweep
+from analysis.data.loading import load_sweep
 from analysis.data.select import QueryError
+from analysis.data.sweep import from_runs
 from analysis.questions.agreement import compare, maps, relabel
 from analysis.views import answers, compare_figure, figure_plan
 from analysis.views.cli import commands, common

@@ -8,8 +8,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from analysis.data.loading import SweepData
 from analysis.data.select import QueryError
+from analysis.data.sweep import SweepData
 from analysis.questions import pruning
 from analysis.views import figure_plan
 

@@ -26,7 +26,7 @@ import numpy as np
 import scipy.stats
 from _bench import at_most, below, emit, finish
 
-from analysis.data.loading import SweepData, from_runs
+from analysis.data.sweep import SweepData, from_runs
 from analysis.questions.agreement import across_runs
 from analysis.statistics import intervals, pearson, rbo, spearman, stem_cell
 from analysis.statistics import nulls as permutations

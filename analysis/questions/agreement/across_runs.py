@@ -19,7 +19,6 @@ from functools import partial
 import numpy as np
 
 from analysis import statistics
-from analysis.data.loading import SweepData
 from analysis.data.select import (
     DEFAULT_MAP,
     Filters,
@@ -32,6 +31,7 @@ from analysis.data.select import (
     select,
     value_label,
 )
+from analysis.data.sweep import SweepData
 from analysis.questions.agreement.result import Agreement, R, Tested
 from analysis.questions.agreement.shuffles import (
     MAX_PAIR_WORK,

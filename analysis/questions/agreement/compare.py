@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from analysis import statistics
-from analysis.data.loading import SweepData
 from analysis.data.select import (
     DEFAULT_MAP,
     Filters,
@@ -49,6 +48,7 @@ from analysis.data.select import (
     map_runs,
     select,
 )
+from analysis.data.sweep import SweepData
 from analysis.questions.agreement import relabel
 from analysis.questions.agreement.maps import across_axis, between_maps, parse_maps
 from analysis.questions.agreement.relabel import Rows, relabelled_tests

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.data.loading import SweepData
 from analysis.data.select import (
     COMPANIONS,
     QueryError,
@@ -20,6 +19,7 @@ from analysis.data.select import (
     value_label,
     varying_config,
 )
+from analysis.data.sweep import SweepData
 from analysis.questions.agreement.relabel import Rows
 from analysis.questions.agreement.strata import check_across, joint_codes, setting_means
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from analysis import statistics
-from analysis.data.loading import SweepData
+from analysis.data.sweep import SweepData
 from analysis.questions.agreement.result import RHO
 from analysis.questions.agreement.shuffles import MAX_PAIR_WORK
 from analysis.statistics import spearman

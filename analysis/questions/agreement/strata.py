@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.data.loading import AXES, SweepData
 from analysis.data.select import (
     QueryError,
     as_codes,
@@ -19,6 +18,7 @@ from analysis.data.select import (
     list_choices,
     varying_config,
 )
+from analysis.data.sweep import AXES, SweepData
 
 ACROSS = ("seed", "task", "pipeline", "model", "run")
 

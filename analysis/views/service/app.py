@@ -26,8 +26,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
 
 from analysis.data import select
-from analysis.data.loading import AXES, SweepData
 from analysis.data.select import QueryError
+from analysis.data.sweep import AXES, SweepData
 from analysis.questions import masks, results
 from analysis.questions.agreement import across_runs, compare
 from analysis.views import answers, figure_plan

@@ -10,7 +10,8 @@ from typing import Any
 from fastapi import HTTPException
 from fastapi.responses import Response
 
-from analysis.data.loading import SweepData, load_sweep
+from analysis.data.loading import load_sweep
+from analysis.data.sweep import SweepData
 from experiments.common.naming import suggest
 from orchestrator.registry.reader import NotFound, RegistryReader
 

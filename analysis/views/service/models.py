@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, Field, create_model
 
 from analysis import statistics
-from analysis.data.loading import SCALE_LABELS
+from analysis.data.sweep import SCALE_LABELS
 from analysis.questions.agreement.result import RHO, R
 from orchestrator.registry.schema import LABELS
 

@@ -12,8 +12,8 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from analysis.data import select
-from analysis.data.loading import AXES, SCALE_LABELS
 from analysis.data.select import QueryError
+from analysis.data.sweep import AXES, SCALE_LABELS
 from analysis.views.service.models import SweepOut
 from experiments.common.naming import suggest
 from orchestrator.registry.reader import LAST
