@@ -1,4 +1,4 @@
-"""analysis.statistics (Pearson, Spearman, stem cell, top-k) and analysis.statistics.nulls (nulls, CIs) against scipy /
+"""analysis.statistics (Pearson, Spearman, stem cell, top-k) and analysis.statistics.nulls and .intervals (nulls, CIs) against scipy /
 statsmodels / hand-computed values, and known answers on synthetic gates."""
 
 import math

@@ -252,8 +252,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """The analysis HTTP service on Ray Serve; blocks until Ctrl-C, then ends this process (exit 0)."""
     from analysis.views.service.serve import serve_app
     from orchestrator import settings
+    from orchestrator.registry.reader import RegistryReader
 
     url = args.db or settings.registry_url()
+    RegistryReader(url).close()  # a missing or older registry is one line here, not a failed Serve replica
     # Ctrl-C (SIGINT) stops it even when it was started with SIGINT ignored, as a shell does for a
     # command run in the background (`headsweep serve &`): Python then installs no KeyboardInterrupt
     # handler, and `kill -INT` would do nothing.
