@@ -2,10 +2,11 @@
 numpy arrays and matplotlib figures.
 
 The same answers as ``headsweep results | agreement | compare-maps`` and the HTTP service, through
-the same functions: the sweep is loaded by ``analysis.loading.open_sweep`` (cached, reloaded when
-its runs change), every answer comes from ``analysis.queries`` / ``analysis.compare`` and every
-figure from ``analysis.figure_plan`` / ``analysis.compare``; this module only turns their rows into
-DataFrames. ``submit`` is ``orchestrator.driving.sweeps.submit``. The registry is the CLI's:
+the same functions: the sweep is loaded by ``analysis.data.loading.open_sweep`` (cached, reloaded when
+its runs change, from the registry's reader: never written, never migrated), every answer comes from
+``analysis.questions`` (``results``, the agreement engine's ``across_runs`` / ``compare``) and every
+figure from ``analysis.views`` (``figure_plan``, ``compare_figure``); this module only turns their rows
+into DataFrames. ``submit`` is ``orchestrator.driving.sweeps.submit``. The registry is the CLI's:
 ``HEADSWEEP_DB``, else the SQLite file under ``HEADSWEEP_HOME`` (``orchestrator.settings``), read
 at each call.
 """
@@ -23,10 +24,15 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from analysis import compare, figure_plan, queries, select
-from analysis.loading import AXES, SweepData, open_sweep
+from analysis.data import select
+from analysis.data.loading import open_sweep
+from analysis.data.sweep import AXES, SweepData
+from analysis.questions import results
+from analysis.questions.agreement import across_runs, compare
+from analysis.questions.agreement import result as agreement_result
+from analysis.views import answers, compare_figure, figure_plan
 from orchestrator import settings
-from orchestrator.registry import Registry
+from orchestrator.registry.reader import RegistryReader
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -39,7 +45,7 @@ def sweep(sweep_id: str = "last", db: str | None = None) -> Sweep:
     """The sweep ``sweep_id`` (``last``: the newest) of the registry ``db`` (default: the CLI's).
 
     ``analysis.QueryError`` (a ``ValueError``) names the nearest sweep for an unknown id."""
-    registry = Registry(db or settings.registry_url())
+    registry = RegistryReader(db or settings.registry_url())
     data = open_sweep(registry, sweep_id)
     return Sweep(data.sweep_id, registry)
 
@@ -58,7 +64,7 @@ def submit(grid: str | Path | Mapping[str, Any], wait: bool = True, force: bool 
     submitted = sweeps.submit(path, force=force, track=track)
     if wait and submitted.driver is not None:
         sweeps.wait(submitted.sweep_id)
-    return Sweep(submitted.sweep_id, Registry(settings.registry_url()))
+    return Sweep(submitted.sweep_id, RegistryReader(settings.registry_url()))
 
 
 def _show_figures_in_ipython() -> None:
@@ -71,7 +77,7 @@ def _show_figures_in_ipython() -> None:
         return
     from matplotlib.figure import Figure
 
-    from analysis.figures import DPI
+    from analysis.views.figures import DPI
     from experiments.common.png import figure_png
 
     png = shell.display_formatter.formatters["image/png"]
@@ -121,9 +127,9 @@ class RunMaps(NamedTuple):
 
 @dataclass(frozen=True)
 class Agreement:
-    """``queries.agreement``'s answer (``result``; its fields read through, e.g. ``.notes``)."""
+    """``across_runs.agreement``'s answer (``result``; its fields read through, e.g. ``.notes``)."""
 
-    result: queries.Agreement
+    result: agreement_result.Agreement
     filters: Mapping[str, Any]
 
     @property
@@ -132,9 +138,9 @@ class Agreement:
         return float(self.result.mean_offdiag.observed)
 
     def table(self) -> pd.DataFrame:
-        """Every statistic agreement asks against each permutation null (``queries.tested_rows``):
+        """Every statistic agreement asks against each permutation null (``answers.tested_rows``):
         observed, chance (``null_mean``), its 95 % band, the excess over chance and p."""
-        return pd.DataFrame(queries.tested_rows(self.result.statistics))
+        return pd.DataFrame(answers.tested_rows(self.result.statistics))
 
     def matrix(self) -> pd.DataFrame:
         """The label x label Pearson matrix."""
@@ -156,21 +162,21 @@ class Agreement:
 class Comparison:
     """``compare.compare_maps``' answer (``result``; its fields read through, e.g. ``.pairs``)."""
 
-    result: compare.Comparison
+    result: agreement_result.Agreement
     filters: Mapping[str, Any]
 
     def table(self) -> pd.DataFrame:
         """One row per pair of labels with each statistic and its nulls (``headsweep compare-maps
-        --format csv``: ``compare.compare_rows``)."""
-        return pd.DataFrame(compare.compare_rows(self.result))
+        --format csv``: ``answers.compare_rows``)."""
+        return pd.DataFrame(answers.compare_rows(self.result))
 
     def matrix(self) -> pd.DataFrame:
         """The label x label matrix of mean Spearman rho."""
         return pd.DataFrame(self.result.matrix, index=self.result.labels, columns=self.result.labels)
 
     def figure(self) -> Figure:
-        """The matrix ``headsweep compare-maps --out`` writes (``compare.compare_figure``)."""
-        return compare.compare_figure(self.result, self.filters)
+        """The matrix ``headsweep compare-maps --out`` writes (``compare_figure.compare_figure``)."""
+        return compare_figure.compare_figure(self.result, self.filters)
 
     def __getattr__(self, name: str) -> Any:
         return _read_through(self, name)
@@ -180,7 +186,7 @@ class Sweep:
     """One sweep of the registry. Every method reads it afresh (the cached copy while its runs are
     unchanged), so a running sweep's answers grow as its runs finish."""
 
-    def __init__(self, sweep_id: str, registry: Registry):
+    def __init__(self, sweep_id: str, registry: RegistryReader):
         self.id, self._registry = sweep_id, registry
 
     def _data(self) -> SweepData:
@@ -195,20 +201,20 @@ class Sweep:
         """One row per run: its keys, status and labels, ``maps`` (the maps it stored) and its
         metrics as ``metrics.<name>`` (NaN where it has none yet), as the service's ``/runs``."""
         data = self._data()
-        _, rows = queries.runs(data, _filters(where), 0, len(data))
+        _, rows = results.runs(data, _filters(where), 0, len(data))
         return pd.json_normalize(rows) if rows else pd.DataFrame(columns=[*AXES, "maps"])
 
     def results(self, group_by: str | Sequence[str] = (), metric: str | None = None,
                 where: Where = None) -> pd.DataFrame:
         """Mean, std, n and 95 % CI of ``metric`` (default: accuracy, else the first metric) per
         group of ``group_by`` (default: per cell, over seeds): ``headsweep results``' rows."""
-        _, rows = queries.results(self._data(), _names(group_by), metric, _filters(where))
+        _, rows = results.results(self._data(), _names(group_by), metric, _filters(where))
         return pd.DataFrame(rows)
 
     def map(self, name: str = select.DEFAULT_MAP, where: Where = None) -> RunMaps:
         """Map ``name`` of the (selected) runs that have it, with those runs' labels."""
         sel, values, _, _ = select.map_runs(select.select(self._data(), _filters(where)), name, switch=False)
-        _, rows = queries.runs(sel, None, 0, len(sel))
+        _, rows = results.runs(sel, None, 0, len(sel))
         runs = pd.DataFrame([{axis: row[axis] for axis in AXES} for row in rows], columns=list(AXES))
         return RunMaps(values, runs)
 
@@ -218,7 +224,7 @@ class Sweep:
         ``headsweep agreement``: the matrix, every statistic and its permutation nulls. ``map``:
         default the one most runs have stored (``select.default_map``: heads.gate for head gates)."""
         data, filters = self._data(), _filters(where)
-        result = queries.agreement(data, across, filters, n_perm=n_perm, map_name=map or select.default_map(data),
+        result = across_runs.agreement(data, across, filters, n_perm=n_perm, map_name=map or select.default_map(data),
                                    pool=_names(pool))
         return Agreement(result, filters)
 

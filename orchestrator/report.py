@@ -4,7 +4,7 @@ so the MLflow UI shows the sweep's answer (its figures, and charts of the parent
     headsweep report SWEEP_ID
 
 The sweep driver's job runs this after the sweep finishes (``driver_job.submit_driver``). The
-report is analysis's to draw (``analysis.report.sweep_report``: it reads, never writes); this
+report is analysis's to draw (``analysis.views.report.sweep_report``: it reads, never writes); this
 module, the orchestrator's side of MLflow, logs what it is handed (:data:`Render`) to the run
 ``get_sweep(id)["mlflow_parent_run_id"]`` (figures under ``figures/``) with an explicit
 ``MlflowClient`` (DESIGN.md decision 3). It imports nothing from analysis: the CLI above both

@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 import headsweep
-from analysis import figures, statistics
+from analysis import statistics
+from analysis.views import figures
 from experiments.common.png import figure_png
 from headsweep.cli import main as headsweep_cli
 from orchestrator.registry import Registry
@@ -83,7 +84,7 @@ def _cli_json(capsys, *argv: str):
 def _service(path: str, **params):
     from fastapi.testclient import TestClient
 
-    from analysis.service import build_app
+    from analysis.views.service.app import build_app
     from orchestrator import settings
 
     with TestClient(build_app(settings.registry_url())) as client:

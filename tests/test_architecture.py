@@ -1,6 +1,7 @@
 """The structure as tests: the layer rule of DESIGN.md (experiments/ never imports ray, mlflow or
 sqlalchemy; analysis no training code and no MLflow), no import circle between the project's
-modules, and the floors: experiments <- orchestrator <- analysis, the rooms of experiments/."""
+modules, and folders as levels (LEVELS: every import goes down or stays in its room, no exceptions),
+with analysis behind its read-only port (ANALYSIS_READS)."""
 
 import ast
 import subprocess
@@ -22,8 +23,8 @@ def test_experiments_imports_no_orchestration_library():
 
 ANALYSIS = """
 import sys
-import analysis.cli, analysis.figure_plan, analysis.loading, analysis.queries, analysis.select
-import analysis.service, analysis.stats
+import analysis.views.cli.commands, analysis.views.figure_plan, analysis.data.loading, analysis.data.select
+import analysis.questions.agreement.across_runs, analysis.views.service.app, analysis.statistics.nulls
 bad = sorted(m for m in ("torch", "mlflow", "experiments.methods", "experiments.keyed.runner", "experiments.models")
              if m in sys.modules)
 print(",".join(bad))
@@ -47,30 +48,52 @@ ROOT = Path(__file__).resolve().parents[1]
 TOPS = ("experiments", "orchestrator", "analysis", "headsweep")
 
 ANALYSIS_READS = {
-    "orchestrator.registry": "Registry (only its reads: list_sweeps, get_sweep, events, resolve_sweep, "
-                             "sweep_runs, sweep_map, sweep_version), NotFound, the read model's types",
-    "orchestrator.registry.results": "the read model (MapInfo, MapStack, Version)",
+    "orchestrator.registry.reader": "RegistryReader (the reads only, never migrating), NotFound, LAST",
+    "orchestrator.registry.results": "the read model's types (MapInfo, MapStack, Version)",
+    "orchestrator.registry.schema": "the label names (LABELS, NUMBER_LABELS): table definitions, no methods",
     "orchestrator.registry.history": "a sweep's recorded history, as lines",
     "orchestrator.status": "the run and sweep status enums",
     "orchestrator.settings": "where the registry and the checkpoint store are",
     "orchestrator.checkpoints": "the stored weight masks (read)",
 }
-"""What analysis may import from the orchestrator: the registry's read side and where things are.
-Driver liveness, sweeps, the supervisor, MLflow: never (analysis reads what they recorded)."""
+"""What analysis may import from the orchestrator: the registry's reader and where things are. The
+writable Registry (orchestrator.registry), driver liveness, sweeps, the supervisor, MLflow: never
+(analysis reads what they recorded). history is admitted for its pure ``history()``."""
 ANALYSIS_VOCABULARY = ("experiments.common",)
 """What analysis may import from experiments: the plain vocabulary (naming, units, the mask and PNG
 formats, ConfigError), never training code."""
 
-EXPERIMENT_FLOORS = (
-    ("common",),  # naming, units, the mask and PNG formats, the plain config and result shapes
-    ("maths", "models", "tasks"),  # pure maths, the model table, tasks
-    ("interventions",),  # what a method does to a model
-    ("core",),  # what every method uses: state, loop, context, precision, ...
-    ("components",),  # what several methods share: the fine-tuned stage, debiasing, probing, prompting
-    ("methods",),
-    ("keyed",),  # config, config_keys, run_keys, runner: the keyed config and the runner
+LEVELS = (
+    ("experiments.common",),  # the vocabulary: naming, units, formats, config sections, result shapes
+    ("experiments.maths", "experiments.models", "experiments.tasks"),
+    ("experiments.interventions",),  # what a method does to a model
+    ("experiments.core",),  # what every method uses: state, loop, context, precision
+    ("experiments.components",),  # what several methods share
+    ("experiments.methods",),  # one recipe a file
+    ("experiments.keyed",),  # the keyed config, run keys, the runner
+    ("experiments",),  # the package: run() and the method registry, lazily
+    ("orchestrator",),  # the packages' own __init__ (empty)
+    ("orchestrator.settings", "orchestrator.status"),
+    ("orchestrator.retry", "orchestrator.checkpoints", "orchestrator.hub"),
+    ("orchestrator.registry", "orchestrator.tracking"),
+    ("orchestrator.cluster", "orchestrator.report"),
+    ("orchestrator.driving",),
+    ("orchestrator.slurm",),
+    ("analysis",),
+    ("analysis.statistics",),
+    ("analysis.data",),
+    ("analysis.questions",),
+    ("analysis.views",),
+    ("headsweep.api",),
+    ("headsweep.cli",),
+    ("headsweep",),
 )
-"""Rooms of experiments/, lowest first: an import points to a lower floor or stays in its room."""
+"""The folders (and the few top-level modules) of the project as levels, lowest first. A module's
+room is its folder (``experiments.methods``) or top-level module (``orchestrator.hub``); it imports
+its own room or a lower level, never a room beside it or above it."""
+INDEPENDENT = ("experiments.methods",)
+"""Rooms whose modules never import each other (a method is a recipe over the levels below it, never
+over another method); their package ``__init__`` may import them (the method registry)."""
 
 
 def module_graph(root: Path, tops: tuple[str, ...] = TOPS) -> dict[str, set[str]]:
@@ -134,42 +157,40 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found, key=lambda component: (-len(component), component))
 
 
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else parts[0]
+
+
+def level_of(room: str, levels=LEVELS) -> int | None:
+    return next((i for i, rooms in enumerate(levels) if room in rooms), None)
+
+
 def _under(module: str, prefixes) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-def _room(module: str) -> tuple[int, str] | None:
-    """(floor, room) of an experiments module; None for the package itself (lazy names only)."""
-    rest = module.split(".", 1)[1] if "." in module else ""
-    if not rest:
-        return None
-    room = rest.split(".")[0]
-    return next(level for level, rooms in enumerate(EXPERIMENT_FLOORS) if room in rooms), room
-
-
-def floor_breaks(graph: dict[str, set[str]]) -> list[str]:
-    """Every import that breaks a floor, as 'importer -> imported (why)'."""
-    breaks = []
+def level_breaks(graph: dict[str, set[str]], levels=LEVELS) -> list[str]:
+    """Every import that breaks a level or a port, as 'importer -> imported (why)'; every module in
+    no level is named too (a new folder is placed on purpose)."""
+    breaks = [f"{module} (in no level: add its room to LEVELS)" for module in sorted(graph)
+              if level_of(room_of(module), levels) is None]
     for module, imported in sorted(graph.items()):
-        top = module.split(".")[0]
+        room, top = room_of(module), module.split(".")[0]
         for target in sorted(imported):
-            to = target.split(".")[0]
-            if to == "headsweep" and top != "headsweep":
-                breaks.append(f"{module} -> {target} (headsweep, the Python API, is the top floor: nothing imports it)")
-            elif top == "experiments" and to != "experiments":
-                breaks.append(f"{module} -> {target} (experiments imports nothing from {to})")
-            elif top == "orchestrator" and to == "analysis":
-                breaks.append(f"{module} -> {target} (orchestrator imports nothing from analysis: the CLI, "
-                              "headsweep.cli, registers its commands)")
+            to_room, to = room_of(target), target.split(".")[0]
+            level, to_level = level_of(room, levels), level_of(to_room, levels)
+            if level is None or to_level is None:
+                continue
+            if to_level > level or (to_level == level and to_room != room):
+                breaks.append(f"{module} -> {target} (level {level} {room} may import only its room or "
+                              f"below, not level {to_level} {to_room})")
+            elif room == to_room and room in INDEPENDENT and module != room and target != room:
+                breaks.append(f"{module} -> {target} ({room}: its modules never import each other)")
             elif top == "analysis" and to == "orchestrator" and target not in ANALYSIS_READS:
                 breaks.append(f"{module} -> {target} (analysis reads only {sorted(ANALYSIS_READS)})")
             elif top == "analysis" and to == "experiments" and not _under(target, ANALYSIS_VOCABULARY):
                 breaks.append(f"{module} -> {target} (analysis reads only {ANALYSIS_VOCABULARY} of experiments)")
-            elif top == to == "experiments" and _room(module) and _room(target):
-                (floor, room), (floor_to, room_to) = _room(module), _room(target)
-                if floor_to > floor or (floor_to == floor and room_to != room):
-                    breaks.append(f"{module} -> {target} (room {room} may not import {room_to}: "
-                                  f"floors {EXPERIMENT_FLOORS})")
     return breaks
 
 
@@ -179,13 +200,13 @@ def test_no_import_circle_between_the_projects_modules():
     assert circles(graph) == []
 
 
-def test_every_import_respects_the_floors():
-    """experiments <- orchestrator <- analysis <- headsweep (the API and the CLI); analysis reads
-    only the registry's read side; experiments' rooms import downwards."""
+def test_every_import_respects_the_levels():
+    """Folders are levels: every import goes to its own room or a lower level (no exceptions), a
+    method imports no other method, analysis reads only the registry's reader side and the
+    experiments' vocabulary, and nothing imports headsweep."""
     graph = module_graph(ROOT)
-    assert "analysis.service" in graph and "orchestrator.registry.history" in graph["analysis.service"]
-    assert "analysis.queries" in graph["headsweep.api"]
-    assert floor_breaks(graph) == []
+    assert "analysis.views.service.app" in graph and "orchestrator.registry.reader" in graph["analysis.data.loading"]
+    assert level_breaks(graph) == []
 
 
 def _fake_project(root: Path, files: dict[str, str]) -> Path:
@@ -196,34 +217,47 @@ def _fake_project(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def test_the_checks_catch_a_circle_and_a_broken_floor(tmp_path):
+def test_the_checks_catch_a_circle_an_upward_import_and_a_broken_port(tmp_path):
     """The checkers on a tiny fake project with faults put in on purpose: a circle hidden by a
-    function-local import (and a relative one), and imports through the floors."""
+    function-local import (and a relative one), imports up a level, beside it, between two methods,
+    around the analysis port, and a folder placed in no level."""
     root = _fake_project(tmp_path, {
         "experiments/__init__.py": "",
         "experiments/common/__init__.py": "",
-        "experiments/common/naming.py": "from experiments.methods import a  # up a floor\n",
-        "experiments/methods/__init__.py": "",
-        "experiments/methods/a.py": "from experiments.methods.b import f\n",
+        "experiments/common/naming.py": "from experiments.methods import a  # up a level\n",
+        "experiments/maths/__init__.py": "",
+        "experiments/maths/hc.py": "from experiments.tasks import t  # beside it\n",
+        "experiments/tasks/__init__.py": "",
+        "experiments/tasks/t.py": "",
+        "experiments/methods/__init__.py": "from experiments.methods import a, b  # the registry: allowed\n",
+        "experiments/methods/a.py": "from experiments.methods.b import f  # another method\n",
         "experiments/methods/b.py": "def f():\n    from . import a\n",
+        "experiments/stray/__init__.py": "",
         "orchestrator/__init__.py": "",
-        "orchestrator/sweeps.py": "import analysis.service\n",
-        "orchestrator/cli.py": "from analysis.cli import register\n",
+        "orchestrator/driving/__init__.py": "",
+        "orchestrator/driving/sweeps.py": "import analysis.views.service\n",
+        "orchestrator/registry/__init__.py": "",
+        "orchestrator/registry/reader.py": "",
         "analysis/__init__.py": "",
-        "analysis/cli.py": "",
-        "analysis/service.py": "from orchestrator import sweeps\n",
-        "analysis/select.py": "import headsweep\n",
-        "headsweep/__init__.py": "from analysis import service\n",
+        "analysis/views/__init__.py": "",
+        "analysis/views/service.py": "from orchestrator.driving import sweeps\nfrom orchestrator.registry import reader\n",
+        "analysis/data/__init__.py": "",
+        "analysis/data/select.py": "import headsweep\nimport experiments.maths.hc\n",
+        "headsweep/__init__.py": "from analysis.views import service\n",
     })
     graph = module_graph(root)
     assert graph["experiments.methods.b"] == {"experiments.methods.a"}
-    assert circles(graph) == [["analysis.service", "orchestrator.sweeps"],
+    assert circles(graph) == [["analysis.views.service", "orchestrator.driving.sweeps"],
                               ["experiments.methods.a", "experiments.methods.b"]]
-    breaks = [line.split(" (")[0] for line in floor_breaks(graph)]
+    breaks = [line.split(" (")[0] for line in level_breaks(graph)]
     assert breaks == [
-        "analysis.select -> headsweep",
-        "analysis.service -> orchestrator.sweeps",
+        "experiments.stray",
+        "analysis.data.select -> experiments.maths.hc",
+        "analysis.data.select -> headsweep",
+        "analysis.views.service -> orchestrator.driving.sweeps",
         "experiments.common.naming -> experiments.methods.a",
-        "orchestrator.cli -> analysis.cli",
-        "orchestrator.sweeps -> analysis.service",
-    ]
+        "experiments.maths.hc -> experiments.tasks.t",
+        "experiments.methods.a -> experiments.methods.b",
+        "experiments.methods.b -> experiments.methods.a",
+        "orchestrator.driving.sweeps -> analysis.views.service",
+    ]  # experiments.methods -> a, b (the registry) and analysis -> orchestrator.registry.reader pass

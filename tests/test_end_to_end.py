@@ -15,7 +15,7 @@ import pytest
 import ray
 import yaml
 
-from analysis.report import sweep_report
+from analysis.views.report import sweep_report
 from headsweep.cli import main as headsweep
 from orchestrator import tracking
 from orchestrator.driving.driver import execute_sweep
@@ -157,7 +157,7 @@ def _free_port() -> int:
 def test_every_endpoint_through_serve(finished_sweep, mask_and_transfer_sweeps):
     from ray import serve
 
-    from analysis.service import serve_app
+    from analysis.views.service.serve import serve_app
 
     sweep = finished_sweep["sweep"]
     assert ray.is_initialized()  # the sweep's Ray; Serve runs on it

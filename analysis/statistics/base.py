@@ -5,7 +5,7 @@ its maths as small pure functions over arrays, in one of three shapes:
 
 - ``pairs``: two maps of the same units compared, row by row (Pearson r, Spearman rho, RBO). The
   consumers build their matrices over labels from it and test it against permutation nulls
-  (``analysis.stats.NULLS``): ``agreement`` shuffles each run's units, ``compare_maps``
+  (``analysis.statistics.nulls.NULLS``): ``agreement`` shuffles each run's units, ``compare_maps``
   relabels each map's units.
 - ``cells``: the runs of each cell (the seeds of one setting) taken together, tested against the
   same nulls (He & Choi's stem cell statistic).

@@ -21,7 +21,7 @@ expectation, so
 20 % sets, whatever the tasks.) Skill neurons concentrate in some layers for every task, so two
 sets ranked across all neurons would share top neurons beyond 0.2 merely by sharing a layer
 profile; the within-row chance is the baseline that asks for the same neurons, not only the same
-layers (as ``analysis/neuron_overlap.py``'s ``within_layers`` null). The skill neurons are
+layers. The skill neurons are
 selected per layer (the reference's ``finfo``: the same number in every layer), so for them the
 two chances agree; the activated neurons' sets differ per row.
 """

@@ -57,7 +57,7 @@ reference's ``finfo`` does (``predictivity.skill_neuron_mask``). Reports:
   neurons at other noise levels without training it again (these two keys are this run's, not
   the stages').
 
-``headsweep transfer SWEEP`` (analysis/transfer.py) puts the pairs into task x task tables and
+``headsweep transfer SWEEP`` (analysis/questions/transfer.py) puts the pairs into task x task tables and
 correlates the overlaps with transfer across pairs (paper: Spearman 0.53 for activated neurons,
 0.71 for skill neurons).
 """

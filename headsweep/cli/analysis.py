@@ -3,7 +3,7 @@ commands, which analysis registers itself."""
 
 from __future__ import annotations
 
-from analysis.cli import register as register_analysis
+from analysis.views.cli.commands import register as register_analysis
 
 
 def register(sub) -> None:

@@ -35,8 +35,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     A run that starts from other runs (stages: ``init_from``, SP's default fine-tune) runs
     them first, each once: their final weights go to the checkpoint store under their run
     keys, where a later run (or sweep) finds and reuses them."""
-    from experiments.keyed.config import apply_overrides, parse_config
     from experiments.core.precision import check_precision
+    from experiments.keyed.config import apply_overrides, parse_config
 
     cfg = parse_config(apply_overrides(load_yaml(args.config), args.set or []))
 
@@ -84,8 +84,8 @@ def _run_tracked(cfg, args: argparse.Namespace, store, save: bool):
     """``experiments.run`` of one config with a progress bar and (unless --no-track) an MLflow run;
     its upstreams' weights from ``store``, its own saved there when ``save``."""
     from experiments.core.context import RunContext
-    from experiments.keyed.runner import run
     from experiments.core.tracking import MemoryTracker
+    from experiments.keyed.runner import run
     from experiments.methods import METHODS
 
     tracker, finish = MemoryTracker(), None

@@ -9,7 +9,7 @@ import argparse
 
 from rich.table import Table
 
-from analysis.cli import SWEEP_HELP
+from analysis.views.cli.common import SWEEP_HELP
 from experiments.common.naming import suggest
 from experiments.common.sections import ConfigError
 from headsweep.cli.common import out, progress_bar

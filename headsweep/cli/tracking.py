@@ -7,8 +7,8 @@ import argparse
 import os
 import sys
 
-from analysis.cli import SWEEP_HELP
-from analysis.report import sweep_report
+from analysis.views.cli.common import SWEEP_HELP
+from analysis.views.report import sweep_report
 from experiments.common.sections import ConfigError
 from headsweep.cli.common import console, out
 from orchestrator import settings

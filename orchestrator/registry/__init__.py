@@ -7,6 +7,8 @@ Split along its seams, each part one file:
 - ``store``: submitting grids and the sweeps' fields, progress and cancellation;
 - ``lifecycle``: one run's claim, heartbeat, finish (with its maps), fail, orphans;
 - ``results``: the read model analysis uses (run columns in one query, one query per map);
+- ``reader``: :class:`RegistryReader`, the reads only (sweeps, counts, events and the read model),
+  never migrating: what analysis opens;
 - ``stages``: the DAG of runs that start from other runs, and the driver's waves over it;
 - ``history``: each sweep's events (driver lost, resumed, automatic resumes used up, workers lost).
 
@@ -15,9 +17,17 @@ Split along its seams, each part one file:
 
 from __future__ import annotations
 
-from orchestrator.registry.db import NotFound, alembic_config, downgrade, head_revision, upgrade
+from orchestrator.registry.db import (
+    NotFound,
+    SchemaBehind,
+    alembic_config,
+    downgrade,
+    head_revision,
+    upgrade,
+)
 from orchestrator.registry.history import SweepHistory
 from orchestrator.registry.lifecycle import ORPHAN_ERROR, STALE_AFTER_S, RunLifecycle
+from orchestrator.registry.reader import LAST, RegistryReader
 from orchestrator.registry.results import MapInfo, MapStack, ReadModel, Version
 from orchestrator.registry.schema import (
     LABELS,
@@ -30,22 +40,22 @@ from orchestrator.registry.schema import (
     SweepEvent,
     SweepRun,
 )
-from orchestrator.registry.store import LAST, SweepStore
+from orchestrator.registry.store import SweepStore
 from orchestrator.status import RunStatus, SweepStatus
 
 
-class Registry(SweepStore, RunLifecycle, ReadModel, SweepHistory):
+class Registry(SweepStore, RunLifecycle, SweepHistory, RegistryReader):
     """Sweeps and runs in one SQL database (SQLite file or PostgreSQL), by SQLAlchemy URL.
 
     Safe to use from several processes at once (each opens its own Registry);
     every public method is one transaction, retried on "database is locked".
-    Opening it upgrades the schema to the newest revision.
+    Opening it upgrades the schema to the newest revision; its reads are the reader's.
     """
 
 
 __all__ = [
-    "LABELS", "LAST", "NUMBER_LABELS", "ORPHAN_ERROR", "STALE_AFTER_S", "Base", "MapInfo", "MapStack", "NotFound", "ReadModel", "Registry",
+    "LABELS", "LAST", "NUMBER_LABELS", "ORPHAN_ERROR", "STALE_AFTER_S", "Base", "MapInfo", "MapStack", "NotFound", "ReadModel", "Registry", "RegistryReader",
     "Run", "RunDep", "RunLifecycle", "RunMap", "RunStatus", "Sweep", "SweepEvent", "SweepHistory", "SweepRun",
-    "SweepStatus", "SweepStore", "Version",
+    "SchemaBehind", "SweepStatus", "SweepStore", "Version",
     "alembic_config", "downgrade", "head_revision", "upgrade",
 ]

@@ -1,8 +1,8 @@
 """The registry's database: engine, retries, migrations, and the transactions every part shares.
 
 SQLite (a file, WAL, safe with several writing processes) by default, PostgreSQL
-by URL. Opening a :class:`Database` upgrades the schema to the newest Alembic
-revision (``orchestrator/migrations``; the revision in ``hs_alembic_version``, the tables
+by URL. Opening a :class:`Database` (the writable registry) upgrades the schema to the newest Alembic
+revision; opening a :class:`ReadOnlyDatabase` (the reader) only checks it (:func:`require_current`) (``orchestrator/migrations``; the revision in ``hs_alembic_version``, the tables
 prefixed ``hs_``: MLflow may share the database). Every public registry method is one
 transaction (``_read`` or ``_write``), retried on transient errors by
 :func:`retrying` (``orchestrator/retry.py``: a lock, a deadlock, a PostgreSQL restart).
@@ -172,10 +172,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         if current == target:
             return
     if current is not None and current not in known_revisions():
-        raise SchemaTooNew(
-            f"the registry at {engine.url.render_as_string(hide_password=True)} is at schema revision {current}, "
-            f"newer than this code knows (up to {head_revision()}): a newer checkout of headsweep upgraded it; "
-            "run that checkout's headsweep, or update this one")
+        raise SchemaTooNew.of(engine, current)
     _migrate(engine, lambda connection: _upgrade(connection, target))
 
 
@@ -210,6 +207,40 @@ def _move_version(connection: Connection, source: str, target: str) -> None:
 class SchemaTooNew(ConfigError):
     """The registry was migrated by newer code than this: older code must not write to it (the CLI
     prints it as one line, like any bad input)."""
+
+    @classmethod
+    def of(cls, engine: Engine, current: str) -> SchemaTooNew:
+        return cls(f"the registry at {engine.url.render_as_string(hide_password=True)} is at schema revision "
+                   f"{current}, newer than this code knows (up to {head_revision()}): a newer checkout of "
+                   "headsweep upgraded it; run that checkout's headsweep, or update this one")
+
+
+class SchemaBehind(ConfigError):
+    """The registry's schema is missing or older than this code's: a reader does not migrate it (the
+    CLI prints it as one line, like any bad input)."""
+
+
+def require_current(engine: Engine) -> None:
+    """Nothing when the database is at this code's schema revision; else :class:`SchemaBehind`
+    (missing or older: a headsweep command that opens the registry for writing, ``headsweep ls``,
+    creates or migrates it) or :class:`SchemaTooNew`. Never creates a SQLite file or a table."""
+    where = engine.url.render_as_string(hide_password=True)
+    database = engine.url.database
+    if engine.url.get_backend_name() == "sqlite" and database not in (None, "", ":memory:") \
+            and not Path(database).exists():
+        current = None  # connecting would create the file
+    else:
+        with engine.connect() as connection:
+            current = current_revision(connection)
+    if current == head_revision():
+        return
+    if current is None:
+        raise SchemaBehind(f"no sweeps yet: submit one with `headsweep submit GRID` (the registry at {where} "
+                           "has no headsweep tables; `headsweep ls` creates them)")
+    if current not in known_revisions():
+        raise SchemaTooNew.of(engine, current)
+    raise SchemaBehind(f"the registry at {where} is at schema revision {current}, older than this code's "
+                       f"{head_revision()}: run `headsweep ls` once to migrate it (reading never migrates)")
 
 
 @functools.cache
@@ -334,23 +365,27 @@ def json_safe(value: Any) -> Any:
 # --------------------------------------------------------------------------- the shared base
 
 
-class Database:
-    """An open registry database by SQLAlchemy URL: the engine and its two kinds of transaction.
+class ReadOnlyDatabase:
+    """An open registry database by SQLAlchemy URL for reading: the engine and its read transaction.
 
-    Safe to use from several processes at once (each opens its own); picklable by URL,
-    so a Ray trial reopens it.
+    Opening it never migrates: it checks that the schema is there and current
+    (:func:`require_current`) and raises :class:`SchemaBehind` (one line) otherwise. Safe to use
+    from several processes at once (each opens its own); picklable by URL.
     """
 
     def __init__(self, url: str):
         self.url = url
         self._engine = make_engine(url)
-        self._writer = self._engine.execution_options(sqlite_begin="IMMEDIATE")
-        retrying(upgrade)(self._engine)
+        self._open_schema()
+
+    def _open_schema(self) -> None:
+        """What opening does to the schema: a reader only checks it."""
+        retrying(require_current)(self._engine)
 
     def __reduce__(self) -> tuple[type, tuple[str]]:
         return (type(self), (self.url,))
 
-    def __enter__(self) -> Database:
+    def __enter__(self) -> ReadOnlyDatabase:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -363,6 +398,22 @@ class Database:
     def _read(self) -> Iterator[Connection]:
         with self._engine.begin() as connection:
             yield connection
+
+
+class Database(ReadOnlyDatabase):
+    """An open registry database that is written to: opening it upgrades the schema to the newest
+    revision (:func:`upgrade`), and it has the write transaction (``BEGIN IMMEDIATE`` on SQLite).
+
+    Safe to use from several processes at once (each opens its own); picklable by URL,
+    so a Ray trial reopens it.
+    """
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self._writer = self._engine.execution_options(sqlite_begin="IMMEDIATE")
+
+    def _open_schema(self) -> None:
+        retrying(upgrade)(self._engine)
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:

@@ -57,15 +57,6 @@ class SweepHistory(Database):
             connection.execute(insert(SweepEvent).values(sweep_id=sweep_id, kind=kind, detail=detail, at=at or now()))
 
     @retrying
-    def events(self, sweep_id: str) -> list[dict[str, Any]]:
-        """The sweep's events, oldest first: kind, at (naive UTC), detail."""
-        with self._read() as connection:
-            rows = connection.execute(
-                select(SweepEvent.kind, SweepEvent.at, SweepEvent.detail)
-                .where(SweepEvent.sweep_id == sweep_id).order_by(SweepEvent.id)).all()
-        return [row._asdict() for row in rows]
-
-    @retrying
     def lose_driver(self, sweep_id: str, driver: str, state: str, at: datetime | None = None) -> bool:
         """The sweep's driver ``driver`` is dead: a live sweep -> failed, and a ``driver_lost`` event,
         in one transaction, with how many of its runs it left RUNNING (orphans: their heartbeats have

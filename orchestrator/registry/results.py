@@ -7,7 +7,8 @@
   float32 with NaN rows for runs without the map, and the ``(N,)`` has-mask;
 - :meth:`ReadModel.sweep_version`: one aggregate query, the cache key of a loaded sweep.
 
-Nothing here writes. ``analysis.loading`` builds its ``SweepData`` from these.
+Nothing here writes, and opening it never migrates (``ReadOnlyDatabase``). ``analysis.data.loading``
+builds its ``SweepData`` from these; ``reader.RegistryReader`` adds the sweeps' reads.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, and_, func, select
 
-from orchestrator.registry.db import Database, NotFound, retrying
+from orchestrator.registry.db import NotFound, ReadOnlyDatabase, retrying
 from orchestrator.registry.schema import LABEL_COLUMNS, Run, RunMap, Sweep, SweepRun, unpack_map
 
 Version = tuple[datetime | None, int]
@@ -109,7 +110,7 @@ def stack_maps(rows: Sequence[int | None], cols: Sequence[int | None], blobs: Se
     return out
 
 
-class ReadModel(Database):
+class ReadModel(ReadOnlyDatabase):
     """Reads of sweeps for analysis: run columns, maps by name, versions."""
 
     @retrying

@@ -21,6 +21,7 @@ from orchestrator.registry.db import (
     now,
     retrying,
 )
+from orchestrator.registry.reader import sweep_counts_in
 from orchestrator.registry.schema import LABELS, Run, RunDep, RunMap, Sweep, SweepRun
 from orchestrator.registry.stages import StageGraph, dag_summary, edge_rows, with_upstreams
 from orchestrator.status import RunStatus, SweepStatus
@@ -29,8 +30,6 @@ if TYPE_CHECKING:  # type hints only: parsing configs (and importing the methods
     from experiments.keyed.config import RunConfig
 
 _LIVE_SWEEP = (SweepStatus.SUBMITTED, SweepStatus.RUNNING)
-LAST = "last"
-"""Stands for the most recently created sweep wherever a sweep id is asked for (CLI and HTTP API)."""
 _BATCH = 2_500
 """Rows per insert when registering a grid: the next batch is built while the last one is written."""
 
@@ -77,17 +76,6 @@ def _insert_members(connection: Connection, sweep_id: str, keys: Sequence[str]) 
 def in_sweep(sweep_id: str) -> Any:
     """``runs.run_key IN (the sweep's run keys)``."""
     return Run.run_key.in_(select(SweepRun.run_key).where(SweepRun.sweep_id == sweep_id))
-
-
-def sweep_counts_in(connection: Connection, sweep_id: str) -> dict[str, int]:
-    """{status: number of the sweep's runs} for the statuses present."""
-    rows = connection.execute(
-        select(Run.status, func.count())
-        .join(SweepRun, SweepRun.run_key == Run.run_key)
-        .where(SweepRun.sweep_id == sweep_id)
-        .group_by(Run.status)
-    )
-    return {status: n for status, n in rows}
 
 
 class SweepStore(StageGraph):
@@ -222,48 +210,6 @@ class SweepStore(StageGraph):
             result = connection.execute(update(Sweep).where(Sweep.id == sweep_id).values(**fields, updated_at=now()))
         if result.rowcount == 0:
             raise NotFound(f"no sweep '{sweep_id}'")
-
-    @retrying
-    def get_sweep(self, sweep_id: str) -> dict[str, Any]:
-        """Every column of the sweep (``grid`` is the YAML text) plus ``counts`` (as ``sweep_counts``)."""
-        with self._read() as connection:
-            row = connection.execute(select(*Sweep.__table__.columns).where(Sweep.id == sweep_id)).first()
-            if row is None:
-                raise NotFound(f"no sweep '{sweep_id}'")
-            return {**row._asdict(), "counts": sweep_counts_in(connection, sweep_id)}
-
-    def resolve_sweep(self, sweep_id: str) -> str:
-        """``last`` -> the id of the newest sweep; any other id as given.
-
-        NotFound when ``last`` is asked of a registry with no sweeps."""
-        if sweep_id != LAST:
-            return sweep_id
-        sweeps = self.list_sweeps()  # newest first
-        if not sweeps:
-            raise NotFound("no sweeps yet: submit one with `headsweep submit GRID`")
-        return sweeps[0]["id"]
-
-    @retrying
-    def list_sweeps(self) -> list[dict[str, Any]]:
-        """Every sweep, newest first, without the grid text, with ``counts`` (as ``sweep_counts``)."""
-        columns = [c for c in Sweep.__table__.columns if c.key != "grid"]
-        with self._read() as connection:
-            sweeps = connection.execute(select(*columns).order_by(Sweep.created_at.desc(), Sweep.id)).all()
-            tallies = connection.execute(
-                select(SweepRun.sweep_id, Run.status, func.count())
-                .join(Run, Run.run_key == SweepRun.run_key)
-                .group_by(SweepRun.sweep_id, Run.status)
-            ).all()
-        counts: dict[str, dict[str, int]] = {}
-        for sweep_id, status, n in tallies:
-            counts.setdefault(sweep_id, {})[status] = n
-        return [{**row._asdict(), "counts": counts.get(row.id, {})} for row in sweeps]
-
-    @retrying
-    def sweep_counts(self, sweep_id: str) -> dict[str, int]:
-        """{status: number of the sweep's runs} for the statuses present (use ``.get(s, 0)``)."""
-        with self._read() as connection:
-            return sweep_counts_in(connection, sweep_id)
 
     @retrying
     def unfinished(self, sweep_id: str) -> list[str]:

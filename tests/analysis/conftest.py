@@ -115,7 +115,7 @@ def registry(sweep):
 
 @pytest.fixture(scope="session")
 def data(registry, sweep):
-    from analysis.loading import load_sweep
+    from analysis.data.loading import load_sweep
 
     return load_sweep(registry, sweep.sweep_id)
 

@@ -1,5 +1,5 @@
 """``headsweep results | agreement | figures | serve`` through a parser built with
-``analysis.cli.register``, and ``headsweep report`` against a real SQLite MLflow store."""
+``analysis.views.cli.commands.register``, and ``headsweep report`` against a real SQLite MLflow store."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from analysis import cli, statistics
-from analysis.report import sweep_report
+from analysis import statistics
+from analysis.views.cli import commands, common
+from analysis.views.report import sweep_report
 from experiments.common.sections import ConfigError
 from headsweep.cli import main as headsweep
 from orchestrator import report
@@ -35,14 +36,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="headsweep")
-    cli.register(parser.add_subparsers(dest="command", required=True))
+    commands.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(list(argv))
     return args.func(args)
 
 
 @pytest.fixture(autouse=True)
 def wide_console(monkeypatch):
-    monkeypatch.setattr(cli.out, "_width", 200)  # rich tables are not wrapped at 80 columns
+    monkeypatch.setattr(common.out, "_width", 200)  # rich tables are not wrapped at 80 columns
 
 
 def test_results_table(sweep, capsys):
@@ -216,8 +217,8 @@ def test_serve_blocks_until_ctrl_c(sweep, clients, tmp_path):
     # started with SIGINT ignored, as a shell starts a command in the background (`make test &`):
     # serve must still stop on it
     code = ("import argparse, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-            "from analysis import cli; p = argparse.ArgumentParser(); "
-            "cli.register(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
+            "from analysis.views.cli import commands; p = argparse.ArgumentParser(); "
+            "commands.register(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
     log = tmp_path / "serve.log"  # a file, not a pipe nobody reads (it would block the server once full)
     with log.open("w") as sink:
         process = subprocess.Popen(

@@ -16,9 +16,13 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from analysis import cli, compare, figure_plan, select
-from analysis.loading import from_runs, load_sweep
-from analysis.select import QueryError
+from analysis.data import select
+from analysis.data.loading import load_sweep
+from analysis.data.select import QueryError
+from analysis.data.sweep import from_runs
+from analysis.questions.agreement import compare, maps, relabel
+from analysis.views import answers, compare_figure, figure_plan
+from analysis.views.cli import commands, common
 from experiments.common.sections import ConfigError
 from orchestrator.registry import Registry
 
@@ -128,14 +132,14 @@ def test_each_null_value_is_the_statistic_of_relabelled_maps(monkeypatch, gather
     draw, the mean Spearman of the maps relabelled by that draw: one permutation per map, shared
     by its runs (map 0's is the identity), within layers or across all units."""
     if gather:
-        monkeypatch.setattr(compare, "_CROSS_ELEMENTS", 0)
+        monkeypatch.setattr(relabel, "CROSS_ELEMENTS", 0)
     rng = np.random.default_rng(9)
     maps = {f"heads.m{i}": rng.normal(size=(5, L, K)) for i in range(3)}
     data = one_method(5, rng, **maps)
     result = compare.compare_maps(data, list(maps), n_perm=6, seed=3)
     draws = np.random.default_rng(3)
     for null in ("within_layers", "all_units"):
-        perms = compare._null_perms(draws, 6, 3, L, K, null)  # (6, 3, 72), drawn as compare_maps does
+        perms = relabel._null_perms(draws, 6, 3, L, K, null)  # (6, 3, 72), drawn as compare_maps does
         assert (perms[:, 0] == np.arange(L * K)).all()
         if null == "within_layers":
             assert (np.sort(perms.reshape(6, 3, L, K), axis=-1) == np.arange(L * K).reshape(L, K)).all()
@@ -184,10 +188,10 @@ def _two_methods(rng: np.random.Generator):
 
 def test_matched_runs_are_the_same_task_and_seed_of_another_method():
     data = _two_methods(np.random.default_rng(3))
-    keys = compare.matching_keys(data)
+    keys = maps.matching_keys(data)
     assert keys == ["seed", "task.name"]  # not method, not head_gates.lambda, not head_importance.n_examples
     has_a, has_b = data.map("heads.log_alpha")[1], data.map("heads.importance")[1]
-    pairs = compare.matched_pairs(data, has_a, has_b, keys)
+    pairs = maps.matched_pairs(data, has_a, has_b, keys)
     assert len(pairs) == 12  # 6 (task, seed) x 2 lambdas, each with the one importance run
     for i, j in pairs:
         assert data.method[i] == "head_gates" and data.method[j] == "head_importance"
@@ -330,14 +334,14 @@ def methods_sweep(tmp_path_factory):
 
 def _run(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="headsweep")
-    cli.register(parser.add_subparsers(dest="command", required=True))
+    commands.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(list(argv))
     return args.func(args)
 
 
 @pytest.fixture(autouse=True)
 def wide_console(monkeypatch):
-    monkeypatch.setattr(cli.out, "_width", 250)
+    monkeypatch.setattr(common.out, "_width", 250)
 
 
 def test_cli_table_with_a_flipped_map_and_the_figure(methods_sweep, tmp_path, capsys):
@@ -406,14 +410,14 @@ def test_headsweep_main_takes_a_flipped_map_as_a_map(methods_sweep, capsys):
 def test_service_endpoint_equals_the_query(methods_sweep):
     from fastapi.testclient import TestClient
 
-    from analysis.service import build_app
+    from analysis.views.service.app import build_app
 
     url, sweep_id = methods_sweep
     params = {"maps": "heads.log_alpha,heads.importance,-heads.ablation_delta", "n_perm": 50}
     with TestClient(build_app(url)) as client, Registry(url) as registry:
         body = client.get(f"/sweeps/{sweep_id}/compare-maps", params=params)
         assert body.status_code == 200, body.text
-        expected = compare.compare_json(compare.compare_maps(
+        expected = answers.compare_json(compare.compare_maps(
             load_sweep(registry, sweep_id), params["maps"].split(","), n_perm=50))
         assert body.json() == json.loads(json.dumps(expected))
         across = client.get("/sweeps/last/compare-maps", params={"maps": "heads.importance", "across": "task",
@@ -446,12 +450,12 @@ def test_figures_include_the_method_matrix(methods_sweep, tmp_path):
     (tmp_path / "compare.png").write_bytes(png)
     image = matplotlib.image.imread(tmp_path / "compare.png")
     assert image.shape[0] > 400 and image.shape[1] > 600
-    title = compare.title(compare.compare_maps(data, plan["compare_maps_heads.png"][1]["maps"], n_perm=50))
+    title = compare_figure.title(compare.compare_maps(data, plan["compare_maps_heads.png"][1]["maps"], n_perm=50))
     assert title.startswith(f"{sweep_id}: minilm-l6; {CLS}, {TAG}") and "Spearman rho (null mean" in title
 
 
 def test_select_module_is_reused_for_names(methods_sweep):
-    """The map suggestion is the one every analysis question gives (analysis.loading / select)."""
+    """The map suggestion is the one every analysis question gives (analysis.data.loading / select)."""
     url, sweep_id = methods_sweep
     with Registry(url) as registry:
         data = load_sweep(registry, sweep_id)

@@ -1,4 +1,4 @@
-"""analysis.figures: valid PNGs of the right size, and pixels that follow the gate values."""
+"""analysis.views.figures: valid PNGs of the right size, and pixels that follow the gate values."""
 
 import io
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from matplotlib import colormaps
 
-from analysis import figures
+from analysis.views import figures
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -182,7 +182,7 @@ def test_figures_never_import_pyplot():
     import subprocess
     import sys
 
-    code = "import sys, analysis.figures; print('matplotlib.pyplot' in sys.modules)"
+    code = "import sys, analysis.views.figures; print('matplotlib.pyplot' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )

@@ -1,4 +1,4 @@
-"""analysis.loading on a real SQLite registry: maps by name, loaded lazily with one query each,
+"""analysis.data.loading on a real SQLite registry: maps by name, loaded lazily with one query each,
 stored configs as columns, subsets, and the gates/has_gates/scores names of the head maps."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from analysis.loading import clear_cache, load_sweep
-from analysis.select import QueryError
+from analysis.data.loading import clear_cache, load_sweep
+from analysis.data.select import QueryError
 from experiments.common.result import UnitMap
 from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import Registry

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.loading import load_sweep
-from analysis.masks import mask_iou
-from analysis.select import QueryError
+from analysis.data.loading import load_sweep
+from analysis.data.select import QueryError
+from analysis.questions.masks import mask_iou
 from experiments.common.mask_format import pack_masks
 from experiments.keyed.config import parse_config
 from orchestrator.registry import Registry
@@ -82,7 +82,7 @@ def test_the_cli_and_the_service_answer_from_the_store(sweep, tmp_path, monkeypa
 
     from fastapi.testclient import TestClient
 
-    from analysis.service import build_app
+    from analysis.views.service.app import build_app
     from headsweep.cli import main
     from orchestrator.checkpoints import CheckpointStore
 
@@ -101,7 +101,7 @@ def test_the_cli_and_the_service_answer_from_the_store(sweep, tmp_path, monkeypa
 
 
 def test_a_mask_sweep_plans_its_density_agreement_and_no_open_heads_curves(sweep):
-    from analysis import figure_plan
+    from analysis.views import figure_plan
 
     data, _ = sweep
     plan = {name: (kind, params) for name, kind, params in figure_plan.figure_plan(data)}

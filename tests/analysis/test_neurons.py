@@ -1,4 +1,4 @@
-"""Figures of FFN-neuron sweeps (analysis.neurons) on a real SQLite registry with known values:
+"""Figures of FFN-neuron sweeps (analysis.questions.neurons) on a real SQLite registry with known values:
 2 models x 3 seeds of skill_neurons runs on one task, one of them unfinished."""
 
 from __future__ import annotations
@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis import figure_plan, neurons
-from analysis.loading import clear_cache, load_sweep
-from analysis.select import QueryError
+from analysis.data.loading import clear_cache, load_sweep
+from analysis.data.select import QueryError
+from analysis.questions import neurons
+from analysis.views import figure_plan
 from experiments.common.result import UnitMap
 from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import Registry

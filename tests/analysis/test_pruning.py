@@ -1,4 +1,4 @@
-"""analysis.pruning: head_importance's <metric>_pruned_<pct> metrics as curves over seeds, and their plan entry."""
+"""analysis.questions.pruning: head_importance's <metric>_pruned_<pct> metrics as curves over seeds, and their plan entry."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from analysis import figure_plan, pruning
-from analysis.loading import SweepData
-from analysis.select import QueryError
+from analysis.data.select import QueryError
+from analysis.data.sweep import SweepData
+from analysis.questions import pruning
+from analysis.views import figure_plan
 
 PCTS = (0, 50, 100)
 

@@ -1,4 +1,4 @@
-"""analysis.loading and analysis.queries on a real SQLite registry with known gates (conftest.py)."""
+"""analysis.data.loading, analysis.questions (results, the agreement engine) and analysis.views on a real SQLite registry with known gates (conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from analysis import figure_plan, figures, queries, select, stats
-from analysis.loading import load_sweep
-from analysis.select import QueryError
-from analysis.statistics import pearson, spearman, stem_cell
+from analysis.data import select
+from analysis.data.loading import load_sweep
+from analysis.data.select import QueryError
+from analysis.questions import results
+from analysis.questions.agreement import across_runs, compare
+from analysis.statistics import intervals, pearson, spearman, stem_cell
+from analysis.views import answers, figure_plan, figures
 from orchestrator.registry import NotFound, Registry
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -114,24 +117,24 @@ def test_select_names_a_misspelt_axis_against_the_data(data):
 
 
 def test_runs_paginates_and_carries_metrics(data):
-    total, page = queries.runs(data, {"task": [CLS]}, offset=2, limit=3)
+    total, page = results.runs(data, {"task": [CLS]}, offset=2, limit=3)
     assert total == 16 and len(page) == 3
     assert page[0]["seed"] == 2 and page[0]["lambda"] == 0.01 and page[0]["sparsity"] is None
     assert page[0]["metrics"]["accuracy"] == pytest.approx(0.7 + 0.02 - 0.005)
-    assert queries.runs(data, None, offset=100, limit=5) == (31, [])
+    assert results.runs(data, None, offset=100, limit=5) == (31, [])
 
 
 # --------------------------------------------------------------------------- aggregate
 
 
 def test_aggregate_by_axes_matches_the_formula(data):
-    rows = queries.aggregate(data, ["task", "pipeline"], "accuracy")
+    rows = results.aggregate(data, ["task", "pipeline"], "accuracy")
     # methods are never pooled: the fine-tunes (no pipeline) are rows of their own, the accuracy
     # before any head is pruned
     assert [(r["task"], r["pipeline"], r["method"]) for r in rows] == [
         (CLS, "", "finetune"), (CLS, "dp", "head_gates"), (CLS, "sp", "head_gates"),
         (TAG, "", "finetune"), (TAG, "dp", "head_gates"), (TAG, "sp", "head_gates")]
-    pooled = queries.aggregate(data, ["task"], "accuracy", {"method": ["head_gates"]})
+    pooled = results.aggregate(data, ["task"], "accuracy", {"method": ["head_gates"]})
     assert [r["task"] for r in pooled] == [CLS, TAG] and "method" not in pooled[0]
     assert rows[0]["mean"] == pytest.approx(0.8) and rows[0]["n"] == 3
     first = rows[1]  # 0.7 + 0.01 * seed - 0.5 * lambda over seeds 0..2 and lambdas 0.01, 0.1
@@ -141,27 +144,27 @@ def test_aggregate_by_axes_matches_the_formula(data):
     assert (first["n"], first["runs"]) == (6, 7)  # the pending run has no accuracy yet
     assert first["ci_lo"] < first["mean"] < first["ci_hi"]
     assert rows[2]["mean"] == pytest.approx(first["mean"] + 0.05)
-    assert queries.aggregate(data, ["task", "pipeline"], "accuracy") == rows  # fixed seed: reproducible
+    assert results.aggregate(data, ["task", "pipeline"], "accuracy") == rows  # fixed seed: reproducible
 
 
 def test_aggregate_per_cell_is_over_seeds(data):
-    rows = queries.aggregate(data, [], "accuracy")
+    rows = results.aggregate(data, [], "accuracy")
     assert len(rows) == 10 and sum(r["method"] == "finetune" for r in rows) == 2
     first = rows[0]  # cells in submission order
     assert (first["task"], first["pipeline"], first["lambda"]) == (CLS, "dp", 0.01)
     assert first["mean"] == pytest.approx(0.705) and first["std"] == pytest.approx(0.01) and first["n"] == 3
-    ci = stats.aggregate(np.array([0.695, 0.705, 0.715]), np.random.default_rng(0), nan_policy="omit")
+    ci = intervals.aggregate(np.array([0.695, 0.705, 0.715]), np.random.default_rng(0), nan_policy="omit")
     assert (first["ci_lo"], first["ci_hi"]) == pytest.approx((ci.ci_lo, ci.ci_hi))
 
 
 def test_confidence_intervals_do_not_depend_on_the_order_of_group_by(data, monkeypatch):
     """One generator per group, seeded by the group's own runs: a group's bootstrap CI is the same
     whichever order the groups come in (task-major or pipeline-major), and when asked for alone."""
-    monkeypatch.setattr(stats, "T_INTERVAL_BELOW", 2)  # the cells' 6 runs get a bootstrap (random) CI
+    monkeypatch.setattr(intervals, "T_INTERVAL_BELOW", 2)  # the cells' 6 runs get a bootstrap (random) CI
     gates = {"method": ["head_gates"]}
 
     def by_group(group_by, filters=gates):
-        rows = queries.aggregate(data, group_by, "accuracy", filters)
+        rows = results.aggregate(data, group_by, "accuracy", filters)
         assert {r["ci_method"] for r in rows} == {"bootstrap"}
         return {(r["task"], r["pipeline"]): (r["ci_lo"], r["ci_hi"]) for r in rows}
 
@@ -173,16 +176,16 @@ def test_confidence_intervals_do_not_depend_on_the_order_of_group_by(data, monke
 
 def test_aggregate_rejects_unknown_metric_and_axis(data):
     with pytest.raises(QueryError, match="unknown metric 'acc'; did you mean 'accuracy'"):
-        queries.aggregate(data, ["task"], "acc")
+        results.aggregate(data, ["task"], "acc")
     with pytest.raises(QueryError, match="unknown axis 'pipelines'; did you mean 'pipeline'"):
-        queries.aggregate(data, ["pipelines"], "accuracy")
+        results.aggregate(data, ["pipelines"], "accuracy")
 
 
 # --------------------------------------------------------------------------- agreement
 
 
 def test_seeds_of_a_cell_agree_beyond_chance_under_both_nulls(data, sweep):
-    result = queries.agreement(data, "seed", n_perm=200)
+    result = across_runs.agreement(data, "seed", n_perm=200)
     assert result.labels == ["0", "1", "2"] and result.n_runs == [8, 8, 8] and result.n_cells == 8
     np.testing.assert_allclose(np.diag(result.matrix), 1.0)
     assert (result.matrix > 0.6).all() and result.map_name == "heads.gate"
@@ -194,7 +197,7 @@ def test_seeds_of_a_cell_agree_beyond_chance_under_both_nulls(data, sweep):
     for null in (*stem.nulls.values(), *offdiag.nulls.values()):
         assert null.observed > null.band_hi and null.p_value == pytest.approx(1 / 201)
         assert null.p_text == "p < 0.005" and null.excess == pytest.approx(null.observed - null.null_mean)
-    again = queries.agreement(data, "seed", n_perm=200)
+    again = across_runs.agreement(data, "seed", n_perm=200)
     assert again.stem_cell.nulls["within_layers"].band_lo == stem.nulls["within_layers"].band_lo  # fixed seed
     paper = np.mean([stem_cell.stem_cell(_cell_runs(sweep, t, p, lam), response="last")  # seed 2 on seeds 0 and 1
                      for t in (CLS, TAG) for p in ("dp", "sp") for lam in (0.01, 0.1)])
@@ -204,7 +207,7 @@ def test_seeds_of_a_cell_agree_beyond_chance_under_both_nulls(data, sweep):
 
 
 def test_independent_tasks_are_near_zero_and_inside_the_band(data, sweep):
-    result = queries.agreement(data, "task", n_perm=200)
+    result = across_runs.agreement(data, "task", n_perm=200)
     assert result.labels == [CLS, TAG] and result.n_runs == [12, 12]
     null = result.mean_offdiag.nulls["within_layers"]
     assert abs(null.observed) < 0.15 and null.band_lo < null.observed < null.band_hi and null.p_value > 0.05
@@ -212,7 +215,7 @@ def test_independent_tasks_are_near_zero_and_inside_the_band(data, sweep):
 
 def test_tasks_are_compared_only_within_equal_settings_of_the_other_axes(data, sweep):
     """Defect 5: the cells of one task that differ in lambda or pipeline are not pooled."""
-    result = queries.agreement(data, "task", n_perm=0)
+    result = across_runs.agreement(data, "task", n_perm=0)
     # init_from.method (finetune for SP, none for DP) splits the runs as the pipeline does
     assert set(result.matched_on) == {"head_gates.lambda", "head_gates.pipeline", "init_from.method"}
     assert result.pooled_axes == []
@@ -223,24 +226,24 @@ def test_tasks_are_compared_only_within_equal_settings_of_the_other_axes(data, s
             per_setting.append(pearson.pearson_matrix(np.stack(means), dtype=np.float64)[0, 1])
     assert result.matrix[0, 1] == pytest.approx(np.mean(per_setting), abs=1e-6)
     assert "mean over 4 settings of head_gates.lambda, head_gates.pipeline" in result.mean_offdiag.pooled
-    pooled = queries.agreement(data, "task", n_perm=0, pool=["lambda", "pipeline"])
+    pooled = across_runs.agreement(data, "task", n_perm=0, pool=["lambda", "pipeline"])
     assert pooled.matched_on == []
     assert set(pooled.pooled_axes) == {"head_gates.lambda", "head_gates.pipeline", "init_from.method"}
     means = [np.mean([z for (t, *_), z in sweep.gates.items() if t == task], axis=0) for task in (CLS, TAG)]
     assert pooled.matrix[0, 1] == pytest.approx(pearson.pearson_matrix(np.stack(means), dtype=np.float64)[0, 1], abs=1e-6)
     with pytest.raises(QueryError, match="pool: 'lamda' is not an axis that varies here; did you mean 'head_gates.lambda'"):
-        queries.agreement(data, "task", n_perm=0, pool=["lamda"])
+        across_runs.agreement(data, "task", n_perm=0, pool=["lamda"])
 
 
 def test_pipelines_of_the_same_tasks_agree(data):
-    result = queries.agreement(data, "pipeline", n_perm=0)
+    result = across_runs.agreement(data, "pipeline", n_perm=0)
     assert result.labels == ["dp", "sp"] and result.matrix[0, 1] > 0.9
     assert set(result.matched_on) == {"head_gates.lambda", "task.name"}
     assert result.mean_offdiag.nulls == {} and result.stem_cell.nulls == {}
 
 
 def test_agreement_across_runs_and_with_filters(data):
-    result = queries.agreement(data, "run", {"task": [CLS], "pipeline": ["dp"]}, n_perm=20)
+    result = across_runs.agreement(data, "run", {"task": [CLS], "pipeline": ["dp"]}, n_perm=20)
     assert result.matrix.shape == (6, 6) and len(result.labels) == 6
     expected = pearson.pearson_matrix(
         select.select(data, {"task": [CLS], "pipeline": ["dp"], "status": ["finished"]}).gates, dtype=np.float64)
@@ -256,10 +259,10 @@ def test_the_nulls_of_many_copies_at_once_are_those_of_one_copy_at_a_time(data, 
 
     from analysis import statistics
 
-    fast = queries.agreement(data, across, n_perm=30, seed=3)
+    fast = across_runs.agreement(data, across, n_perm=30, seed=3)
     for stat in statistics.asked("agreement"):
         monkeypatch.setitem(statistics.STATISTICS, stat.name, replace(stat, rows=None, between=None, copies=None))
-    plain = queries.agreement(data, across, n_perm=30, seed=3)
+    plain = across_runs.agreement(data, across, n_perm=30, seed=3)
     assert list(fast.statistics) == list(plain.statistics)
     np.testing.assert_array_equal(fast.matrix, plain.matrix)
     for name, tested in plain.statistics.items():
@@ -282,20 +285,20 @@ def test_the_label_matrix_of_many_copies_averages_as_the_label_matrix():
     copies[2, 4] = np.nan  # row 4's pairs in copy 2 are NaN
     copies[5, [0, 2, 4, 5, 6, 7, 8]] = np.nan  # copy 5: one pair left, rows 3 and 1 (labels 0 and 1)
     stat = pearson.STATISTICS[0]
-    expected = [queries._offdiag_mean(queries._label_matrix(stat, z, at, blocks, 4)) for z in copies]
+    expected = [across_runs._offdiag_mean(across_runs._label_matrix(stat, z, at, blocks, 4)) for z in copies]
     rows = np.stack([stat.rows(z.reshape(10, -1)) for z in copies])
-    got = queries._pairs_of_copies(stat, rows, queries._label_pairs(at, blocks, 4))
+    got = across_runs._pairs_of_copies(stat, rows, across_runs._label_pairs(at, blocks, 4))
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
     assert not np.isnan(got).any()
-    nothing = queries._label_pairs(at, [np.array([0, 3])], 4)  # rows of one label: no off-diagonal pair
-    assert np.isnan(queries._pairs_of_copies(stat, rows, nothing)).all()
-    assert np.isnan(queries._offdiag_mean(queries._label_matrix(stat, copies[0], at, [np.array([0, 3])], 4)))
+    nothing = across_runs._label_pairs(at, [np.array([0, 3])], 4)  # rows of one label: no off-diagonal pair
+    assert np.isnan(across_runs._pairs_of_copies(stat, rows, nothing)).all()
+    assert np.isnan(across_runs._offdiag_mean(across_runs._label_matrix(stat, copies[0], at, [np.array([0, 3])], 4)))
 
 
 def test_agreement_refuses_more_work_than_allowed(data):
     with pytest.raises(QueryError, match=r"24 runs with 200 permutations .* lower n_perm \(to 41"):
-        queries.agreement(data, "seed", n_perm=200, max_run_perms=1000)
-    assert queries.agreement(data, "seed", n_perm=40, max_run_perms=1000).n_cells == 8
+        across_runs.agreement(data, "seed", n_perm=200, max_run_perms=1000)
+    assert across_runs.agreement(data, "seed", n_perm=40, max_run_perms=1000).n_cells == 8
 
 
 @pytest.mark.parametrize(("across", "filters", "message"), [
@@ -306,11 +309,11 @@ def test_agreement_refuses_more_work_than_allowed(data):
 ])
 def test_agreement_bad_questions(data, across, filters, message):
     with pytest.raises(QueryError, match=message):
-        queries.agreement(data, across, filters, n_perm=5)
+        across_runs.agreement(data, across, filters, n_perm=5)
 
 
 def test_agreement_on_the_continuous_map(data):
-    result = queries.agreement(data, "seed", n_perm=0, map_name="heads.log_alpha")
+    result = across_runs.agreement(data, "seed", n_perm=0, map_name="heads.log_alpha")
     assert result.map_name == "heads.log_alpha" and result.stem_cell.observed > 0.7
 
 
@@ -318,7 +321,7 @@ def test_a_constant_binarised_map_switches_to_its_continuous_companion(fresh_swe
     """Every gate closed in one run (the random-init control does this): say so, use log_alpha."""
     from dataclasses import replace
 
-    from analysis.loading import load_sweep
+    from analysis.data.loading import load_sweep
     from orchestrator.registry import Registry
 
     with Registry(fresh_sweep.url) as registry:
@@ -326,7 +329,7 @@ def test_a_constant_binarised_map_switches_to_its_continuous_companion(fresh_swe
     gates = np.array(data.gates)
     gates[0] = 0.0
     closed = replace(data, gates=gates)
-    result = queries.agreement(closed, "seed", n_perm=0)
+    result = across_runs.agreement(closed, "seed", n_perm=0)
     assert result.map_name == "heads.log_alpha" and math.isfinite(result.stem_cell.observed)
     assert result.notes == ["1 of 24 runs have a constant heads.gate (every unit at 0): its correlation is "
                             "undefined, so these statistics use the continuous heads.log_alpha of every run instead"]
@@ -336,7 +339,7 @@ def test_a_constant_binarised_map_switches_to_its_continuous_companion(fresh_swe
 
 
 def test_spearman_of_independent_tasks_is_chance(data):
-    result = queries.spearman_overlap(data, {"task": [CLS]}, {"task": [TAG]}, k_frac=0.2)
+    result = answers.overlap_json(compare.overlap(data, {"task": [CLS]}, {"task": [TAG]}, k_frac=0.2))
     assert (result["n_a"], result["n_b"]) == (12, 12)
     within = next(n for n in result["nulls"] if n["null"] == "within_layers")
     assert within["band_lo"] < result["spearman"] < within["band_hi"] and within["p_value"] > 0.05
@@ -344,7 +347,7 @@ def test_spearman_of_independent_tasks_is_chance(data):
 
 
 def test_spearman_of_pipelines_is_high_with_full_top_k_overlap(data, sweep):
-    result = queries.spearman_overlap(data, {"pipeline": ["dp"]}, {"pipeline": ["sp"]}, k_frac=0.2)
+    result = answers.overlap_json(compare.overlap(data, {"pipeline": ["dp"]}, {"pipeline": ["sp"]}, k_frac=0.2))
     a = np.stack([z for (_, p, *_), z in sweep.gates.items() if p == "dp"])
     b = np.stack([z for (_, p, *_), z in sweep.gates.items() if p == "sp"])
     assert result["spearman"] == pytest.approx(spearman.spearman_rows(a.mean(axis=0)[None], b.mean(axis=0)[None])[0])
@@ -354,7 +357,7 @@ def test_spearman_of_pipelines_is_high_with_full_top_k_overlap(data, sweep):
 
 
 def test_spearman_on_the_continuous_map(data):
-    result = queries.spearman_overlap(data, {"pipeline": ["dp"]}, {"pipeline": ["sp"]}, map_name="heads.log_alpha")
+    result = answers.overlap_json(compare.overlap(data, {"pipeline": ["dp"]}, {"pipeline": ["sp"]}, map_name="heads.log_alpha"))
     assert result["map"] == "heads.log_alpha" and result["spearman"] > 0.8
 
 
@@ -367,7 +370,7 @@ def test_spearman_on_the_continuous_map(data):
 def test_spearman_bad_questions(data, kwargs, message):
     args = {"a": {"task": [CLS]}, "b": {"task": [TAG]}} | kwargs
     with pytest.raises(QueryError, match=message):
-        queries.spearman_overlap(data, **args)
+        answers.overlap_json(compare.overlap(data, **args))
 
 
 # --------------------------------------------------------------------------- figures
@@ -485,7 +488,7 @@ def test_load_and_cache_on_postgresql(fresh_pg_database, count_selects):
         registry.finish(configs[5].run_key, {"accuracy": 1.0}, maps={"heads.gate": np.eye(6, 12)})
         after = load_sweep(registry, sweep_id)
         assert after is not first and after.has_gates.all()
-        assert queries.aggregate(after, ["task"], "accuracy")[1]["mean"] == pytest.approx(2 / 3)
+        assert results.aggregate(after, ["task"], "accuracy")[1]["mean"] == pytest.approx(2 / 3)
 
 
 def test_open_heads_without_the_metric_counts_gates_above_the_one_threshold(data):
@@ -532,6 +535,6 @@ def test_the_label_matrix_averages_each_label_pair_over_blocks():
                 if not np.isnan(r):
                     sums[at[i], at[j]] += r
                     counts[at[i], at[j]] += 1
-    got = queries._label_matrix(pearson.STATISTICS[0], z, at, blocks, 3)
+    got = across_runs._label_matrix(pearson.STATISTICS[0], z, at, blocks, 3)
     np.testing.assert_allclose(got, sums / counts, atol=1e-12)
     assert counts.min() >= 2  # every cell pooled more than one pair: the averaging is what is tested

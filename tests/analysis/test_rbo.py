@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from analysis import cli, compare, queries, stats
-from analysis.service import build_app
+from analysis.questions.agreement import across_runs, compare
 from analysis.statistics import STATISTICS, rbo
-from analysis.summary import summary_metrics
+from analysis.statistics import nulls as permutations
+from analysis.views import answers
+from analysis.views.cli import common
+from analysis.views.service.app import build_app
+from analysis.views.summary import summary_metrics
 from headsweep.cli import main as headsweep
 
 P_ = 0.9  # the persistence of the hand computations
@@ -119,12 +122,12 @@ def test_unrelated_maps_are_at_chance_shared_ones_far_above():
     units); the null recovers it, and shared rankings sit above its band under both nulls."""
     rng = np.random.default_rng(2)
     unrelated = rng.random((3, 12, 12))
-    nulls = stats.both_nulls(_mean_pairwise_rbo, unrelated, 300, rng)
+    nulls = permutations.both_nulls(_mean_pairwise_rbo, unrelated, 300, rng)
     for result in nulls.values():
         assert result.null_mean == pytest.approx(1 / ((1 - rbo.PERSISTENCE) * 144), abs=0.01)
         assert result.band_lo < result.observed < result.band_hi
     shared = rng.random((12, 12)) + 0.05 * rng.random((3, 12, 12))  # one ranking, a little noise per run
-    for result in stats.both_nulls(_mean_pairwise_rbo, shared, 300, rng).values():
+    for result in permutations.both_nulls(_mean_pairwise_rbo, shared, 300, rng).values():
         assert result.observed > 0.5 and result.observed > result.band_hi and result.at_floor
 
 
@@ -138,7 +141,7 @@ def test_a_shared_layer_profile_is_chance_within_layers():
         for run in range(3):
             for layer, count in enumerate((10, 8, 4, 2, 1, 1)):
                 x[run, layer, rng.choice(12, count, replace=False)] = 1.0 + rng.random(count)
-        nulls = stats.both_nulls(_mean_pairwise_rbo, x, 100, rng)
+        nulls = permutations.both_nulls(_mean_pairwise_rbo, x, 100, rng)
         excess_within.append(nulls["within_layers"].excess)
         excess_all.append(nulls["all_units"].excess)
     assert abs(np.mean(excess_within)) < 0.03 and np.mean(excess_all) > 0.04
@@ -148,17 +151,17 @@ def test_a_shared_layer_profile_is_chance_within_layers():
 
 
 def test_rbo_reaches_every_consumer_from_its_one_file(sweep, data, capsys, monkeypatch):
-    """Registered by its module alone, RBO is in the Python answers (queries.agreement,
+    """Registered by its module alone, RBO is in the Python answers (across_runs.agreement,
     compare.compare_maps), the CLI's agreement and compare-maps tables, the service's JSON and the
     MLflow summary."""
     assert STATISTICS["rbo"].pairs is rbo.rbo_maps
-    result = queries.agreement(data, "seed", n_perm=20)
+    result = across_runs.agreement(data, "seed", n_perm=20)
     assert result.rbo is result.statistics["rbo"] and result.rbo.observed > result.rbo.nulls["within_layers"].band_hi
     compared = compare.compare_maps(data, ["heads.log_alpha", "heads.gate"], n_perm=20)
     (pair,) = compared.pairs
-    assert pair.rbo.observed > pair.rbo.nulls["within_layers"].band_hi and set(pair.rbo.nulls) == set(stats.NULLS)
+    assert pair.rbo.observed > pair.rbo.nulls["within_layers"].band_hi and set(pair.rbo.nulls) == set(permutations.NULLS)
 
-    monkeypatch.setattr(cli.out, "_width", 200)
+    monkeypatch.setattr(common.out, "_width", 200)
     assert headsweep(["agreement", sweep.sweep_id, "--across", "seed", "--n-perm", "20", "--db", sweep.url]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert f"RBO {result.rbo.observed:.3f} in layers" in text and "RBO: rank-biased overlap" in text
@@ -169,7 +172,7 @@ def test_rbo_reaches_every_consumer_from_its_one_file(sweep, data, capsys, monke
 
     with TestClient(build_app(sweep.url)) as client:
         answer = client.get(f"/sweeps/{sweep.sweep_id}/agreement", params={"across": "seed", "n_perm": 20}).json()
-        assert answer["rbo"] == queries.tested_json(result.rbo)
+        assert answer["rbo"] == answers.tested_json(result.rbo)
         answer = client.get(f"/sweeps/{sweep.sweep_id}/compare-maps",
                             params={"maps": "heads.log_alpha,heads.gate", "n_perm": 20}).json()
         assert answer["pairs"][0]["rbo"]["observed"] == pytest.approx(pair.rbo.observed)

@@ -15,9 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from analysis import queries
-from analysis.loading import load_sweep
-from analysis.service import build_app
+from analysis.data.loading import load_sweep
+from analysis.questions import results
+from analysis.views.cli import commands
+from analysis.views.service import app
+from analysis.views.service.app import build_app
 from experiments.common.result import UnitMap
 from orchestrator.registry import Registry
 
@@ -70,7 +72,7 @@ def served(tmp_path_factory, sweep_builder, served_store):
     import ray
     from ray import serve
 
-    from analysis.service import serve_app
+    from analysis.views.service.serve import serve_app
 
     sweep = sweep_builder(tmp_path_factory.mktemp("served"))
     with pytest.MonkeyPatch.context() as env:  # Ray's processes keep it, the Serve replica's included
@@ -157,7 +159,7 @@ def test_aggregate_equals_the_query(served):
     body = client.get(f"/sweeps/{sweep.sweep_id}/aggregate",
                       params={"group_by": "task,pipeline", "metric": "accuracy"}).json()
     with Registry(sweep.url) as registry:
-        rows = queries.aggregate(load_sweep(registry, sweep.sweep_id), ["task", "pipeline"], "accuracy")
+        rows = results.aggregate(load_sweep(registry, sweep.sweep_id), ["task", "pipeline"], "accuracy")
     # the fine-tunes and the gate runs are different methods: never pooled, method is a group axis
     assert [r["group"] for r in body["rows"]] == [
         {"task": r["task"], "pipeline": r["pipeline"], "method": r["method"]} for r in rows]
@@ -294,10 +296,8 @@ def asgi(sweep):
 def test_agreement_is_answered_up_to_max_run_perms_and_refused_beyond(asgi, sweep, monkeypatch):
     """The bound is on runs x permutations (24 runs here); the real one answers a 2,004-run sweep (668
     cells x 3 seeds) at the default 1,000 permutations (~3.5 s on 6 x 12 head maps)."""
-    from analysis import service
-
-    assert service.MAX_RUN_PERMS >= 2_004 * 1_000
-    monkeypatch.setattr(service, "MAX_RUN_PERMS", 24 * 40)
+    assert app.MAX_RUN_PERMS >= 2_004 * 1_000
+    monkeypatch.setattr(app, "MAX_RUN_PERMS", 24 * 40)
     answered = asgi.get(f"/sweeps/{sweep.sweep_id}/agreement", params={"across": "seed", "n_perm": 40})
     assert answered.status_code == 200 and answered.json()["stem_cell"]["nulls"][0]["n_perm"] == 40
     refused = asgi.get(f"/sweeps/{sweep.sweep_id}/agreement", params={"across": "seed", "n_perm": 41})
@@ -427,11 +427,11 @@ def test_the_service_offers_every_figure_the_cli_writes(every_kind_sweep, tmp_pa
 
     from fastapi.testclient import TestClient
 
-    from analysis import cli, figure_plan
+    from analysis.views import figure_plan
 
     url, sweep_id = every_kind_sweep
     parser = argparse.ArgumentParser(prog="headsweep")
-    cli.register(parser.add_subparsers(dest="command", required=True))
+    commands.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["figures", sweep_id, "--out", str(tmp_path), "--db", url])
     assert args.func(args) == 0
     written = {path.name: path.read_bytes() for path in tmp_path.glob("*.png")}

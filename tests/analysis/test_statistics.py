@@ -10,14 +10,16 @@ import numpy as np
 import pytest
 
 import analysis.statistics as package
-from analysis import compare, queries, service
+from analysis.questions.agreement import result
 from analysis.statistics import STATISTICS, asked
 from analysis.statistics.base import QUESTIONS, Statistic, pair_matrix, pair_stack
 from analysis.statistics.pearson import pearson_rows
+from analysis.views.service import models
 
 
 def test_every_module_of_the_package_is_discovered():
-    files = {p.stem for p in Path(package.__file__).parent.glob("*.py")} - {"__init__", "base"}
+    # beside the statistics: what a statistic is (base), what chance gives (nulls), how sure a mean is (intervals)
+    files = {p.stem for p in Path(package.__file__).parent.glob("*.py")} - {"__init__", "base", "nulls", "intervals"}
     assert {"pearson", "spearman", "stem_cell", "topk", "rbo"} <= files
     found = []
     for name in sorted(files):  # each file is a statistic (or two), every one of them registered
@@ -29,7 +31,7 @@ def test_every_module_of_the_package_is_discovered():
 
 
 def test_each_question_asks_its_statistics_and_its_matrix_first():
-    assert asked("agreement")[0].name == queries.MATRIX and asked("compare_maps")[0].name == compare.MATRIX
+    assert asked("agreement")[0].name == result.R and asked("compare_maps")[0].name == result.RHO
     assert all(any(q in s.asked_in for q in QUESTIONS) for s in STATISTICS.values())
     with pytest.raises(ValueError, match="unknown question"):
         asked("transfer")
@@ -40,13 +42,13 @@ def test_every_statistic_is_a_field_of_the_service_answers():
     fixed = {"across", "map", "labels", "matrix", "n_runs", "mean_offdiag", "n_cells", "matched_on", "pooled_axes",
              "notes", "sweep", "maps", "kind", "shape", "pairs", "top", "k", "models", "tasks", "a", "b",
              "n_pairs", "n_same_run", "pooled", "nulls"}
-    assert not fixed & set(STATISTICS) - {compare.MATRIX}
+    assert not fixed & set(STATISTICS) - {result.RHO}
     for stat in asked("agreement"):
-        assert stat.name == queries.MATRIX or stat.name in service.AgreementOut.model_fields
+        assert stat.name == result.R or stat.name in models.AgreementOut.model_fields
     for stat in asked("compare_maps"):
-        assert stat.name in service.ComparedPairOut.model_fields
+        assert stat.name in models.ComparedPairOut.model_fields
         chance = f"chance_{stat.name}" if stat.shape == "top_k" else stat.name
-        assert stat.name == compare.MATRIX or chance in service.CompareMapsOut.model_fields
+        assert stat.name == result.RHO or chance in models.CompareMapsOut.model_fields
 
 
 def test_a_statistic_carries_one_kind_of_maths():

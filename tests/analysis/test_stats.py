@@ -1,4 +1,4 @@
-"""analysis.statistics (Pearson, Spearman, stem cell, top-k) and analysis.stats (nulls, CIs) against scipy /
+"""analysis.statistics (Pearson, Spearman, stem cell, top-k) and analysis.statistics.nulls and .intervals (nulls, CIs) against scipy /
 statsmodels / hand-computed values, and known answers on synthetic gates."""
 
 import math
@@ -8,8 +8,8 @@ import pytest
 import scipy.stats
 import statsmodels.api as sm
 
-from analysis import stats
-from analysis.statistics import pearson, spearman, stem_cell, topk
+from analysis.statistics import intervals, pearson, spearman, stem_cell
+from analysis.statistics import nulls as permutations
 
 
 def _rng(seed: int = 0) -> np.random.Generator:
@@ -182,56 +182,12 @@ def test_independent_runs_have_low_multiple_correlation():
     assert stem_cell.stem_cell(z) < 0.3
 
 
-# --- top-k overlap ----------------------------------------------------------------------
-
-
-def test_topk_overlap_hand_example():
-    a = np.array([5.0, 4.0, 3.0, 2.0, 1.0, 0.0])  # top 3: {0, 1, 2}
-    b = np.array([0.0, 4.0, 3.0, 5.0, 1.0, 2.0])  # top 3: {3, 1, 2}
-    result = topk.topk_overlap(a, b, 0.5, _rng())
-    assert (result["jaccard"], result["overlap"], result["k"]) == (pytest.approx(2 / 4), pytest.approx(2 / 3), 3)
-    assert result["chance_overlap"] == pytest.approx(3 / 6)
-    # |A & B| ~ Hypergeom(6, 3, 3): P(0..3) = (1, 9, 9, 1) / 20; E[s / (6 - s)] by hand
-    assert result["chance_jaccard"] == pytest.approx((9 * 1 / 5 + 9 * 2 / 4 + 1 * 1) / 20)
-    same = topk.topk_overlap(a, a, 0.2, _rng())  # k = ceil(1.2) = 2
-    assert (same["jaccard"], same["overlap"], same["k"]) == (1.0, 1.0, 2)
-
-
-def test_topk_overlap_k_is_ceil_without_float_noise():
-    a = np.arange(30.0)
-    assert topk.topk_overlap(a, a, 0.1, _rng())["k"] == 3  # 0.1 * 30 = 3.0000000000000004
-    with pytest.raises(ValueError):
-        topk.topk_overlap(a, a, 0.0, _rng())
-
-
-def test_topk_overlap_of_independent_binary_runs_is_at_chance_not_biased_by_ties():
-    """Defect 2: ties broken by index made two unrelated runs (8 of 72 heads open, k = 15)
-    overlap at ~0.55 where chance is 15 / 72 ~ 0.21."""
-    rng = _rng(30)
-    overlaps = []
-    for _ in range(300):
-        a, b = np.zeros(72), np.zeros(72)
-        a[rng.choice(72, 8, replace=False)] = 1.0
-        b[rng.choice(72, 8, replace=False)] = 1.0
-        result = topk.topk_overlap(a, b, 0.2, rng)
-        overlaps.append(result["overlap"])
-    assert result["k"] == 15 and result["chance_overlap"] == pytest.approx(15 / 72)
-    assert np.mean(overlaps) == pytest.approx(15 / 72, abs=0.03)
-
-
-def test_topk_ties_are_broken_at_random_but_reproducibly():
-    ties = np.array([1.0, 1.0, 1.0, 0.0])
-    picks = {tuple(sorted(topk._top_k(ties, 2, _rng(seed)).tolist())) for seed in range(30)}
-    assert picks == {(0, 1), (0, 2), (1, 2)}  # every tied pair comes up, never the 0-scored unit
-    assert topk.topk_overlap(ties, ties[::-1], 0.5, _rng(5)) == topk.topk_overlap(ties, ties[::-1], 0.5, _rng(5))
-
-
 # --- permutation nulls ------------------------------------------------------------------
 
 
 def test_shuffle_within_layers_keeps_each_runs_layer_values():
     x = _rng(12).random((3, 6, 12))
-    shuffled = stats.shuffle_units(x, 50, _rng(13), "within_layers")  # (50, 3, 6, 12)
+    shuffled = permutations.shuffle_units(x, 50, _rng(13), "within_layers")  # (50, 3, 6, 12)
     assert shuffled.shape == (50, 3, 6, 12)
     np.testing.assert_array_equal(
         np.sort(shuffled, axis=-1), np.broadcast_to(np.sort(x, -1), shuffled.shape)
@@ -245,16 +201,16 @@ def test_shuffle_within_layers_keeps_each_runs_layer_values():
 def test_shuffle_all_units_moves_values_between_layers_but_keeps_each_run():
     x = np.zeros((2, 6, 12))
     x[:, 0, :] = 1.0  # every open head in layer 0
-    shuffled = stats.shuffle_units(x, 20, _rng(14), "all_units")
+    shuffled = permutations.shuffle_units(x, 20, _rng(14), "all_units")
     np.testing.assert_array_equal(shuffled.sum(axis=(2, 3)), np.full((20, 2), 12.0))
     assert (shuffled[:, :, 1:, :].sum(axis=(2, 3)) > 0).all()  # layer profile destroyed
     with pytest.raises(ValueError, match="unknown null"):
-        stats.shuffle_units(x, 2, _rng(), "within_heads")
+        permutations.shuffle_units(x, 2, _rng(), "within_heads")
 
 
 def test_permutation_null_shared_gates_are_significant_under_both_nulls():
     x = _shared_gates(_rng(14))
-    nulls = stats.both_nulls(stem_cell.stem_cell, x, 1000, _rng(15))
+    nulls = permutations.both_nulls(stem_cell.stem_cell, x, 1000, _rng(15))
     for result in nulls.values():
         assert result.observed > 0.6
         assert result.p_value == pytest.approx(1 / 1001) and result.at_floor
@@ -266,10 +222,10 @@ def test_permutation_null_shared_gates_are_significant_under_both_nulls():
 def test_p_text_never_prints_the_floor_as_an_exact_value():
     """Defect 9: p = 1 / (n_perm + 1) is a bound, not a value."""
     x = _shared_gates(_rng(14))
-    at_200 = stats.permutation_null(_mean_pairwise_r, x, 200, _rng(1))
+    at_200 = permutations.permutation_null(_mean_pairwise_r, x, 200, _rng(1))
     assert at_200.p_text == "p < 0.005"
     indep = (_rng(2).random((3, 6, 12)) < 0.5).astype(float)
-    plain = stats.permutation_null(_mean_pairwise_r, indep, 200, _rng(3))
+    plain = permutations.permutation_null(_mean_pairwise_r, indep, 200, _rng(3))
     assert not plain.at_floor and plain.p_text == f"p = {plain.p_value:.2g}"
 
 
@@ -280,7 +236,7 @@ def test_permutation_null_independent_gates_are_not():
     inside, small_p = 0, 0
     for _ in range(40):
         x = (rng.random((3, 6, 12)) < 0.5).astype(float)
-        result = stats.permutation_null(_mean_pairwise_r, x, 200, rng)
+        result = permutations.permutation_null(_mean_pairwise_r, x, 200, rng)
         assert abs(result.observed) < 0.25  # near 0
         assert result.band_lo < 0 < result.band_hi
         inside += result.band_lo <= result.observed <= result.band_hi
@@ -291,15 +247,15 @@ def test_permutation_null_independent_gates_are_not():
 def test_permutation_null_p_value_counts_ties_and_is_reproducible():
     x = np.repeat(np.array([1.0, 0.0, 1.0, 0.0, 1.0, 0.0])[None, :, None], 12, axis=2)
     x = np.stack([x[0], x[0], x[0] * 0.5 + 0.2])  # every layer uniform: shuffling changes nothing
-    result = stats.permutation_null(_mean_pairwise_r, x, 200, _rng(18))
+    result = permutations.permutation_null(_mean_pairwise_r, x, 200, _rng(18))
     assert result.p_value == 1.0  # (1 + 200) / (1 + 200), despite float noise in the reordering
     assert result.excess == pytest.approx(0.0, abs=1e-9)
-    again = stats.permutation_null(_mean_pairwise_r, x, 200, _rng(18))
+    again = permutations.permutation_null(_mean_pairwise_r, x, 200, _rng(18))
     np.testing.assert_array_equal(result.null, again.null)
     with pytest.raises(ValueError, match="Generator"):
-        stats.permutation_null(_mean_pairwise_r, x, 10, None)
+        permutations.permutation_null(_mean_pairwise_r, x, 10, None)
     with pytest.raises(ValueError, match=r"\(N, L, K\)"):
-        stats.permutation_null(_mean_pairwise_r, x.reshape(3, -1), 10, _rng())
+        permutations.permutation_null(_mean_pairwise_r, x.reshape(3, -1), 10, _rng())
 
 
 # --- known answers: what the two nulls tell apart (defect 3) ------------------------------
@@ -319,7 +275,7 @@ def test_a_shared_layer_profile_alone_is_not_agreement_beyond_the_layer_profile(
     excess_within, excess_all, small_p = [], [], 0
     for _ in range(20):
         x = _same_layer_profile(rng)
-        nulls = stats.both_nulls(_mean_pairwise_r, x, 200, rng)
+        nulls = permutations.both_nulls(_mean_pairwise_r, x, 200, rng)
         excess_within.append(nulls["within_layers"].excess)
         excess_all.append(nulls["all_units"].excess)
         small_p += nulls["within_layers"].p_value < 0.05
@@ -342,7 +298,7 @@ def test_a_planted_shared_set_of_k_heads_grows_the_excess_with_k():
             x = _same_layer_profile(rng).reshape(3, -1)
             planted = rng.choice(72, k, replace=False)
             x[:, planted] = 1.0  # the same k heads open in every run
-            nulls = stats.both_nulls(stem_cell.stem_cell, x.reshape(3, 6, 12), 100, rng)
+            nulls = permutations.both_nulls(stem_cell.stem_cell, x.reshape(3, 6, 12), 100, rng)
             values.append(nulls["within_layers"].excess)
         excess.append(np.mean(values))
     assert excess[0] == pytest.approx(0.0, abs=0.05)
@@ -429,7 +385,7 @@ def test_stem_cell_weights_every_cell_once_and_skips_cells_under_three_runs():
 def test_aggregate_small_n_uses_a_t_interval_that_can_leave_the_observed_range():
     """Defect 8: a percentile bootstrap of 3 seeds never leaves [min, max]."""
     values = np.array([0.71, 0.84, 0.78])
-    agg = stats.aggregate(values, _rng(19))
+    agg = intervals.aggregate(values, _rng(19))
     half = scipy.stats.t.ppf(0.975, 2) * np.std(values, ddof=1) / math.sqrt(3)
     assert agg.ci_method == "t"
     assert (agg.ci_lo, agg.ci_hi) == (pytest.approx(values.mean() - half), pytest.approx(values.mean() + half))
@@ -440,8 +396,8 @@ def test_aggregate_small_n_uses_a_t_interval_that_can_leave_the_observed_range()
 
 def test_aggregate_bootstrap_from_ten_values_and_ci_shrinks_with_n():
     rng = _rng(20)
-    small = stats.aggregate(rng.normal(size=12), _rng(21))
-    large = stats.aggregate(rng.normal(size=500), _rng(21))
+    small = intervals.aggregate(rng.normal(size=12), _rng(21))
+    large = intervals.aggregate(rng.normal(size=500), _rng(21))
     assert small.ci_method == large.ci_method == "bootstrap"
     assert (large.ci_hi - large.ci_lo) < 0.5 * (small.ci_hi - small.ci_lo)
     # ~ 2 * 1.96 / sqrt(500) = 0.175 for the large sample
@@ -451,16 +407,16 @@ def test_aggregate_bootstrap_from_ten_values_and_ci_shrinks_with_n():
 
 
 def test_aggregate_small_n_and_nan_policy():
-    one = stats.aggregate(np.array([0.8]), _rng())
+    one = intervals.aggregate(np.array([0.8]), _rng())
     assert (one.mean, one.n, one.ci_lo, one.ci_hi, one.ci_method) == (0.8, 1, 0.8, 0.8, "none")
     assert math.isnan(one.std)
-    none = stats.aggregate(np.array([]), _rng())
+    none = intervals.aggregate(np.array([]), _rng())
     assert none.n == 0 and math.isnan(none.mean)
     with_nan = np.array([0.5, np.nan, 0.7])
-    assert math.isnan(stats.aggregate(with_nan, _rng()).mean)
-    omitted = stats.aggregate(with_nan, _rng(), nan_policy="omit")
+    assert math.isnan(intervals.aggregate(with_nan, _rng()).mean)
+    omitted = intervals.aggregate(with_nan, _rng(), nan_policy="omit")
     assert omitted.n == 2 and omitted.mean == pytest.approx(0.6)
-    assert stats.aggregate(with_nan, _rng(3), nan_policy="omit") == stats.aggregate(
+    assert intervals.aggregate(with_nan, _rng(3), nan_policy="omit") == intervals.aggregate(
         np.array([0.5, 0.7]), _rng(3)
     )
 
@@ -477,18 +433,18 @@ def test_joint_nulls_of_shuffled_positions_are_each_statistics_both_nulls():
     observed = {name: fn(x) for name, fn in by_name.items()}
 
     def on_copies(order):  # (c, N, L, K) shuffled positions -> each statistic of each copy
-        maps = stats.gather(x.reshape(len(x), -1), order).reshape(order.shape)
+        maps = permutations.gather(x.reshape(len(x), -1), order).reshape(order.shape)
         return {name: np.array([fn(copy) for copy in maps]) for name, fn in by_name.items()}
 
     for chunk in (x.size, 7 * x.size, 10_000):  # a copy at a time, 7 at a time (40 = 5 x 7 + 5), all at once
-        joint = stats.joint_nulls(on_copies, observed, stats.positions(x.shape), 40, _rng(52), chunk)
+        joint = permutations.joint_nulls(on_copies, observed, permutations.positions(x.shape), 40, _rng(52), chunk)
         for name, fn in by_name.items():
-            alone = stats.both_nulls(fn, x, 40, _rng(52))
-            assert list(joint[name]) == list(stats.NULLS)
+            alone = permutations.both_nulls(fn, x, 40, _rng(52))
+            assert list(joint[name]) == list(permutations.NULLS)
             for null, result in alone.items():
                 np.testing.assert_array_equal(joint[name][null].null, result.null)
                 assert joint[name][null].p_value == result.p_value
-    np.testing.assert_array_equal(stats.shuffle_units(stats.positions((2, 3, 4)), 1, _rng(5), "all_units")[0]
+    np.testing.assert_array_equal(permutations.shuffle_units(permutations.positions((2, 3, 4)), 1, _rng(5), "all_units")[0]
                                   .reshape(2, -1) // 12, np.repeat([[0], [1]], 12, axis=1))  # within each run
     with pytest.raises(ValueError, match="n_perm"):
-        stats.joint_nulls(on_copies, observed, stats.positions(x.shape), 0, _rng())
+        permutations.joint_nulls(on_copies, observed, permutations.positions(x.shape), 0, _rng())

@@ -1,11 +1,11 @@
-"""The sweep's summary metrics (analysis.summary) on the known sweep of conftest.py."""
+"""The sweep's summary metrics (analysis.views.summary) on the known sweep of conftest.py."""
 
 import math
 
 import pytest
 
-from analysis import queries
-from analysis.summary import metric_key, summary_metrics
+from analysis.questions.agreement import across_runs
+from analysis.views.summary import metric_key, summary_metrics
 
 TASK_ACC, LAMBDAS, SEEDS = {"synthetic-cls": 0.7, "synthetic-tag": 0.8}, (0.01, 0.1), (0, 1, 2)  # conftest.py's
 
@@ -24,7 +24,7 @@ def test_each_cell_has_its_seed_means_named_as_its_figures(data):
 
 def test_seed_agreement_comes_with_its_chance(data):
     summary = summary_metrics(data, n_perm=50)
-    result = queries.agreement(data, "seed", n_perm=50)
+    result = across_runs.agreement(data, "seed", n_perm=50)
     assert summary["agreement/seed/heads.gate/r"] == pytest.approx(result.mean_offdiag.observed)
     assert summary["agreement/seed/heads.gate/r"] > summary["agreement/seed/heads.gate/r_chance"] + 0.5
     assert summary["agreement/seed/heads.gate/r_p"] == pytest.approx(1 / 51)  # never below 1/(n+1)

@@ -21,9 +21,10 @@ import json
 import numpy as np
 import pytest
 
-from analysis import cli, transfer
-from analysis.loading import load_sweep
-from analysis.select import QueryError
+from analysis.data.loading import load_sweep
+from analysis.data.select import QueryError
+from analysis.questions import transfer
+from analysis.views.cli import commands, common
 from orchestrator.registry import Registry
 
 TASKS = ("sst2", "synthetic-cls", "synthetic-shortcut")
@@ -144,13 +145,13 @@ def test_runs_of_another_setting_are_not_pooled(data):
 
 def _run(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="headsweep")
-    cli.register(parser.add_subparsers(dest="command", required=True))
+    commands.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(list(argv))
     return args.func(args)
 
 
 def test_the_command_prints_tables_csv_json_and_the_figure(sweep, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cli.out, "_width", 200)
+    monkeypatch.setattr(common.out, "_width", 200)
     url, sweep_id = sweep
     where = ("--where", "prompt_transfer.skill_neurons.noise_std:0.1", "--db", url)
     png = tmp_path / "transfer.png"

@@ -14,17 +14,17 @@ a 6 x 1536 ``neurons.predictivity`` map (random floats: ~370 MB).
 - ``load_10000_neurons``: ``load_sweep`` with an empty cache and its
   ``neurons.predictivity`` map (6 x 1536 per run); ``--pg URL`` repeats the
   loading figures on PostgreSQL
-- ``spearman_neurons_1000_vs_1000``: ``queries.spearman_overlap`` of two groups of
+- ``spearman_neurons_1000_vs_1000``: ``OVERLAP`` of two groups of
   1,000 runs on the neuron map (every pairwise rho, the mean-map rho with a
   1,000-permutation null, top-20 % overlap); best of 2 after a first call
-- ``pearson_agreement_10000``: ``queries.agreement(across="run")``, the run x run
+- ``pearson_agreement_10000``: ``across_runs.agreement(across="run")``, the run x run
   Pearson matrix (float32) and its mean, without nulls or the stem cell
   statistic; best of 2 after a first call ("cold_seconds")
 - ``stem_cell_10000_once``: the stem cell statistic once (10,000 fits), for scale
-- ``spearman_5000_vs_5000``: ``queries.spearman_overlap`` of the two tasks (5,000
+- ``spearman_5000_vs_5000``: ``OVERLAP`` of the two tasks (5,000
   runs each): every pairwise rho, the mean-vector rho with a 1,000-permutation
   null, and top-20 % overlap; best of 2 after a first call ("cold_seconds")
-- ``aggregate_10000``: ``queries.aggregate`` by task and pipeline (uncached)
+- ``aggregate_10000``: ``results.aggregate`` by task and pipeline (uncached)
 - ``http_aggregate_*``: the same aggregate through HTTP on Ray Serve (127.0.0.1):
   the first request (loads the sweep and answers), then 20 concurrent clients
   (threads with httpx, a bounded number of requests each) once it is cached
@@ -54,8 +54,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import below, emit, finish  # noqa: E402
 from pg_schema import pg_schema  # noqa: E402
 
-from analysis import queries  # noqa: E402
-from analysis.loading import clear_cache, load_sweep  # noqa: E402
+from analysis.data.loading import clear_cache, load_sweep  # noqa: E402
+from analysis.questions import results  # noqa: E402
+from analysis.questions.agreement import across_runs, compare  # noqa: E402
+from analysis.views import answers  # noqa: E402
 from orchestrator.registry import Registry, Run, RunMap, Sweep, SweepRun  # noqa: E402
 from orchestrator.registry.schema import pack_map  # noqa: E402
 
@@ -161,8 +163,8 @@ def bench_loading(registry: Registry, sweep_id: str, neuron_sweep_id: str | None
         b = {**a, "task": [TASKS[1]]}
         times = []
         for _ in range(3):  # the first call also first-touches its rank arrays
-            rho, seconds = _timed(lambda: queries.spearman_overlap(
-                data, a, b, map_name="neurons.predictivity", k_frac=0.2, n_perm=1000))
+            rho, seconds = _timed(lambda: answers.overlap_json(compare.overlap(
+                data, a, b, map_name="neurons.predictivity", k_frac=0.2, n_perm=1000)))
             times.append(seconds)
         assert (rho["n_a"], rho["n_b"]) == (1_000, 1_000)
         _emit("spearman_neurons_1000_vs_1000", min(times[1:]), below(1, "s"), cold_seconds=times[0],
@@ -187,27 +189,27 @@ def bench_queries(registry: Registry, sweep_id: str) -> None:
     data = load_sweep(registry, sweep_id)
     times = []
     for _ in range(3):  # the first call also pays for first-touching its 400 MB matrix
-        result, seconds = _timed(lambda: queries.agreement(data, "run", n_perm=0, asked=()))
+        result, seconds = _timed(lambda: across_runs.agreement(data, "run", n_perm=0, asked=()))
         assert result.matrix.shape == (10_000, 10_000)
         times.append(seconds)
         del result
     _emit("pearson_agreement_10000", min(times[1:]), below(1, "s"), cold_seconds=times[0], dtype="float32")
 
     # not a target: what the stem cell statistic costs at this size (50 seeds per cell)
-    result, seconds = _timed(lambda: queries.agreement(data, "task", n_perm=0))
+    result, seconds = _timed(lambda: across_runs.agreement(data, "task", n_perm=0))
     _emit("stem_cell_10000_once", seconds, None, cells=result.n_cells, stem_cell=result.stem_cell.observed,
           note="informational: 200 cells x 50 seeds, no null; the service refuses nulls above 200,000 fits")
 
     a, b = {"task": [TASKS[0]]}, {"task": [TASKS[1]]}
     times = []
     for _ in range(3):  # the first call also first-touches the 100 MB pairwise matrix
-        rho, seconds = _timed(lambda: queries.spearman_overlap(data, a, b, k_frac=0.2, n_perm=1000))
+        rho, seconds = _timed(lambda: answers.overlap_json(compare.overlap(data, a, b, k_frac=0.2, n_perm=1000)))
         assert (rho["n_a"], rho["n_b"]) == (5_000, 5_000)
         times.append(seconds)
     _emit("spearman_5000_vs_5000", min(times[1:]), below(1, "s"), cold_seconds=times[0], spearman=rho["spearman"],
           n_perm=1000, mean_pairwise=rho["mean_pairwise"], jaccard=rho["jaccard"])
 
-    rows, seconds = _timed(lambda: queries.aggregate(data, ["task", "pipeline"], "accuracy"))
+    rows, seconds = _timed(lambda: results.aggregate(data, ["task", "pipeline"], "accuracy"))
     _emit("aggregate_10000", seconds, None, groups=len(rows), note="informational: uncached, for scale")
 
 
@@ -222,7 +224,7 @@ def bench_http(url: str, sweep_id: str, requests_per_client: int) -> None:
     import ray
     from ray import serve
 
-    from analysis.service import serve_app
+    from analysis.views.service.serve import serve_app
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:

@@ -1,4 +1,4 @@
-"""Timings of analysis.statistics and analysis.stats at sweep scale; one JSON line per figure.
+"""Timings of analysis.statistics and analysis.statistics.nulls at sweep scale; one JSON line per figure.
 
     .venv/bin/python tests/benchmarks/bench_stats.py
 
@@ -6,9 +6,9 @@
 that first call, which also pays for the first touch of the ~400 MB result
 (on this VM first-touch page faults cost more than the matmul itself).
 
-``agreement_seed_2004runs_x1000perm_*``: ``queries.agreement(across="seed", n_perm=1000)`` on a
+``agreement_seed_2004runs_x1000perm_*``: ``across_runs.agreement(across="seed", n_perm=1000)`` on a
 synthetic sweep of 668 cells x 3 seeds (2,004 runs) of tiny-bert's 2 x 4 and MiniLM's 6 x 12 head
-maps: the question the HTTP service answers up to ``service.MAX_RUN_PERMS`` runs x permutations.
+maps: the question the HTTP service answers up to ``app.MAX_RUN_PERMS`` runs x permutations.
 Every line carries its target, whether it was met and the 1-minute load
 average (``_bench.emit``); ours must equal scipy's Spearman to 1e-6, or the
 script fails. Not a pytest test: it allocates ~1 GB and takes tens of seconds.
@@ -26,10 +26,11 @@ import numpy as np
 import scipy.stats
 from _bench import at_most, below, emit, finish
 
-from analysis import queries, stats
-from analysis.loading import SweepData, from_runs
-from analysis.service import MAX_RUN_PERMS
-from analysis.statistics import pearson, rbo, spearman, stem_cell
+from analysis.data.sweep import SweepData, from_runs
+from analysis.questions.agreement import across_runs
+from analysis.statistics import intervals, pearson, rbo, spearman, stem_cell
+from analysis.statistics import nulls as permutations
+from analysis.views.service.app import MAX_RUN_PERMS
 
 P = 144  # 6 layers x 12 heads (MiniLM)
 SCIPY_LIMIT_S = 30.0
@@ -145,14 +146,14 @@ def main() -> None:
         ("mean_pairwise_rbo", lambda z: _mean_pairwise(rbo.rbo_maps, z)),
     ):
         warm, cold = _time(
-            lambda fn=fn: stats.permutation_null(fn, z, 1000, np.random.default_rng(1)), repeats=2
+            lambda fn=fn: permutations.permutation_null(fn, z, 1000, np.random.default_rng(1)), repeats=2
         )
         _emit(f"permutation_null_1000x3x144_{name}", warm, below(1, "s"), cold_seconds=cold)
 
     # the stem cell null of a whole sweep: 1,000 cells x 3 seeds, every cell in one batched Pearson
     x = (rng.random((3_000, 6, 12)) < 0.5).astype(np.float64)
     cells = [np.arange(i, i + 3) for i in range(0, 3_000, 3)]
-    warm, cold = _time(lambda: stats.both_nulls(lambda z: stem_cell.stem_cell(z, cells), x, 100,
+    warm, cold = _time(lambda: permutations.both_nulls(lambda z: stem_cell.stem_cell(z, cells), x, 100,
                                                 np.random.default_rng(3)), repeats=2)
     _emit("stem_cell_both_nulls_100perm_1000cells_x3x144", warm, None, cold_seconds=cold,
           per_permutation_ms=1000 * warm / 200, note="informational: what a whole sweep's stem cell nulls cost")
@@ -160,12 +161,12 @@ def main() -> None:
     # what the service answers: agreement across seed of 2,004 runs with both nulls at 1,000 permutations
     for model, (layers, heads) in (("tiny_bert_2x4", (2, 4)), ("minilm_6x12", (6, 12))):
         data = _sweep(rng, 668, 3, layers, heads)
-        warm, cold = _time(lambda data=data: queries.agreement(data, "seed", n_perm=1000), repeats=2)
+        warm, cold = _time(lambda data=data: across_runs.agreement(data, "seed", n_perm=1000), repeats=2)
         _emit(f"agreement_seed_2004runs_x1000perm_{model}", warm, at_most(5, "s"), cold_seconds=cold,
               runs_x_perms=len(data) * 1000, answered_by_service=len(data) * 1000 <= MAX_RUN_PERMS)
 
     values = rng.random(1_000)
-    warm, cold = _time(lambda: stats.aggregate(values, np.random.default_rng(2), n_boot=1000))
+    warm, cold = _time(lambda: intervals.aggregate(values, np.random.default_rng(2), n_boot=1000))
     _emit("aggregate_bootstrap_1000x1000", warm, None, cold_seconds=cold,
           note="informational: a bootstrap CI of 1,000 values")
     finish()

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from experiments import RunContext, parse_config, run
+from experiments.common.sections import ConfigError
 from experiments.core.loop import evaluate_all, forward_logits, take, update
 from experiments.core.precision import autocast, check_precision, grad_scaler
-from experiments.common.sections import ConfigError
 from experiments.core.state import set_up
 from experiments.core.tracking import MemoryTracker
 from experiments.interventions.gates import HeadGates

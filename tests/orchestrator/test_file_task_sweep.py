@@ -79,16 +79,16 @@ def test_a_csv_task_and_a_pair_task_with_an_ood_set_run_through_a_sweep(home):
     assert len(children) == 4 and {r.info.status for r in children} == {"FINISHED"}
     assert sum("accuracy/ood" in r.data.metrics for r in children) == 2
 
-    from analysis import queries
-    from analysis.loading import clear_cache, load_sweep
+    from analysis.data.loading import clear_cache, load_sweep
+    from analysis.questions.results import aggregate
 
     clear_cache()
     data = load_sweep(registry, sweep_id)
-    (row,) = queries.aggregate(data, ["task"], "accuracy/ood")  # both are the task "classification"
+    (row,) = aggregate(data, ["task"], "accuracy/ood")  # both are the task "classification"
     assert row["task"] == "classification" and row["runs"] == 4 and row["n"] == 2  # the CSV runs have no ood set
     ood = np.array([m["accuracy/ood"] for m, pair in zip(results["metrics"], is_pairs, strict=True) if pair])
     assert row["mean"] == pytest.approx(ood.mean())
-    by_file = {r["task.train"].rsplit("/", 1)[-1]: r for r in queries.aggregate(data, ["task.train"], "accuracy/ood")}
+    by_file = {r["task.train"].rsplit("/", 1)[-1]: r for r in aggregate(data, ["task.train"], "accuracy/ood")}
     assert by_file["pairs_train.jsonl"]["n"] == 2 and by_file["feedback_train.csv"]["n"] == 0
 
 

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 import orchestrator.driving.grid as grid
-from experiments.keyed.config import parse_config
 from experiments.common.sections import ConfigError
+from experiments.keyed.config import parse_config
 from orchestrator.driving.grid import Resources, check_resources, expand, load_grid, parse_grid
 
 

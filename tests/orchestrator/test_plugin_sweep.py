@@ -67,8 +67,8 @@ def home(tmp_path, monkeypatch):
 
 @pytest.mark.ray
 def test_a_method_from_headsweep_methods_runs_a_sweep_and_is_analysed_by_its_map(plugin_ray, home, capsys):
-    from analysis import queries
-    from analysis.loading import clear_cache, load_sweep
+    from analysis.data.loading import clear_cache, load_sweep
+    from analysis.questions.agreement import across_runs
     from headsweep.cli import main
 
     url = f"sqlite:///{home}/registry.db"
@@ -98,7 +98,7 @@ def test_a_method_from_headsweep_methods_runs_a_sweep_and_is_analysed_by_its_map
     data = load_sweep(registry, sweep_id)
     values, has = data.map("heads.tiny")
     assert has.all() and np.array_equal(values, stack.values)
-    answer = queries.agreement(data, "seed", map_name="heads.tiny", n_perm=50)
+    answer = across_runs.agreement(data, "seed", map_name="heads.tiny", n_perm=50)
     assert answer.map_name == "heads.tiny" and answer.notes == []
     assert np.isfinite(answer.mean_offdiag.observed) and answer.mean_offdiag.pooled.startswith("mean over 2 cells")
     assert set(answer.mean_offdiag.nulls) == {"within_layers", "all_units"}

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from experiments.keyed.config import parse_config
 from experiments.common.result import UnitMap
+from experiments.keyed.config import parse_config
 from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import ORPHAN_ERROR, NotFound, Registry, RunStatus, upgrade
 from orchestrator.registry import db as registry_db
@@ -638,7 +638,7 @@ def _registry_at_0001(url: str) -> tuple[str, list[str]]:
 
 
 def test_a_registry_at_0001_upgrades_and_its_sweep_still_loads(registry_url):
-    from analysis.loading import clear_cache, load_sweep
+    from analysis.data.loading import clear_cache, load_sweep
 
     sweep_id, keys = _registry_at_0001(registry_url)
     with Registry(registry_url) as registry:  # opening upgrades to head: gates/scores -> run_maps

@@ -7,7 +7,7 @@ compares the masks of pairs of runs that differ in one axis only:
 
 - ``across="seed"``: every pair of seeds of a cell (runs equal on every other key);
 - any other axis (``pipeline``, ``loss``, ``method``, ``task``, a config key): every pair of
-  runs with different values of it that are equal on the other axes (``queries.strata``,
+  runs with different values of it that are equal on the other axes (``strata.strata``,
   seeds included: a pair shares its seed).
 
 Per pair, the IoU of the kept weights ``|A & B| / |A | B|`` per matrix and pooled over all
@@ -15,7 +15,7 @@ of them (``experiments.interventions.masks.mask_iou``), beside what chance gives
 with the same density per matrix, ``E|A & B| / E|A | B| = p q / (p + q - p q)`` pooled the
 same way. The result averages over pairs, also per layer and matrix role, and per pair of
 values of the axis. The density maps' agreement with its permutation null is
-``queries.agreement(..., map_name="heads.mask_density")``.
+``agreement(..., map_name="heads.mask_density")``.
 """
 
 from __future__ import annotations
@@ -27,9 +27,18 @@ from typing import Any
 
 import numpy as np
 
-from analysis.loading import SweepData
-from analysis.queries import Filters, QueryError, check_across, strata
-from analysis.select import as_codes, column, group_indices, map_runs, select, value_label
+from analysis.data.select import (
+    Filters,
+    QueryError,
+    as_codes,
+    column,
+    group_indices,
+    map_runs,
+    select,
+    value_label,
+)
+from analysis.data.sweep import SweepData
+from analysis.questions.agreement.strata import check_across, strata
 from experiments.common.mask_format import chance_iou, read_masks
 from experiments.common.mask_format import mask_iou as iou_of
 

@@ -1,6 +1,6 @@
 """Naming and selecting runs: axes, config keys, filters, groups and unit maps of a SweepData.
 
-Everything the questions (``analysis.queries``) and the figures (``analysis.figure_plan``)
+Everything the questions (``analysis.questions``) and the views (``analysis.views``)
 share. Filters are ``{axis: [values]}`` (a run matches when it has one of the values on
 every axis named); an axis is a label (``AXES``: task, model, pipeline, seed, ...) or any
 dotted key of the stored configs (``head_gates.lr``); values may be strings as they come
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from analysis.errors import QueryError, did_you_mean, list_choices
-from analysis.loading import AXES, SweepData
+from analysis.data.errors import QueryError, did_you_mean, list_choices
+from analysis.data.sweep import AXES, SweepData
 from experiments.common.sections import resolve_key
 
 DEFAULT_MAP = "heads.gate"

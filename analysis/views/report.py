@@ -1,8 +1,7 @@
 """A sweep's report: its summary metrics and every figure, read from the registry (never written).
 
 The driver logs it to the sweep's MLflow parent run when the sweep finishes: the orchestrator's
-``headsweep report`` (orchestrator/cli.py, the one command that reaches up into analysis)
-hands :func:`sweep_report` to ``orchestrator.report.log_sweep_report``, which does the MLflow
+``headsweep report`` (headsweep/cli/tracking.py, above both) hands :func:`sweep_report` to ``orchestrator.report.log_sweep_report``, which does the MLflow
 writing. Analysis itself never writes and never imports MLflow.
 """
 
@@ -11,17 +10,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from orchestrator.registry import Registry
+    from orchestrator.registry.reader import RegistryReader
 
 
-def sweep_report(registry: Registry, sweep_id: str) -> tuple[dict[str, float], list[tuple[str, bytes]]]:
+def sweep_report(registry: RegistryReader, sweep_id: str) -> tuple[dict[str, float], list[tuple[str, bytes]]]:
     """(``summary.summary_metrics``, ``figure_plan.render_all``: ``[(file name, PNG bytes)]``) of the
-    sweep. Raises ``orchestrator.registry.NotFound`` for an unknown sweep."""
+    sweep. Raises ``orchestrator.registry.reader.NotFound`` for an unknown sweep."""
     # imported here: the CLI builds its parser with this function on every command, and the
     # figures (matplotlib, scipy) take seconds to import
-    from analysis.figure_plan import render_all
-    from analysis.loading import load_sweep
-    from analysis.summary import summary_metrics
+    from analysis.data.loading import load_sweep
+    from analysis.views.figure_plan import render_all
+    from analysis.views.summary import summary_metrics
 
     data = load_sweep(registry, sweep_id)
     return summary_metrics(data), render_all(data)

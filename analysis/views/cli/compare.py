@@ -1,4 +1,4 @@
-"""``headsweep compare-maps``: do methods (or tasks) rank the units alike? (``analysis.compare``)."""
+"""``headsweep compare-maps``: do methods (or tasks) rank the units alike? (``analysis.questions.agreement.compare``)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,13 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from analysis import cli_common, statistics
-from analysis.compare import (
-    DEFAULT_TOP,
-    MATRIX,
-    Comparison,
-    compare_json,
-    compare_maps,
-    compare_png,
-    compare_rows,
-)
-from analysis.queries import null_summaries
-from analysis.select import py
+from analysis import statistics
+from analysis.data.select import py
+from analysis.questions.agreement.compare import DEFAULT_TOP, compare_maps
+from analysis.questions.agreement.result import Agreement
+from analysis.views.answers import compare_json, compare_rows, null_summaries
+from analysis.views.cli import common as cli_common
+from analysis.views.compare_figure import compare_png
 
 HELP = """\
 Spearman rho between unit maps, with the top-k overlap and permutation nulls.
@@ -75,7 +70,7 @@ def cmd_compare_maps(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(result: Comparison, sweep: str) -> None:
+def _print(result: Agreement, sweep: str) -> None:
     """A table per pairwise statistic (rho's with the top-k statistics beside it), each pair's value
     against both nulls, and each one's mean over the pairs."""
     what = "maps" if result.across is None else f"{result.maps[0]} across {result.across}"
@@ -90,7 +85,7 @@ def _print(result: Comparison, sweep: str) -> None:
                + " shared by its runs; chance = the null's mean; excess = observed - chance; p one-sided, never "
                "below 1/(permutations + 1)")
     for stat in (stat for stat in asked if stat.shape == "pairs"):
-        first = stat.name == MATRIX
+        first = stat.name == result.matrix_statistic
         title = escape((f"{what}: {stat.computes} and top {result.k} of {units} units ({sweep}; " if first
                         else f"{what}: {stat.computes} ({sweep}; ") + tests)
         beside = [label for s in top_k for label in (s.label, f"chance {s.label}")] if first else []

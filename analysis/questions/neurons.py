@@ -12,10 +12,16 @@ import re
 
 import numpy as np
 
-from analysis import figures
-from analysis.loading import SweepData
-from analysis.pruning import cell_labels
-from analysis.select import Filters, QueryError, describe, groups_in_cell_order, map_runs, select
+from analysis.data.select import (
+    Filters,
+    QueryError,
+    describe,
+    groups_in_cell_order,
+    map_runs,
+    select,
+)
+from analysis.data.sweep import SweepData
+from analysis.questions.pruning import cell_labels
 
 NOISE = re.compile(r"^(?P<metric>.+)_noise_(?P<which>top|random)_(?P<fraction>[0-9.e-]+)$")
 """``accuracy_noise_top_0.01``: accuracy with Gaussian noise on the run's top 1 % neurons (``random``:
@@ -94,29 +100,3 @@ def ffn_pruning_points(data: SweepData, filters: Filters | None = None) -> Lines
     return lines
 
 
-def _where(sel: SweepData) -> str:
-    return ", ".join(sorted(set(sel.task.tolist())))
-
-
-def layers_png(data: SweepData, filters: Filters | None = None, map_name: str = "neurons.predictivity") -> bytes:
-    lines = layer_points(data, map_name, filters)
-    title = (f"best neuron per layer of {map_name} ({_where(select(data, filters))}); chance 0.5\n"
-             f"mean, band = std over seeds\n{data.sweep_id}: {describe(filters)}")
-    return figures.metric_curves(lines, "layer", f"max over the layer's units of {map_name}", title)
-
-
-def perturbation_png(data: SweepData, filters: Filters | None = None) -> bytes:
-    lines = perturbation_points(data, filters)
-    title = (f"accuracy with Gaussian noise on each run's top neurons vs as many random ones "
-             f"({_where(select(data, filters))})\n{data.sweep_id}: {describe(filters)}")
-    dashed = frozenset(label for label in lines if label.endswith(": random"))
-    return figures.metric_curves(lines, "fraction of FFN neurons perturbed (solid: top, dashed: random)",
-                                 "accuracy", title, dashed)
-
-
-def ffn_pruning_png(data: SweepData, filters: Filters | None = None) -> bytes:
-    lines = ffn_pruning_points(data, filters)
-    title = (f"accuracy keeping only the top skill neurons of the pruned layers' FFN "
-             f"({_where(select(data, filters))})\nthe rest folded into the output bias, no re-tuning; "
-             f"mean, band = std over seeds\n{data.sweep_id}: {describe(filters)}")
-    return figures.metric_curves(lines, "fraction of the pruned layers' FFN neurons kept", "accuracy", title)

@@ -1,6 +1,7 @@
 """``headsweep results | agreement | compare-maps | transfer | iou | figures | serve``: the analysis commands.
 
-``register(subparsers)`` adds them to the main parser (orchestrator/cli.py).
+``register(subparsers)`` adds them to the main parser (headsweep/cli/analysis.py); ``compare`` and
+``transfer`` hold compare-maps and transfer, ``common`` what they share.
 Each handler takes the parsed args and returns an exit code; bad input
 (an unknown sweep, axis, metric or value) raises ``ConfigError``, which the
 main CLI prints as one line with exit status 2.
@@ -21,8 +22,8 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from analysis import compare_cli, transfer_cli
-from analysis.cli_common import (
+from analysis.views.cli import compare, transfer
+from analysis.views.cli.common import (
     AGREEMENT_FORMATS,
     SWEEP_HELP,
     bad_input_is_config_error,
@@ -54,7 +55,7 @@ def _fmt(value: Any) -> str:
 @bad_input_is_config_error
 def cmd_results(args: argparse.Namespace) -> int:
     """Mean, std, n and 95 % CI of a metric per group."""
-    from analysis import queries
+    from analysis.questions import results
 
     if args.format not in FORMATS:
         raise ConfigError(f"--format: unknown format '{args.format}'{suggest(args.format, FORMATS)}")
@@ -62,7 +63,7 @@ def cmd_results(args: argparse.Namespace) -> int:
         raise ConfigError("--format parquet writes a binary file: give --out FILE.parquet")
     data, where = load(args)
     group_by = [a.strip() for a in (args.group_by or "").split(",") if a.strip()]
-    metric, rows = queries.results(data, group_by, args.metric, where)
+    metric, rows = results.results(data, group_by, args.metric, where)
     if args.format != "table":
         write_rows(rows, args.format, args.out)
         if args.out:
@@ -104,13 +105,14 @@ def _results_table(rows: list[dict[str, Any]], title: str) -> Table:
 @bad_input_is_config_error
 def cmd_agreement(args: argparse.Namespace) -> int:
     """The agreement matrix and two tested statistics, each against both permutation nulls."""
-    from analysis import figure_plan, queries
+    from analysis.questions.agreement.across_runs import agreement
+    from analysis.views import answers, figure_plan
 
     data, where = load(args)
     pool = [a.strip() for a in (args.pool or "").split(",") if a.strip()]
-    result = queries.agreement(data, args.across, where, n_perm=args.n_perm, map_name=args.map, pool=pool)
+    result = agreement(data, args.across, where, n_perm=args.n_perm, map_name=args.map, pool=pool)
     if args.format == "json":
-        print(json.dumps(queries.agreement_json(result), indent=2))
+        print(json.dumps(answers.agreement_json(result), indent=2))
     elif args.format == "csv":
         write_rows(_matrix_rows(result), "csv", None)
     else:
@@ -123,16 +125,18 @@ def cmd_agreement(args: argparse.Namespace) -> int:
 
 def _matrix_rows(result) -> list[dict[str, Any]]:
     """The agreement matrix as rows: the label, its r with every label, its runs."""
-    from analysis import select
+    from analysis.data import select
 
     return [{result.across: label, **{other: select.py(v) for other, v in zip(result.labels, row, strict=True)},
              "runs": n} for label, row, n in zip(result.labels, result.matrix, result.n_runs, strict=True)]
 
 
 def _print_agreement(result, sweep: str) -> None:
-    from analysis import queries, select, statistics
+    from analysis import statistics
+    from analysis.data import select
+    from analysis.views.answers import null_summaries
 
-    matrix = statistics.STATISTICS[queries.MATRIX]
+    matrix = statistics.STATISTICS[result.matrix_statistic]
     table = Table(title=f"{result.map_name}: {matrix.computes} across {result.across} ({sweep})", box=box.SIMPLE)
     table.add_column(result.across, overflow="fold")
     for label in result.labels:
@@ -148,7 +152,7 @@ def _print_agreement(result, sweep: str) -> None:
     if result.pooled_axes:
         out.print(f"pooled (averaged over) on request: {', '.join(result.pooled_axes)}")
     across = "seeds" if result.across == "seed" else f"{result.across} values"
-    n_perm = next((n["n_perm"] for n in queries.null_summaries(result.mean_offdiag)), 0)
+    n_perm = next((n["n_perm"] for n in null_summaries(result.mean_offdiag)), 0)
     tests = Table(title=f"{result.map_name}: is the agreement more than chance? ({n_perm} permutations per null)"
                   if n_perm else "no permutation test (--n-perm 0)", box=box.SIMPLE, pad_edge=False,
                   caption="shuffled: each run's units shuffled within each layer (the same units "
@@ -162,7 +166,7 @@ def _print_agreement(result, sweep: str) -> None:
     names = {stat.name: f"{result.across} {stat.label}" if stat is matrix else stat.label for stat in asked}
     for stat in asked:
         tested = result.statistics[stat.name]
-        nulls = queries.null_summaries(tested)
+        nulls = null_summaries(tested)
         if not nulls:
             tests.add_row(names[stat.name], stat.text(tested.observed), "-", "-", "-", "-", "-")
         for i, null in enumerate(nulls):
@@ -177,7 +181,7 @@ def _print_agreement(result, sweep: str) -> None:
 @bad_input_is_config_error
 def cmd_iou(args: argparse.Namespace) -> int:
     """Mask IoU of kept weights between runs that differ in one axis, beside chance."""
-    from analysis import masks
+    from analysis.questions import masks
 
     data, where = load(args)
     pool = [a.strip() for a in (args.pool or "").split(",") if a.strip()]
@@ -224,7 +228,8 @@ def _fmt2(value: float | None) -> str:
 @bad_input_is_config_error
 def cmd_figures(args: argparse.Namespace) -> int:
     """Every figure of the sweep as PNG files under --out; prints their paths."""
-    from analysis import figure_plan, select
+    from analysis.data import select
+    from analysis.views import figure_plan
 
     data, where = load(args)
     data = select.select(data, where)
@@ -245,10 +250,12 @@ def cmd_figures(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """The analysis HTTP service on Ray Serve; blocks until Ctrl-C, then ends this process (exit 0)."""
-    from analysis.service import serve_app
+    from analysis.views.service.serve import serve_app
     from orchestrator import settings
+    from orchestrator.registry.reader import RegistryReader
 
     url = args.db or settings.registry_url()
+    RegistryReader(url).close()  # a missing or older registry is one line here, not a failed Serve replica
     # Ctrl-C (SIGINT) stops it even when it was started with SIGINT ignored, as a shell does for a
     # command run in the background (`headsweep serve &`): Python then installs no KeyboardInterrupt
     # handler, and `kill -INT` would do nothing.
@@ -298,8 +305,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_agreement)
 
-    compare_cli.register(subparsers, db_help, where_help)
-    transfer_cli.register(subparsers, db_help, where_help)
+    compare.register(subparsers, db_help, where_help)
+    transfer.register(subparsers, db_help, where_help)
 
     p = subparsers.add_parser("iou", help="do runs keep the same weights? mask IoU across seeds, pipelines, losses, ...")
     p.add_argument("sweep", help=SWEEP_HELP)

@@ -10,10 +10,10 @@ import re
 
 import numpy as np
 
-from analysis import queries
-from analysis.figure_plan import cell_names
-from analysis.loading import SweepData
-from analysis.select import QueryError, group_indices, groups_in_cell_order
+from analysis.data.select import QueryError, group_indices, groups_in_cell_order
+from analysis.data.sweep import SweepData
+from analysis.questions.agreement.across_runs import agreement
+from analysis.views.figure_plan import cell_names
 
 MAX_CELLS = 50
 """Per-cell means only up to this many cells (a grid of thousands would swamp the chart view)."""
@@ -53,7 +53,7 @@ def summary_metrics(data: SweepData, n_perm: int = 200, max_cells: int = MAX_CEL
         if not any(len(idx) >= 2 for idx in group_indices(finished.subset(has), ["group_key"])):
             continue
         try:
-            result = queries.agreement(finished, "seed", n_perm=n_perm, map_name=map_name)
+            result = agreement(finished, "seed", n_perm=n_perm, map_name=map_name)
         except QueryError:  # e.g. constant maps with no continuous companion
             continue
         if result.map_name in done:  # asked for a constant map, answered with its continuous companion

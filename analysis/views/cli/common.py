@@ -1,4 +1,4 @@
-"""What the analysis commands share (``analysis.cli``, ``compare_cli``, ``transfer_cli``): loading a
+"""What the analysis commands share (``commands``, ``compare``, ``transfer``): loading a
 sweep with its ``--where`` filters, bad input as a one-line ``ConfigError``, rows written as csv or
 json, the console and the number formats of their tables."""
 
@@ -28,16 +28,16 @@ out = Console(width=None if sys.stdout.isatty() else 100_000)
 
 def _registry(args: argparse.Namespace):
     from orchestrator import settings
-    from orchestrator.registry import Registry
+    from orchestrator.registry.reader import RegistryReader
 
-    return Registry(args.db or settings.registry_url())
+    return RegistryReader(args.db or settings.registry_url())
 
 
 def load(args: argparse.Namespace):
     """(the sweep's SweepData, the --where filters); an unknown sweep is a ``QueryError`` naming the
     nearest one (``loading.open_sweep``, as the Python API says it)."""
-    from analysis import select
-    from analysis.loading import open_sweep
+    from analysis.data import select
+    from analysis.data.loading import open_sweep
 
     return open_sweep(_registry(args), args.sweep), select.parse_filter(args.where or "")
 
@@ -48,7 +48,7 @@ def bad_input_is_config_error(handler: Callable[[argparse.Namespace], int]) -> C
 
     @functools.wraps(handler)
     def wrapper(args: argparse.Namespace) -> int:
-        from analysis.select import QueryError
+        from analysis.data.errors import QueryError
 
         try:
             return handler(args)
@@ -91,7 +91,7 @@ def signed(value: float | None) -> str:
 
 
 def null_cells(null: dict[str, Any]) -> list[str]:
-    """One null of a tested statistic (``queries.null_summaries``) as table cells: how the units were
+    """One null of a tested statistic (``answers.null_summaries``) as table cells: how the units were
     shuffled, chance (the null's mean), its 95 % band, the excess over it and p."""
     return ["in layers" if null["null"] == "within_layers" else "all units", fmt3(null["null_mean"]),
             f"{fmt3(null['band_lo'])}..{fmt3(null['band_hi'])}", signed(null["excess"]), null["p_text"]]

@@ -1,6 +1,6 @@
 """Figures of a selection as PNG bytes, and the plan of every figure worth drawing for a sweep.
 
-Pure over a loaded :class:`SweepData` (drawing itself is ``analysis.figures``);
+Pure over a loaded :class:`SweepData` (drawing itself is ``analysis.views.figures``);
 the CLI's ``figures``, the service's ``/figures`` and the sweep report all use it.
 """
 
@@ -12,10 +12,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from analysis import compare, figures, neurons, pruning, statistics
-from analysis.loading import CELL_LABELS, SCALE_LABELS, SweepData
-from analysis.queries import Agreement, agreement
-from analysis.select import (
+from analysis import statistics
+from analysis.data.select import (
     _NOT_CURVE_METRICS,
     DEFAULT_MAP,
     Filters,
@@ -35,6 +33,14 @@ from analysis.select import (
     select,
     varying_config,
 )
+from analysis.data.sweep import CELL_LABELS, SCALE_LABELS, SweepData
+from analysis.questions import neurons, pruning
+from analysis.questions.agreement.across_runs import agreement
+from analysis.questions.agreement.compare import compare_maps
+from analysis.questions.agreement.maps import plan_maps
+from analysis.questions.agreement.result import Agreement
+from analysis.views import curves, figures
+from analysis.views.compare_figure import compare_png
 from experiments.common.units import OPEN_THRESHOLD
 
 FIGURE_KINDS = ("rgb", "grey", "agreement", "curves", "compare_maps", "pruning", "layers", "perturbation",
@@ -238,9 +244,9 @@ def figure(data: SweepData, kind: str, filters: Filters | None = None, across: s
     (default: the first label on a scale that varies, else open heads), mean line and std
     band per pipeline. ``max_run_perms``: see ``agreement``. ``map_name``: the
     unit map of rgb, grey and agreement figures. ``compare_maps``: the annotated matrix of Spearman
-    rho between ``maps`` (``analysis.compare``). ``pruning``:
-    head_importance's pruning curves of ``metric`` (``analysis.pruning``), one line per cell.
-    FFN neurons (``analysis.neurons``), one line per cell: ``layers``: the best unit per layer of
+    rho between ``maps`` (``analysis.questions.agreement.compare``). ``pruning``:
+    head_importance's pruning curves of ``metric`` (``analysis.questions.pruning``, drawn by ``curves``), one line per cell.
+    FFN neurons (``analysis.questions.neurons``), one line per cell: ``layers``: the best unit per layer of
     ``map_name`` (a neuron map); ``perturbation``: accuracy with noise on the top vs random neurons;
     ``ffn_pruning``: accuracy before and after keeping only the top neurons.
     """
@@ -254,16 +260,16 @@ def figure(data: SweepData, kind: str, filters: Filters | None = None, across: s
     if kind == "curves":
         return _curves(data, filters, metric, x)
     if kind == "compare_maps":
-        return compare.compare_png(compare.compare_maps(data, maps or [], filters, n_perm=n_perm,
-                                                        max_run_perms=max_run_perms), filters)
+        return compare_png(compare_maps(data, maps or [], filters, n_perm=n_perm, max_run_perms=max_run_perms),
+                           filters)
     if kind == "pruning":
-        return pruning.pruning_png(data, filters, metric)
+        return curves.pruning_png(data, filters, metric)
     if kind == "layers":
-        return neurons.layers_png(data, filters, map_name)
+        return curves.layers_png(data, filters, map_name)
     if kind == "perturbation":
-        return neurons.perturbation_png(data, filters)
+        return curves.perturbation_png(data, filters)
     if kind == "ffn_pruning":
-        return neurons.ffn_pruning_png(data, filters)
+        return curves.ffn_pruning_png(data, filters)
     raise QueryError(f"unknown figure '{kind}'{did_you_mean(kind, FIGURE_KINDS)} (one of {', '.join(FIGURE_KINDS)})")
 
 
@@ -273,7 +279,7 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
     An rgb map per cell with 3 finished seeds (the first ``max_rgb`` cells), a
     grey map of all runs and of each task, an agreement heat map across each
     axis that has 2 values (seed: a cell with 2 seeds), a compare-maps matrix per
-    unit kind with two or more maps that some matched runs share (``compare.plan_maps``),
+    unit kind with two or more maps that some matched runs share (``maps.plan_maps``),
     and per task the curves of each metric (not losses or head counts) vs each x that varies.
     """
     sel = data.subset(data.has_gates)
@@ -308,7 +314,7 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
             plan.append((f"perturbation_{task}", "perturbation", {"filters": {"task": [task]}}))
         if "pruned_accuracy" in part.metrics and (~np.isnan(part.metrics["pruned_accuracy"])).any():
             plan.append((f"ffn_pruning_{task}", "ffn_pruning", {"filters": {"task": [task]}}))
-    for names in compare.plan_maps(data):  # two or more maps of one kind: do the methods rank units alike?
+    for names in plan_maps(data):  # two or more maps of one kind: do the methods rank units alike?
         plan.append((f"compare_maps_{names[0].partition('.')[0]}", "compare_maps", {"maps": names}))
     done = data.subset(~np.isnan(_open_heads(data)) | (data.status == "finished"))
     for task in axis_values(done, "task") if len(done) else []:

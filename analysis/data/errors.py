@@ -1,6 +1,6 @@
 """The one error of a question the data cannot answer as asked, and its "did you mean".
 
-Below every other analysis module (loading, select, queries, ...), which raise it.
+Below every other analysis module (data, questions, views), which raise it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``headsweep transfer``: prompt transferability between tasks as task x task tables (``analysis.transfer``)."""
+"""``headsweep transfer``: prompt transferability between tasks as task x task tables (``analysis.questions.transfer``; drawn by ``analysis.views.transfer``)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,9 @@ from pathlib import Path
 from rich import box
 from rich.table import Table
 
-from analysis import cli_common
-from analysis.transfer import (
-    TABLES,
-    TRANSFER,
-    Transfer,
-    panel_title,
-    transfer_json,
-    transfer_png,
-    transfer_rows,
-    transfer_tables,
-)
+from analysis.questions.transfer import TABLES, TRANSFER, Transfer, transfer_tables
+from analysis.views.cli import common as cli_common
+from analysis.views.transfer import panel_title, transfer_json, transfer_png, transfer_rows
 
 HELP = """\
 Task x task tables of the prompt_transfer runs (rows: source task, columns: target task; seed

@@ -1,86 +1,49 @@
-"""A sweep's runs as numpy arrays, read from the registry's read model once and cached.
+"""A sweep's runs as numpy arrays: :class:`SweepData` (read only), built from the reader's run columns.
 
-``load_sweep`` reads ``Registry.sweep_runs`` (ONE query over every run of the sweep:
-labels, metrics, stored configs; DESIGN.md decision 2) into a frozen :class:`SweepData`.
-Its labels are the registry's label columns by name (``orchestrator.registry.LABELS``:
-task, model, method, seed and the methods' short names that have a column), never listed here.
-Unit maps (``heads.gate``, ``heads.log_alpha``, ``neurons.predictivity``, ...) are loaded
-by name on first use, ONE query per map (``Registry.sweep_map``), and kept with the
-sweep. The stored configs become flattened columns (``data.config["train.lr"]``), so
-analysis can name any config key as an axis.
-
-Loads are cached in memory, keyed by (registry URL, sweep id); before a cached copy is
-reused, one cheap query checks that nothing changed: ``Registry.sweep_version`` (the
-latest ``updated_at`` of the sweep's runs and their count; ~4 ms for 10,000 runs on
-SQLite). Any write to a run of the sweep (claim, heartbeat, finish, requeue) bumps
-``updated_at`` and so invalidates the copy. On a SQLite file the check is first
-``PRAGMA data_version`` on a connection of our own (it changes exactly when another
-connection commits to the file, ~20 us): while it is unchanged nothing at all was
-written and the version query is skipped.
-
-Cached arrays are shared between callers (and threads of the query service): they are
-made read-only, and query functions return new arrays.
+Its labels are the registry's label columns by name (``orchestrator.registry.schema.LABELS``: task,
+model, method, seed and the methods' short names that have a column), never listed here. Unit maps
+(``heads.gate``, ``heads.log_alpha``, ``neurons.predictivity``, ...) come by name from a
+:class:`MapSource` (``loading``: one query per map, on first use, kept with the sweep). The stored
+configs become flattened columns (``data.config["train.lr"]``), so analysis can name any config key
+as an axis. Arrays are shared between callers (and threads of the query service): they are made
+read-only, and query functions return new arrays.
 """
 
 from __future__ import annotations
 
 import math
-import sqlite3
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
-from sqlalchemy.engine import make_url
 
-from analysis.errors import QueryError, did_you_mean
-from experiments.common.naming import suggest
-from orchestrator.registry import LABELS, LAST, NUMBER_LABELS, MapInfo, NotFound, Registry, Version
-from orchestrator.status import RunStatus
+from analysis.data.errors import QueryError, did_you_mean
+from orchestrator.registry.results import MapInfo, Version
+from orchestrator.registry.schema import LABELS, NUMBER_LABELS
+
+
+class MapSource(Protocol):
+    """Where a loaded sweep's maps come from (``loading``): ``get(name)`` -> (``(N, L, K)`` values, ``(N,)`` has)."""
+
+    def get(self, name: str) -> tuple[np.ndarray, np.ndarray]: ...
+
 
 AXES = (*LABELS, "status", "group_key", "run_key")
 """Per-run columns a query can filter or group by: the registry's labels, the status, the keys."""
+
 CELL_LABELS = tuple(label for label in LABELS if label != "seed")
 """The labels that tell a run's cell (its runs over seeds) apart: every label but the seed."""
+
 SCALE_LABELS = NUMBER_LABELS
 """The labels that are settings on a scale (a curve's x): the registry's number labels."""
+
 _COLUMNS = ("run_key", "group_key", "status", "run_maps")
 
-_CACHE_SIZE = 8  # sweeps kept in memory (a 10,000-run sweep of 144 gates is ~6 MB; of 6 x 1536 neurons ~370 MB)
-
-
-def _frozen(array: np.ndarray) -> np.ndarray:
+def frozen(array: np.ndarray) -> np.ndarray:
     array.flags.writeable = False
     return array
-
-
-class _MapSource:
-    """The maps of one loaded sweep: each loaded on first use (ONE query), then kept.
-
-    A map is read after the run columns, in another transaction: a run counts as having
-    it only where the loaded columns say the run is finished, so maps and statuses agree.
-    """
-
-    def __init__(self, registry: Registry, sweep_id: str, finished: np.ndarray):
-        self.registry, self.sweep_id, self.finished = registry, sweep_id, finished
-        self.loaded: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self.lock = threading.Lock()  # concurrent first uses load a map once
-
-    def get(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        with self.lock:
-            if name not in self.loaded:
-                stack = self.registry.sweep_map(self.sweep_id, name)
-                if len(stack.has) != len(self.finished):
-                    raise RuntimeError(f"sweep {self.sweep_id} changed size while loading map {name}")
-                values, has = stack.values, stack.has & self.finished
-                if (stack.has & ~self.finished).any():  # finished after the columns were read
-                    values[stack.has & ~self.finished] = np.nan
-                self.loaded[name] = (_frozen(values), _frozen(has))
-            return self.loaded[name]
-
 
 @dataclass(frozen=True, eq=False)
 class _Runs:
@@ -104,17 +67,15 @@ class _Runs:
     float64 (NaN where a run lacks the key) when every value is a number, else object."""
     map_info: Mapping[str, MapInfo] = field(default_factory=lambda: MappingProxyType({}), repr=False)
     """The maps of the loaded sweep by name: kind, number of runs with it, largest shape."""
-    _source: _MapSource | None = field(default=None, repr=False)
+    _source: MapSource | None = field(default=None, repr=False)
     _rows: np.ndarray | None = field(default=None, repr=False)
     """Indexes of these runs in the loaded sweep (None: all of it, in order)."""
     _overrides: Mapping[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=lambda: MappingProxyType({}), repr=False)
     """Maps given in place of the stored ones (``replace(data, gates=...)``)."""
 
-
 def _label(name: str) -> property:
     """``data.<name>``: the ``(N,)`` column of label ``name``."""
     return property(lambda self: self.labels[name], doc=f"``(N,)``: each run's {name} (label ``{name}``).")
-
 
 class SweepData(_Runs):
     """Every run of one sweep, in cell order, as parallel ``(N,)`` arrays, and its maps by name.
@@ -172,7 +133,7 @@ class SweepData(_Runs):
                 raise _unknown_map(name, self.maps)
             values, has = self._source.get(name)
             if self._rows is not None:
-                values, has = _frozen(values[self._rows]), _frozen(has[self._rows])
+                values, has = frozen(values[self._rows]), frozen(has[self._rows])
             self._memo[name] = (values, has)
         return self._memo[name]
 
@@ -180,7 +141,7 @@ class SweepData(_Runs):
         """``map(name)``, or (N, 0, 0) NaN and all False when no run has it."""
         if name in self._overrides or name in self.map_info:
             return self.map(name)
-        return _frozen(np.full((len(self), 0, 0), np.nan, np.float32)), _frozen(np.zeros(len(self), dtype=bool))
+        return frozen(np.full((len(self), 0, 0), np.nan, np.float32)), frozen(np.zeros(len(self), dtype=bool))
 
     @property
     def gates(self) -> np.ndarray:
@@ -212,10 +173,8 @@ class SweepData(_Runs):
             _overrides=MappingProxyType({k: (v[index], h[index]) for k, (v, h) in self._overrides.items()}),
         )
 
-
 def _rows_without_nan(values: np.ndarray) -> np.ndarray:
     return ~np.isnan(values).reshape(len(values), -1).any(axis=1) if values.size else np.zeros(len(values), bool)
-
 
 def _unknown_map(name: str, known: list[str]) -> Exception:
     """The query layer's one-line error."""
@@ -223,27 +182,17 @@ def _unknown_map(name: str, known: list[str]) -> Exception:
         return QueryError(f"unknown map '{name}': no run of this sweep has stored a map yet")
     return QueryError(f"unknown map '{name}'{did_you_mean(name, known)} (maps: {', '.join(known)})")
 
-
-# --------------------------------------------------------------------------- building
-
-
-def sweep_version(registry: Registry, sweep_id: str) -> Version:
-    """(latest ``updated_at`` of the sweep's runs, number of runs): ``Registry.sweep_version``."""
-    return registry.sweep_version(sweep_id)
-
-
 def _metric_columns(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     """List of per-run metric dicts -> name -> ``(N,)`` float64 (NaN where missing or null)."""
     names = sorted({name for row in rows for name in row})
     columns = {}
     for name in names:
         values = [row.get(name) for row in rows]
-        columns[name] = _frozen(np.array(
+        columns[name] = frozen(np.array(
             [v if isinstance(v, int | float) and not isinstance(v, bool) else math.nan for v in values],
             dtype=np.float64,
         ))
     return columns
-
 
 def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested dict -> {"train.lr": 5e-05, ...}; lists become tuples (hashable, comparable)."""
@@ -255,10 +204,8 @@ def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
             flat[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
     return flat
 
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
 
 def config_columns(configs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     """Stored configs -> every dotted key -> ``(N,)`` column: float64 (NaN where missing)
@@ -272,138 +219,23 @@ def config_columns(configs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
             column = np.array([math.nan if v is None else v for v in values], dtype=np.float64)
         else:
             column = np.fromiter(values, dtype=object, count=len(values))
-        columns[key] = _frozen(column)
+        columns[key] = frozen(column)
     return columns
 
-
-def from_runs(runs: dict[str, Any], source: _MapSource | None, version: Version | None = None) -> SweepData:
-    """``Registry.sweep_runs(...)`` (+ where its maps come from) -> :class:`SweepData` (read only)."""
-    arrays = {name: _frozen(np.asarray(runs[name])) for name in ("run_key", "group_key", "status")}
+def from_runs(runs: dict[str, Any], source: MapSource | None, version: Version | None = None) -> SweepData:
+    """``RegistryReader.sweep_runs(...)`` (+ where its maps come from) -> :class:`SweepData` (read only)."""
+    arrays = {name: frozen(np.asarray(runs[name])) for name in ("run_key", "group_key", "status")}
     run_maps = np.empty(len(runs["run_key"]), dtype=object)
     for i, names in enumerate(runs["run_maps"]):  # one by one: numpy would read equal tuples as a 2-d array
         run_maps[i] = tuple(names)
     return SweepData(
         sweep_id=runs["sweep_id"],
         version=version if version is not None else (runs["updated_at"], len(runs["run_key"])),
-        run_maps=_frozen(run_maps),
-        labels=MappingProxyType({name: _frozen(np.asarray(runs[name])) for name in LABELS}),
+        run_maps=frozen(run_maps),
+        labels=MappingProxyType({name: frozen(np.asarray(runs[name])) for name in LABELS}),
         metrics=MappingProxyType(_metric_columns(runs["metrics"])),
         config=MappingProxyType(config_columns(runs["config"])),
         map_info=MappingProxyType({info.name: info for info in runs["maps"]}),
         _source=source,
         **arrays,
     )
-
-
-# --------------------------------------------------------------------------- the cache
-
-
-class _CommitCounter:
-    """``PRAGMA data_version`` of a SQLite file, on one read-only connection per file."""
-
-    def __init__(self):
-        self.connections: dict[str, tuple[sqlite3.Connection, threading.Lock]] = {}
-        self.guard = threading.Lock()
-
-    def stamp(self, url: str) -> int | None:
-        """A number that changes whenever another connection commits; None unless a SQLite file."""
-        parsed = make_url(url)
-        if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-            return None
-        with self.guard:
-            if url not in self.connections:
-                uri = f"file:{parsed.database}?mode=rw"  # rw: a WAL file may need its -shm created; we never write
-                connection = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
-                self.connections[url] = (connection, threading.Lock())
-            connection, lock = self.connections[url]
-        with lock:
-            return connection.execute("PRAGMA data_version").fetchone()[0]
-
-
-class _Cache:
-    """LRU of loaded sweeps with the commit stamp at their last check; one lock per sweep
-    so concurrent misses load it once."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self.entries: OrderedDict[tuple[str, str], tuple[SweepData, int | None]] = OrderedDict()
-        self.locks: dict[tuple[str, str], threading.Lock] = {}
-        self.guard = threading.Lock()
-
-    def get(self, key: tuple[str, str], stamp: int | None, version: Version | None) -> SweepData | None:
-        """The cached data if nothing was committed since its check (same ``stamp``) or
-        its ``version`` is still current (then ``stamp`` is recorded as checked)."""
-        with self.guard:
-            data, checked = self.entries.get(key, (None, None))
-            if data is None:
-                return None
-            if version is None:
-                if stamp is None or stamp != checked:
-                    return None
-            elif data.version != version:
-                return None
-            self.entries[key] = (data, stamp)
-            self.entries.move_to_end(key)
-            return data
-
-    def put(self, key: tuple[str, str], data: SweepData, stamp: int | None) -> None:
-        with self.guard:
-            self.entries[key] = (data, stamp)
-            self.entries.move_to_end(key)
-            while len(self.entries) > self.size:
-                self.entries.popitem(last=False)
-
-    def lock(self, key: tuple[str, str]) -> threading.Lock:
-        with self.guard:
-            return self.locks.setdefault(key, threading.Lock())
-
-    def clear(self) -> None:
-        with self.guard:
-            self.entries.clear()
-
-
-_cache = _Cache(_CACHE_SIZE)
-_commits = _CommitCounter()
-
-
-def load_sweep(registry: Registry, sweep_id: str) -> SweepData:
-    """Every run of the sweep, from the cache when its runs did not change since.
-
-    Raises ``orchestrator.registry.NotFound`` for an unknown sweep.
-    """
-    key = (registry.url, sweep_id)
-    stamp = _commits.stamp(registry.url)  # read BEFORE the version: a later commit changes it
-    data = _cache.get(key, stamp, None) if stamp is not None else None
-    if data is not None:
-        return data
-    data = _cache.get(key, stamp, registry.sweep_version(sweep_id))
-    if data is not None:
-        return data
-    with _cache.lock(key):
-        data = _cache.get(key, stamp, registry.sweep_version(sweep_id))  # another thread loaded it
-        if data is not None:
-            return data
-        runs = registry.sweep_runs(sweep_id)
-        # The version of the data itself, from the same query: a write that lands
-        # between the check above and sweep_runs() is either in both or in neither.
-        finished = runs["status"] == RunStatus.FINISHED.value
-        data = from_runs(runs, _MapSource(registry, sweep_id, finished), (runs["updated_at"], len(runs["run_key"])))
-        _cache.put(key, data, stamp)
-        return data
-
-
-def clear_cache() -> None:
-    """Forget every loaded sweep (tests, or to free memory)."""
-    _cache.clear()
-
-
-def open_sweep(registry: Registry, sweep_id: str) -> SweepData:
-    """``load_sweep`` of a sweep id or ``last`` (the newest sweep), as the CLI and the Python API name
-    one; an unknown id is a ``QueryError`` naming the nearest known sweep."""
-    try:
-        return load_sweep(registry, registry.resolve_sweep(sweep_id))
-    except NotFound as err:
-        if sweep_id == LAST:  # no sweeps at all
-            raise QueryError(str(err)) from None
-        known = [s["id"] for s in registry.list_sweeps()]
-        raise QueryError(f"unknown sweep '{sweep_id}'{suggest(sweep_id, known)}") from None

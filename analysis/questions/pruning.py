@@ -13,9 +13,7 @@ import re
 
 import numpy as np
 
-from analysis import figures
-from analysis.loading import SweepData
-from analysis.select import (
+from analysis.data.select import (
     Filters,
     QueryError,
     column,
@@ -26,6 +24,7 @@ from analysis.select import (
     value_label,
     varying_config,
 )
+from analysis.data.sweep import SweepData
 
 PRUNED = re.compile(r"^(?P<metric>.+)_pruned_(?P<pct>\d+)(?P<where>/.+)?$")
 """``accuracy_pruned_30`` -> metric ``accuracy``, pct 30; ``accuracy_pruned_30/ood`` -> ``accuracy/ood``."""
@@ -84,14 +83,3 @@ def cell_labels(firsts: SweepData) -> list[str]:
     return labels
 
 
-def pruning_png(data: SweepData, filters: Filters | None = None, metric: str | None = None) -> bytes:
-    """The pruning curves of ``metric`` (default: the first curve, accuracy when there) as a PNG:
-    mean line and std band over seeds per cell."""
-    sel = select(data, filters)
-    curves = sorted(pruned_metrics(sel.metrics))
-    metric = metric or ("accuracy" if "accuracy" in curves else (curves or ["accuracy"])[0])
-    lines = pruning_points(data, metric, filters)
-    where = ", ".join(sorted({f"{t} / {m}" for t, m in zip(sel.task, sel.model, strict=True)}))
-    title = (f"{metric} vs fraction of heads pruned (least important first)\n"
-             f"{where}; mean, band = std over seeds\n{data.sweep_id}: {describe(filters)}")
-    return figures.metric_curves(lines, "fraction of heads pruned", metric, title)

@@ -1,0 +1,114 @@
+"""The service's query parameters and the helpers every endpoint shares: axis filters, ``{sweep_id}``
+(``last`` resolved), unknown parameters as 400s, figure URLs, serialised answers."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import Depends, Path, Query, Request
+from fastapi.responses import Response
+from pydantic import BaseModel
+
+from analysis.data import select
+from analysis.data.select import QueryError
+from analysis.data.sweep import AXES, SCALE_LABELS
+from analysis.views.service.models import SweepOut
+from experiments.common.naming import suggest
+from orchestrator.registry.reader import LAST
+from orchestrator.status import RUN_DONE
+
+
+def check_params(request: Request, *names: str, axes: bool = True) -> None:
+    """400 for a query parameter this endpoint does not take (a typo would be ignored silently)."""
+    allowed = (*(AXES if axes else ()), *(("where",) if axes else ()), *names)
+    for key in request.query_params:
+        if key not in allowed:
+            if not allowed:
+                raise QueryError(f"unknown query parameter '{key}': this endpoint takes none")
+            raise QueryError(f"unknown query parameter '{key}'{suggest(key, allowed, cutoff=0.0)} "
+                             f"(this endpoint takes: {', '.join(allowed)})")
+
+
+_FILTER_HELP = "Comma-separated values; a run matches any of them."
+
+
+MAP_HELP = "Unit map, e.g. heads.gate, heads.log_alpha (default: the map most runs of the sweep have)."
+
+
+_WHERE_HELP = "Filters on any config key, as the CLI's --where: e.g. head_gates.lr:0.001,task.max_train:500|1000"
+
+
+ACROSS_HELP = f"run, {', '.join(a for a in AXES if a not in ('status', 'group_key', 'run_key'))} or a config key."
+
+
+def axis_filters(request: Request, where: str | None = None, **_: Any) -> dict[str, list[str]]:
+    """The axis filters of the request: a query parameter per axis (``AXES``, declared in the
+    signature below for the OpenAPI document) and ``where``; a repeated parameter,
+    ``seed=0&seed=1``, adds values."""
+    filters: dict[str, list[str]] = {}
+    for axis in AXES:
+        for raw in request.query_params.getlist(axis):
+            filters.setdefault(axis, []).extend(v.strip() for v in raw.split(","))
+    for key, values in select.parse_filter(where or "").items():
+        filters.setdefault(key, []).extend(values)
+    return filters
+
+
+axis_filters.__signature__ = inspect.Signature([  # what FastAPI reads: one optional parameter per axis
+    inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request),
+    *(inspect.Parameter(f"axis_{i}", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        str | None, Query(alias=axis, description=_FILTER_HELP + (" 'none' = unset." if axis in SCALE_LABELS else ""))])
+      for i, axis in enumerate(AXES)),
+    inspect.Parameter("where", inspect.Parameter.KEYWORD_ONLY, default=None,
+                      annotation=Annotated[str | None, Query(description=_WHERE_HELP)]),
+])
+
+
+Filters = Annotated[dict[str, list[str]], Depends(axis_filters)]
+
+
+def sweep_path(request: Request, sweep_id: Annotated[str, Path(
+        description=f"A sweep id, or '{LAST}' (the newest sweep), as on the command line.")]) -> str:
+    """The sweep id of the path, ``last`` resolved."""
+    return request.app.state.analysis.resolve(sweep_id)
+
+
+SweepId = Annotated[str, Depends(sweep_path)]
+
+
+def frozen(filters: dict[str, list[str]]) -> tuple:
+    return tuple(sorted((k, tuple(v)) for k, v in filters.items()))
+
+
+_FIGURE_QUERY = {"across": "across", "metric": "metric", "x": "x", "map_name": "map", "maps": "maps"}
+"""figure() keyword -> the query parameter of ``figures/{kind}.png`` that sets it (filters aside)."""
+
+
+def figure_url(sweep_id: str, kind: str, params: dict[str, Any]) -> str:
+    """The URL of a planned figure (``figure_plan.figure_plan``): its figure() keywords as the query of
+    ``figures/{kind}.png``; filters on an axis as that parameter, on another config key in ``where``."""
+    query: dict[str, str] = {}
+    filters = params.get("filters") or {}
+    query |= {key: ",".join(map(str, values)) for key, values in filters.items() if key in AXES}
+    where = [f"{key}:{'|'.join(map(str, values))}" for key, values in filters.items() if key not in AXES]
+    if where:
+        query["where"] = ",".join(where)
+    for key, value in params.items():
+        if key != "filters":
+            query[_FIGURE_QUERY[key]] = ",".join(value) if key == "maps" else str(value)
+    return f"/sweeps/{sweep_id}/figures/{kind}.png" + (f"?{urlencode(query)}" if query else "")
+
+
+def as_json(model: BaseModel) -> Response:
+    """The serialised answer, memoised as is (a repeated question costs no validation or encoding)."""
+    return Response(model.model_dump_json(by_alias=True), media_type="application/json")
+
+
+def sweep_out(sweep: dict[str, Any], model: type[SweepOut] = SweepOut, **extra: Any) -> SweepOut:
+    counts = sweep["counts"]
+    total = sum(counts.values())
+    done = sum(counts.get(s, 0) for s in RUN_DONE)
+    fields = {k: sweep.get(k) for k in model.model_fields if k in sweep}
+    return model(**fields, total=total, progress=done / total if total else 0.0, **extra)
