@@ -18,6 +18,7 @@ reads (a shared home, as on SLURM clusters; or ``HF_HOME`` pointed at one).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,8 @@ def resolve_model(model_id: str) -> str:
         raise ConfigError(f"model {model_id!r} is not in the hub cache ({cache}) and the hub is offline here "
                           "(HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE): unset it where the hub is reachable, or fill "
                           "that cache first")
+    print(f"headsweep: downloading {model_id} from the hub into {cache} (once; the trials read it there)",
+          file=sys.stderr, flush=True)
     try:
         folder = snapshot_download(model_id, allow_patterns=[*PATTERNS, WEIGHTS[0]])
         if not _complete(folder):  # no safetensors in the repo: its PyTorch bin files

@@ -43,7 +43,6 @@ def quiet_libraries() -> None:
     """Our progress bars and tables are the output; silence the libraries' chatter."""
     import logging
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

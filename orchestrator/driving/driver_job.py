@@ -35,7 +35,7 @@ def driver_env(head: dict[str, str], track: bool) -> dict[str, str]:
         "HEADSWEEP_TRACKING_URI": settings.tracking_uri(),
         "HEADSWEEP_TRACK": "1" if track else "0",
         "RAY_ADDRESS": head["address"],
-        "HF_HUB_OFFLINE": "1",
+        **hub.trial_env(),  # the caches the submit filled, read offline (orchestrator/hub.py)
         "TOKENIZERS_PARALLELISM": "false",
         # plug-in methods: the job ships their modules (packaging.plugin_code); the trials import them by name
         **({"HEADSWEEP_METHODS": os.environ["HEADSWEEP_METHODS"]} if os.environ.get("HEADSWEEP_METHODS") else {}),

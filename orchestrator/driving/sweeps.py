@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.common.sections import ConfigError
-from orchestrator import settings
+from orchestrator import hub, settings
 from orchestrator.cluster.head import cluster_in_use
 from orchestrator.cluster.jobs import cluster_nodes
 from orchestrator.driving import supervisor
@@ -58,11 +58,13 @@ def upstreams_without_weights(registry: Registry, configs: list) -> list[str]:
 
 def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, track: bool = True,
            auto_resume: bool = True) -> Submitted:
-    """Validate, check resources against the cluster, register, start the driver and the supervisor,
+    """Validate, resolve the hub models (``hub.resolve``), check resources against the cluster, register,
+    start the driver and the supervisor,
     which records the driver's death and (``auto_resume``: up to ``settings.auto_resumes()``
     times) resumes the sweep."""
     spec = load_grid(grid_path)
     configs = expand(spec)
+    hub.resolve(configs)  # hub models into the cache the trials read, or one line naming what cannot be had
     where = cluster_in_use()
     resources = spec.resources.model_dump()
     check_resources(resources, cluster_nodes(where["dashboard"]))
