@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from orchestrator import settings
+from orchestrator import hub, settings
 from orchestrator.cluster import jobs
 from orchestrator.cluster.head import cluster_in_use, known_dashboard
 from orchestrator.cluster.packaging import job_runtime_env
