@@ -128,7 +128,7 @@ def _run_tracked(cfg, args: argparse.Namespace, store, save: bool):
 
 def cmd_methods(args: argparse.Namespace) -> int:
     """Every method (or one): VERSION, pipelines, short names, and its keys with defaults and meaning."""
-    from experiments.core import config_keys as keys
+    from experiments.keyed import config_keys as keys
     from experiments.keyed.config import RunConfig
     from experiments.methods import METHODS
 

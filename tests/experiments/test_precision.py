@@ -67,7 +67,7 @@ def test_precision_is_a_train_key_whose_default_keeps_every_run_key():
 
 
 def test_the_key_is_documented_in_headsweep_methods(capsys):
-    from experiments.core import config_keys
+    from experiments.keyed import config_keys
     from experiments.keyed.config import RunConfig
     from headsweep.cli import main
 
