@@ -208,7 +208,7 @@ def start_ray(tmp: str, nodes: int, ip: str) -> tuple[list[subprocess.Popen], di
         where = {"address": f"{ip}:{ports['gcs']}", "dashboard": f"http://127.0.0.1:{ports['dashboard']}"}
         if nodes > 1:
             processes.append(subprocess.Popen([
-                "srun", f"--nodes={nodes - 1}", f"--ntasks={nodes - 1}", "--ntasks-per-node=1",
+                "srun", "--no-kill", f"--nodes={nodes - 1}", f"--ntasks={nodes - 1}", "--ntasks-per-node=1",
                 f"--exclude={os.environ.get('SLURMD_NODENAME', socket.gethostname())}",
                 sys.executable, "-m", "orchestrator.slurm.allocation", "node", where["address"]]))
         _wait_for_nodes(where["dashboard"], nodes, processes, tmp)

@@ -71,6 +71,8 @@ def script(job: Job) -> str:
         ("--dependency=singleton", "one allocation of this sweep at a time (same name, same user)"),
         (f"--nodes={job.nodes}", "a Ray head on the first, a Ray worker on each other"),
         ("--ntasks-per-node=1", ""),
+        *([("--no-kill", "a worker node lost: the sweep goes on, Ray reruns its runs on the others")]
+          if job.nodes > 1 else []),
         (f"--cpus-per-task={job.cpus_per_node}", "Ray's CPUs on each node"),
         *([(f"--gpus-per-node={job.gpus_per_node}", "Ray's GPUs on each node")] if job.gpus_per_node else []),
         (f"--time={job.time}", ""),

@@ -185,6 +185,59 @@ def test_scancel_mid_sweep_then_the_same_command_resumes_it(cluster):
     print(f"\ncancelled job {job_id} at {interrupted}; job {again} resumed: runs (status, host, attempts) {runs}")
 
 
+def test_a_worker_host_cut_off_mid_sweep_its_runs_rerun_on_the_others(cluster):
+    """One compute host's network cut while it runs trials (its switch port down: its processes live
+    on, unreachable). Ray marks the node dead and Tune reruns its trials on the other hosts; SLURM's
+    job goes on (``--no-kill``); ``headsweep status`` names the lost node by its address. The host
+    back, its Ray worker learns it was declared dead and ends: the host is left out cleanly and the
+    sweep finishes with every run once."""
+    home = cluster.shared / "home-cut"
+    grid = cluster.shared / "cut.yaml"
+    grid.write_text(yaml.safe_dump({**GRID, "name": "multihost-cut",
+                                    "base": {**GRID["base"], "train": {"max_steps": 300, "batch_size": 8, "eval_every": 100}}}))
+    env = _user_env(cluster, home)
+    job_id, folder = _submit_slurm(cluster, env, grid)
+    log = lambda: (folder / f"slurm-{job_id}.out").read_text(errors="replace")  # noqa: E731
+    _until(lambda: (folder / "sweep").exists(), 240, lambda: log()[-3000:])
+    sweep_id = (folder / "sweep").read_text().strip()
+    head = re.search(r"Ray: 3 node\(s\), head (\S+):", log()).group(1)
+    victim = next(name for name in reversed(COMPUTES) if cluster.address(name) != head)
+    registry = Registry(f"sqlite:///{home}/registry.db")
+
+    def running_on_victim() -> list[str]:
+        return [key for key in registry.sweep_runs(sweep_id)["run_key"]
+                if registry.get_run(key)["status"] == "running" and _run_host(home, key) == victim]
+
+    _until(lambda: running_on_victim(), 300, lambda: log()[-3000:])
+    cut = running_on_victim()
+    start = time.monotonic()
+    cluster.cut(victim)
+    try:
+        _until(lambda: all(_run_host(home, key) not in ("", victim) for key in cut), 400,
+               lambda: f"the cut host's runs did not move: {_runs(home, sweep_id)}\n{log()[-3000:]}")
+        moved_s = time.monotonic() - start
+    finally:
+        cluster.restore(victim)
+    assert _wait_job(cluster, job_id, log) == "COMPLETED", log()[-3000:]
+    runs = _runs(home, sweep_id)
+    assert [status for status, _, _ in runs] == ["finished"] * 6, runs
+    assert all(_run_host(home, key) != victim for key in cut)
+    _finished_once_in_mlflow(home, sweep_id)
+    told = _headsweep(cluster, env, "status", sweep_id).stdout
+    lines = [line for line in told.splitlines() if f"({cluster.address(victim)})" in line]
+    print(f"\n{victim} ({cluster.address(victim)}) cut with {len(cut)} run(s) on it; they ran again elsewhere "
+          f"{moved_s:.0f} s later; status: {lines}")
+    assert lines and ("lost on node" in lines[0] or "died" in lines[0]), told
+    ray_left = [pid for pid in cluster.pids(victim) if _is_ray(pid)]
+    assert not ray_left, f"Ray processes left on {victim} after the job: {ray_left}"
+
+
+def _run_host(home: Path, run_key: str) -> str:
+    """The host of a run's (latest) worker, "" while it waits for one."""
+    worker = Registry(f"sqlite:///{home}/registry.db").get_run(run_key)["worker"] or ""
+    return worker.split("@")[-1].split("[")[0] if "@" in worker else ""
+
+
 # --------------------------------------------------------------------------- Ray with token auth
 
 
