@@ -29,9 +29,10 @@ PATTERNS = ("*.json", "*.txt", "*.model", "*.tiktoken")
 """Config, tokenizer and vocabulary files; the weights are WEIGHTS' first kind the repo has."""
 
 
-def hub_models(configs: list[dict[str, Any]]) -> list[str]:
-    """The hub ids among the runs' models (``model`` keys at any depth: stages and teachers too),
-    ``random:`` stripped (its config and tokenizer come from the hub), sorted."""
+def hub_models(configs: list[Any]) -> list[str]:
+    """The hub ids among the runs' models (``model`` keys at any depth: stages and teachers too) of
+    run configs (``RunConfig`` or their dicts), ``random:`` stripped (its config and tokenizer come
+    from the hub), sorted."""
     from experiments.models import RANDOM_PREFIX, is_hub_id
 
     found: set[str] = set()
@@ -47,7 +48,7 @@ def hub_models(configs: list[dict[str, Any]]) -> list[str]:
             for inner in value:
                 walk(inner)
 
-    walk(configs)
+    walk([config.model_dump() if hasattr(config, "model_dump") else config for config in configs])
     return sorted(found)
 
 
@@ -104,7 +105,7 @@ def resolve_model(model_id: str) -> str:
     return folder
 
 
-def resolve(configs: list[dict[str, Any]]) -> dict[str, str]:
+def resolve(configs: list[Any]) -> dict[str, str]:
     """Every hub model of the runs resolved into the local cache; {id: snapshot folder}."""
     return {model_id: resolve_model(model_id) for model_id in hub_models(configs)}
 

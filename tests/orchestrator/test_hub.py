@@ -51,6 +51,11 @@ def test_hub_ids_are_told_from_the_models_headsweep_knows(tmp_path):
     configs = [{"model": "tiny-bert"}, {"model": "random:FacebookAI/roberta-base"},
                {"model": "minilm-l6", "init_from": {"model": MODEL_ID}}, {"teacher": [{"model": MODEL_ID}]}]
     assert hub_models(configs) == ["FacebookAI/roberta-base", MODEL_ID]
+    from orchestrator.driving.grid import expand, parse_grid  # what submit hands it: validated RunConfigs
+
+    grid = parse_grid({"name": "g", "base": {"model": "tiny-bert", "task": {"name": "synthetic-cls"}},
+                       "axes": {"model": ["tiny-bert", MODEL_ID, "random:org/other"]}})
+    assert hub_models(expand(grid)) == [MODEL_ID, "org/other"]
 
 
 def test_a_cached_hub_model_resolves_offline_and_loads_from_the_cache(tmp_path):
