@@ -21,7 +21,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import sqlite3
 import sys
 import time
@@ -393,84 +392,3 @@ def test_a_hub_model_and_a_dataset_by_name_run_on_hosts_without_a_network(cluste
     assert said[0].startswith(f"headsweep: error: model 'no-such-org/no-model' is not in the hub cache ({caches / 'hub'}) "
                               "and could not be downloaded: "), said
     assert "missing" not in {s["name"] for s in Registry(f"sqlite:///{home}/registry.db").list_sweeps()}
-
-
-# --------------------------------------------------------------------------- a host cut off
-
-
-STATE = """
-import json, sys
-from orchestrator.registry import Registry
-registry = Registry(sys.argv[2])
-runs = {key: registry.get_run(key) for key in registry.sweep_runs(sys.argv[1])["run_key"]}
-print(json.dumps({key: [run["status"], (run["worker"] or "").split("@")[-1].split("[")[0] if "@" in (run["worker"] or "")
-                        else "", run["attempts"]] for key, run in runs.items()}))
-"""
-
-
-def test_a_worker_host_cut_off_mid_sweep_its_runs_rerun_on_the_others(cluster, services):
-    """One compute host's network cut while it runs trials (its switch port down: its processes live
-    on, unreachable, and so are the registry on PostgreSQL and MLflow's server to them). Ray marks the
-    node dead and Tune reruns its trials on the other hosts; SLURM's job goes on (``--no-kill``);
-    ``headsweep status`` names the lost node by its address. The host back, it is left out cleanly:
-    no Ray of the job is left on it, and the sweep finishes with every run once."""
-    home = cluster.shared / "home-cut"
-    grid = cluster.shared / "cut.yaml"
-    grid.write_text(yaml.safe_dump({**GRID, "name": "multihost-cut",
-                                    "base": {**GRID["base"], "train": {"max_steps": 3000, "batch_size": 8, "eval_every": 1000}}}))
-    env = _user_env(cluster, home, HEADSWEEP_DB=services["db"], HEADSWEEP_TRACKING_URI=services["mlflow"],
-                    PGPASSWORD=DB_PASSWORD)
-    job_id, folder = _submit_slurm(cluster, env, grid)
-    log = lambda: (folder / f"slurm-{job_id}.out").read_text(errors="replace")  # noqa: E731
-    _until(lambda: (folder / "sweep").exists(), 240, lambda: log()[-3000:])
-    sweep_id = (folder / "sweep").read_text().strip()
-    head = re.search(r"Ray: 3 node\(s\), head (\S+):", log()).group(1)
-    victim = next(name for name in reversed(COMPUTES) if cluster.address(name) != head)
-
-    def state() -> dict[str, list]:
-        done = cluster.run("login", [sys.executable, "-c", STATE, sweep_id, services["db"]], env=env, cwd=str(ROOT),
-                           timeout=60)
-        return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {}
-
-    cut: list[str] = []
-
-    def running_on_victim() -> bool:
-        cut[:] = [key for key, (status, host, _) in state().items() if status == "running" and host == victim]
-        return bool(cut)
-
-    _until(running_on_victim, 300, lambda: log()[-3000:])
-    start = time.monotonic()
-    cluster.cut(victim)
-    try:
-        _until(lambda: all(state().get(key, ["", victim])[1] not in ("", victim) for key in cut), 400,
-               lambda: f"the cut host's runs did not move: {state()}\n{log()[-3000:]}")
-        moved_s = time.monotonic() - start
-    finally:
-        cluster.restore(victim)
-    head_host = next(name for name in COMPUTES if cluster.address(name) == head)
-    kept = cluster.shared / "driver-logs"
-
-    def ended() -> bool:  # the driver's and trials' Ray logs, kept as the job goes (the job removes them)
-        logs = cluster.hosts[head_host].tmp / f"hs-{job_id}" / "session_latest" / "logs"
-        for path in [*logs.glob("job-driver-*.log"), *logs.glob("worker-*.err")]:
-            kept.mkdir(exist_ok=True)
-            shutil.copy(path, kept / path.name)
-        return _job_state(cluster, job_id) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
-
-    _until(ended, 900, lambda: log()[-3000:])
-    drivers = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(kept.glob("job-driver-*.log")))
-    assert _job_state(cluster, job_id) == "COMPLETED", f"{log()[-2000:]}\n--- the driver's log:\n{drivers}"
-    final = state()
-    assert sorted(status for status, _, _ in final.values()) == ["finished"] * 6, final
-    assert all(final[key][1] != victim and final[key][2] >= 2 for key in cut), (cut, final)
-    checked = cluster.run("login", [sys.executable, "-c", CHECK, sweep_id, services["db"], services["mlflow"]],
-                          env=env, cwd=str(ROOT), timeout=120)
-    children = [run for run in json.loads(checked.stdout.strip().splitlines()[-1])["mlflow"] if run[2]]
-    assert sorted(key for status, _, key, _ in children if status == "FINISHED") == sorted(final), children
-    told = _headsweep(cluster, env, "status", sweep_id).stdout
-    lines = [line for line in told.splitlines() if f"({cluster.address(victim)})" in line]
-    print(f"\n{victim} ({cluster.address(victim)}) cut with {len(cut)} run(s) on it; they ran again elsewhere "
-          f"{moved_s:.0f} s later; runs (status, host, attempts): {sorted(final.values())}; status: {lines}")
-    assert lines and ("lost on node" in lines[0] or "died" in lines[0]), told
-    ray_left = [pid for pid in cluster.pids(victim) if _is_ray(pid)]
-    assert not ray_left, f"Ray processes left on {victim} after the job: {ray_left}"
