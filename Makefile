@@ -32,9 +32,11 @@ demo: venv
 # counted by a barrier, cancel with a live driver, two nodes, two homes' heads, another checkout's code, a plug-in
 # shipped to a head that cannot import it, the MLflow UI, serve's Ctrl-C, every endpoint through serve, API
 # fuzzing, mask/transfer sweeps through the CLI, the Python API's submit, pip keeping the user's torch, and a
-# real single-node SLURM: finish, scancel + resubmit, time-limit requeue; 29 tests: 27 min 38 s alone on
-# 2026-11-27's machine, 16 min 53 s for 25 at load ~2.5 on an earlier one)
-# run in CI after it (.ci/run).
+# real single-node SLURM: finish, scancel + resubmit, time-limit requeue; 29 tests: 27 min 21 s alone on
+# 2026-11-28's machine), and the multi-host tests (tests/orchestrator/test_multihost.py: hosts as network
+# namespaces; SLURM over 3 compute hosts, finish and scancel + resubmit; Ray with token auth and its ports;
+# the registry on PostgreSQL and MLflow over HTTP across hosts; hub ids without a network; 5 tests, about
+# 13 min alone on 2026-11-28's machine) run in CI after it (.ci/run).
 test: venv
 	$(PY) -m pytest
 

@@ -370,10 +370,11 @@ def test_a_hub_model_and_a_dataset_by_name_run_on_hosts_without_a_network(cluste
     grid.write_text(yaml.safe_dump({**GRID, "name": "hub-ids", "axes": {"seed": [0, 1, 2]},
                                     "base": {**GRID["base"], "model": MODEL_ID, "task": task,
                                              "train": {"max_steps": 4, "batch_size": 4, "eval_every": 4}}}))
-    env = {name: value for name, value in _user_env(cluster, home).items() if not name.startswith(("HF_", "TRANSFORMERS_"))}
-    env |= ray_on_hosts["env"] | {"HEADSWEEP_RAY_DASHBOARD": ray_on_hosts["dashboard"], "RAY_ADDRESS": ray_on_hosts["address"],
-                                  "HF_HUB_CACHE": str(caches / "hub"), "HF_DATASETS_CACHE": str(caches / "datasets"),
-                                  "HF_HUB_ETAG_TIMEOUT": "3", "HF_HUB_DOWNLOAD_TIMEOUT": "3"}
+    env = _user_env(cluster, home) | ray_on_hosts["env"] | {
+        "HEADSWEEP_RAY_DASHBOARD": ray_on_hosts["dashboard"], "RAY_ADDRESS": ray_on_hosts["address"]}
+    env = {name: value for name, value in env.items() if not name.startswith(("HF_", "TRANSFORMERS_"))} | {
+        "HF_HUB_CACHE": str(caches / "hub"), "HF_DATASETS_CACHE": str(caches / "datasets"),
+        "HF_HUB_ETAG_TIMEOUT": "3", "HF_HUB_DOWNLOAD_TIMEOUT": "3"}  # the hub not offline: unreachable
     done = _headsweep(cluster, env, "submit", str(grid), "--wait", timeout=480)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     sweep_id = re.search(r"(sw-\S+):", done.stdout).group(1)
