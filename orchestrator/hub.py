@@ -96,7 +96,10 @@ def resolve_model(model_id: str) -> str:
         if not _complete(folder):  # no safetensors in the repo: its PyTorch bin files
             folder = snapshot_download(model_id, allow_patterns=[*PATTERNS, WEIGHTS[1]])
     except Exception as err:  # noqa: BLE001 - unreachable, unknown, gated: the message says which
-        reason = " ".join(str(err).split())[:200] or type(err).__name__
+        root = err
+        while root.__cause__ is not None or root.__context__ is not None:  # what went wrong first
+            root = root.__cause__ or root.__context__
+        reason = f"{type(root).__name__}: {' '.join(str(root).split())}"[:200]
         raise ConfigError(f"model {model_id!r} is not in the hub cache ({cache}) and could not be downloaded: "
                           f"{reason}") from None
     if not _complete(folder):
