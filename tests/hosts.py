@@ -22,12 +22,13 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from orchestrator.cluster.processes import kill_pids
 
 # Runs as PID 1's child of `unshare`: the host's hostname, its /tmp (its own, bound from the base),
 # then the command.
@@ -155,8 +156,9 @@ class Hosts:
     # ------------------------------------------------------------------ teardown
 
     def kill_host(self, name: str, grace_s: float = 5.0) -> None:
-        """Stop every process on host ``name``: SIGTERM, then SIGKILL after ``grace_s``."""
-        _kill(self.pids(name), grace_s)
+        """Stop every process on host ``name`` (also those it forks meanwhile): SIGTERM, then SIGKILL
+        after ``grace_s``."""
+        kill_pids(lambda: self.pids(name), grace_s)
         for process in self.hosts[name].processes:
             try:
                 process.wait(5)
@@ -181,27 +183,6 @@ class Hosts:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _kill(pids: set[int], grace_s: float) -> None:
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait
-        while pids and time.monotonic() < deadline:
-            pids = {pid for pid in pids if _alive(pid)}
-            time.sleep(0.1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def leftovers(tag_prefix: str = "hs") -> list[str]:

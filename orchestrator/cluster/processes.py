@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -55,18 +56,25 @@ def ray_pids(tmp: str) -> set[int]:
 
 def kill_tree(tmp: str, grace_s: float = 5.0, kill_s: float = 15.0) -> set[int]:
     """SIGTERM every Ray process of the node that uses ``tmp`` (none when ``grace_s`` is 0: a machine that
-    died), then SIGKILL what still lives after ``grace_s``, again and again until none does (``kill_s``
-    at most): a SIGKILLed process stays in /proc until the kernel has torn it down, and a raylet may
-    fork a worker between the listing and the signal. The processes first listed stay targets after
-    their parent died (an orphan is no longer in the tree). The PIDs signalled: empty if none ran."""
-    known = ray_pids(tmp)
+    died), then SIGKILL what still lives after ``grace_s`` (:func:`kill_pids`). The PIDs signalled: empty
+    if none ran."""
+    return kill_pids(lambda: ray_pids(tmp), grace_s, kill_s)
+
+
+def kill_pids(listed: Callable[[], set[int]], grace_s: float = 5.0, kill_s: float = 15.0) -> set[int]:
+    """SIGTERM the processes ``listed()`` names (none when ``grace_s`` is 0), then SIGKILL what still
+    lives after ``grace_s``, again and again until none does (``kill_s`` at most): a SIGKILLed process
+    stays in /proc until the kernel has torn it down, and a parent may fork a child between the listing
+    and the signal, so ``listed()`` is asked again each time. The processes first listed stay targets
+    after their parent died (an orphan is no longer in the tree). The PIDs signalled."""
+    known = listed()
     if grace_s:
         _signal(known, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(_alive_pid(p) for p in known):
         time.sleep(0.1)
     deadline = time.monotonic() + kill_s
-    while (alive := {p for p in known if _alive_pid(p)} | ray_pids(tmp)) and time.monotonic() < deadline:
+    while (alive := {p for p in known if _alive_pid(p)} | listed()) and time.monotonic() < deadline:
         _signal(alive, signal.SIGKILL)
         known |= alive
         time.sleep(0.05)

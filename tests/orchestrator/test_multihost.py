@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hosts  # noqa: E402  (tests/hosts.py: hosts as network namespaces)
 from hub_caches import DATASET_ID, MODEL_ID, dataset_cache, hub_cache  # noqa: E402
 
+from orchestrator.cluster.processes import kill_pids  # noqa: E402
 from orchestrator.registry import Registry  # noqa: E402
 from orchestrator.registry.history import DRIVER_LOST, RESUMED  # noqa: E402
 
@@ -230,7 +231,7 @@ def ray_on_hosts(cluster):
         yield {"env": env, "dashboard": dashboard, "address": f"{head}:{README_PORTS['gcs']}", "token": token}
     finally:
         for name in ("ctl", *COMPUTES):
-            hosts._kill({pid for pid in cluster.pids(name) if _is_ray(pid)}, grace_s=5)
+            kill_pids(lambda name=name: {pid for pid in cluster.pids(name) if _is_ray(pid)}, grace_s=5)
 
 
 def _is_ray(pid: int) -> bool:
