@@ -153,7 +153,7 @@ def history(sweep: dict[str, Any], supervised: Callable[[], bool] = lambda: True
     for event in _node_losses(sweep["events"]):
         kind, detail = event["kind"], event["detail"]
         if kind == WORKER_LOST and len(event["lost"]) > 1:  # a lost node: one line for its runs
-            lines.append(node_lost(event["node"], event["lost"], clock(event["at"])))
+            lines.append(node_lost(event["lost"], clock(event["at"])))
             continue
         if kind == DRIVER_LOST:
             word = {"UNKNOWN": "gone (with its Ray head?)", ALLOCATION_ENDED: "ended with its SLURM allocation"}.get(
@@ -203,20 +203,20 @@ def run_event(kind: str, detail: dict[str, Any], when: str) -> str:
                 f"({', '.join(key[:12] for key in keys[:5])}{', ...' if len(keys) > 5 else ''})")
     then = {"retried": "Tune retried it",
             "failed": "no retry left (max_failures), the run failed; --rerun-failed requeues it"}
-    node = worker_node(detail.get("worker"))
+    where = worker_where(detail.get("worker"))
     return (f"worker of run {detail['run_key'][:12]} died at {when} (attempt {detail['attempt']})"
-            + (f" on node {node[0]} ({node[1]})" if node else "") + f": {then.get(detail['then'], detail['then'])}")
+            + (f" on {where}" if where else "") + f": {then.get(detail['then'], detail['then'])}")
 
 
-def node_lost(node: tuple[str, str], lost: list[dict[str, Any]], when: str) -> str:
-    """One line for the runs whose workers died together on one Ray node ('workers lost on node
-    3f2a9c01 (10.0.0.7) at 14:02: 37 runs rerun by Tune'); ``lost``: their ``worker_lost`` details."""
+def node_lost(lost: list[dict[str, Any]], when: str) -> str:
+    """One line for the runs whose workers died together on one Ray node ('workers lost on gpu7 (Ray
+    node 3f2a9c01, 10.0.0.7) at 14:02: 37 runs rerun by Tune'); ``lost``: their ``worker_lost`` details."""
     retried = sum(detail["then"] == "retried" for detail in lost)
     parts = [f"{_runs(retried)} rerun by Tune"] if retried else []
     if len(lost) > retried:
         parts.append(f"{_runs(len(lost) - retried)} failed, no retry left (max_failures); --rerun-failed "
                      "requeues them")
-    return f"workers lost on node {node[0]} ({node[1]}) at {when}: {'; '.join(parts)}"
+    return f"workers lost on {worker_where(lost[0]['worker'])} at {when}: {'; '.join(parts)}"
 
 
 def _node_losses(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -257,6 +257,16 @@ def worker_node(worker: str | None) -> tuple[str, str] | None:
     """(node id, IP) of a :func:`worker_name`; None for a worker recorded without them (``host:pid``)."""
     found = re.search(r"\[(\w+) ([^\]]+)\]:\d+$", worker or "")
     return (found[1], found[2]) if found else None
+
+
+def worker_where(worker: str | None) -> str:
+    """Where a :func:`worker_name` ran, for a person: 'gpu7 (Ray node 3f2a9c01, 10.0.0.7)' ("" when it
+    was recorded without its node)."""
+    node = worker_node(worker)
+    if node is None:
+        return ""
+    host = (worker or "").split("@", 1)[-1].split("[", 1)[0]
+    return f"{host} (Ray node {node[0]}, {node[1]})"
 
 
 def _runs(n: int) -> str:

@@ -456,8 +456,8 @@ def check_lost_node(registry, sweep_id, runs, registry_runs, finisher, lost, sta
     lost_events = [e for e in events if e["kind"] == "worker_lost"]
     nodes_named = {worker_node(e["detail"]["worker"])[0] for e in lost_events}
     # several runs lost together: one line for the node; a single run: its own line, naming the node
-    line = (f"workers lost on node {lost_node[:8]} (127.0.0.1) at " if len(lost_events) > 1 else
-            f"(attempt 1) on node {lost_node[:8]} (127.0.0.1): ")
+    line = (f"(Ray node {lost_node[:8]}, 127.0.0.1) at " if len(lost_events) > 1 else
+            f"(Ray node {lost_node[:8]}, 127.0.0.1): ")
     said = line in status and (f": {len(lost_events)} runs rerun by Tune" in status if len(lost_events) > 1
                                else "Tune retried it" in status)
     ok = bool(killed) and elsewhere == killed and twice <= on_node and said and nodes_named == {lost_node[:8]}

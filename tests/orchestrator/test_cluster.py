@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -482,7 +483,7 @@ def test_a_lost_node_s_runs_rerun_elsewhere_and_status_names_the_node(home, ray_
     assert {history.worker_node(e["detail"]["worker"]) for e in events} == {(lost_node, "127.0.0.1")}
     told = " ".join(_cli("status", sweep_id).stdout.split())
     assert "finished: 6 of 6 runs finished" in told, told
-    assert f"workers lost on node {lost_node} (127.0.0.1) at " in told and f": {len(lost)} runs rerun by Tune" in told, told
+    assert f"workers lost on {socket.gethostname()} (Ray node {lost_node}, 127.0.0.1) at " in told and f": {len(lost)} runs rerun by Tune" in told, told
 
 
 def test_cluster_yaml_is_valid_for_the_ray_launcher():

@@ -130,14 +130,14 @@ def test_history_says_which_node_was_lost():
               lost("d", "3f2a9c01", "failed", after_s=3), lost("e", "3f2a9c01", after_s=300),
               _event(ORPHANED, run_keys=["f" * 16]) | {"at": at}, lost("g", "3f2a9c01", after_s=301)]
     assert history(_sweep("running", events=events)) == [
-        f"workers lost on node 3f2a9c01 (127.0.0.1) at {hhmm}: 2 runs rerun by Tune; 1 run failed, no retry "
+        f"workers lost on box (Ray node 3f2a9c01, 127.0.0.1) at {hhmm}: 2 runs rerun by Tune; 1 run failed, no retry "
         "left (max_failures); --rerun-failed requeues them",
-        f"worker of run bbbbbbbbbbbb died at {hhmm} (attempt 1) on node 77777777 (127.0.0.1): Tune retried it",
-        f"worker of run eeeeeeeeeeee died at {clock(at + timedelta(seconds=300))} (attempt 1) on node 3f2a9c01 "
-        "(127.0.0.1): Tune retried it",
+        f"worker of run bbbbbbbbbbbb died at {hhmm} (attempt 1) on box (Ray node 77777777, 127.0.0.1): Tune retried it",
+        f"worker of run eeeeeeeeeeee died at {clock(at + timedelta(seconds=300))} (attempt 1) on box (Ray "
+        "node 3f2a9c01, 127.0.0.1): Tune retried it",
         f"1 run orphaned at {hhmm} (worker stopped heartbeating): back to pending (ffffffffffff)",
-        f"worker of run gggggggggggg died at {clock(at + timedelta(seconds=301))} (attempt 1) on node 3f2a9c01 "
-        "(127.0.0.1): Tune retried it",
+        f"worker of run gggggggggggg died at {clock(at + timedelta(seconds=301))} (attempt 1) on box (Ray "
+        "node 3f2a9c01, 127.0.0.1): Tune retried it",
     ]
 
 
