@@ -45,7 +45,9 @@ from pathlib import Path
 
 from experiments.common.sections import ConfigError
 from orchestrator import settings
+from orchestrator.cluster import addresses
 from orchestrator.cluster.processes import (
+    is_loopback,
     kill_tree,
     listening_sockets,
     processes,
@@ -238,6 +240,23 @@ def _head_alive(state: dict) -> bool:
     return wanted <= ports
 
 
+def with_node_address(args: list[str]) -> list[str]:
+    """``ray start``'s ``args`` with ``--node-ip-address`` added where they lack it on a cluster (not
+    in the loopback mode, not joining a head on loopback): :func:`addresses.node_ip`, toward the head
+    for a worker (``--address``); left to Ray's guess when even that cannot tell."""
+    loopback = LOOPBACK_ENV["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
+    head = next((arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+                 for i, arg in enumerate(args) if arg.split("=", 1)[0] == "--address"), None)
+    given = any(arg.split("=", 1)[0] == "--node-ip-address" for arg in args)
+    if given or (head and is_loopback(head.rpartition(":")[0])) or os.environ.get(
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == loopback:
+        return args
+    try:
+        return [*args, f"--node-ip-address={addresses.node_ip(peer=head)}"]
+    except ConfigError:
+        return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m orchestrator.cluster.head start|stop|status``: this home's local Ray head.
 
@@ -246,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = argv if argv is not None else sys.argv[1:] or ["status"]
     command = argv[0]
     if command == "ray-start":
-        os.execv(sys.executable, [sys.executable, "-c", _RAY_START, "start", *argv[1:]])
+        os.execv(sys.executable, [sys.executable, "-c", _RAY_START, "start", *with_node_address(argv[1:])])
     if command == "start":
         print(json.dumps(local_head()))
     elif command == "stop":

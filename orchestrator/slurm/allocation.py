@@ -47,6 +47,7 @@ from pathlib import Path
 
 from experiments.common.sections import ConfigError
 from orchestrator import settings
+from orchestrator.cluster.addresses import node_ip
 from orchestrator.cluster.head import LOOPBACK_ENV, head_ports
 from orchestrator.cluster.jobs import cluster_nodes
 from orchestrator.cluster.processes import is_loopback, kill_tree
@@ -62,54 +63,6 @@ NODE_WAIT_S = 300.0
 def ray_temp_dir(job_id: str) -> str:
     """This job's Ray temp dir on every node: short, for Ray's unix sockets (under 107 bytes)."""
     return f"/tmp/hs-{job_id}"
-
-
-def node_ip(peer: str | None = None) -> str:
-    """This node's address on the cluster network, found without DNS or a default route (compute
-    nodes often have neither): ``HEADSWEEP_NODE_IP`` if set; else, on a worker, the address of the
-    interface toward the head (``peer``); else the NodeAddr SLURM has for this node; else what the
-    hostname resolves to; else the node's one non-loopback IPv4 address. Ray's own guess (the
-    interface toward the default route, else 127.0.0.1) is never taken: on several nodes it is
-    refused."""
-    candidates = [lambda: os.environ.get("HEADSWEEP_NODE_IP", ""), lambda: _route_to(peer),
-                  _slurm_node_addr, lambda: socket.gethostbyname(socket.gethostname()), _only_address]
-    for candidate in candidates:
-        try:
-            address = candidate()
-        except (OSError, subprocess.SubprocessError, ValueError):
-            continue
-        if address and not is_loopback(address):
-            return address
-    raise ConfigError(f"cannot tell {socket.gethostname()}'s address on the cluster network: set HEADSWEEP_NODE_IP "
-                      "in the job's environment (the sbatch script's set-up) to it")
-
-
-def _route_to(peer: str | None) -> str:
-    """The local address the kernel picks to reach ``peer`` (a UDP socket sends nothing to connect)."""
-    if not peer:
-        return ""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((peer.rpartition(":")[0] or peer, 9))
-        return probe.getsockname()[0]
-
-
-def _slurm_node_addr() -> str:
-    """This node's NodeAddr in SLURM (an address, or a name resolved here)."""
-    name = os.environ.get("SLURMD_NODENAME")
-    if not name:
-        return ""
-    shown = subprocess.run(["scontrol", "-o", "show", "node", name], capture_output=True, text=True, timeout=30).stdout
-    addr = next((word.split("=", 1)[1] for word in shown.split() if word.startswith("NodeAddr=")), "")
-    return socket.gethostbyname(addr) if addr else ""
-
-
-def _only_address() -> str:
-    """The one IPv4 address of this node outside loopback ("" when there are several, or none)."""
-    import psutil  # a dependency of Ray's
-
-    found = {a.address for addresses in psutil.net_if_addrs().values() for a in addresses
-             if a.family == socket.AF_INET and not is_loopback(a.address)}
-    return found.pop() if len(found) == 1 else ""
 
 
 def node_command(tmp: str, ports: dict[str, int], cpus: int, gpus: int, ip: str,
