@@ -1,13 +1,15 @@
 """Several hosts on this machine, crossed by a real network: a test cluster of network namespaces.
 
-Each host is a network namespace of its own (``ip netns add``) with one interface (``eth0``), an
-address on a private subnet and no default route, joined to the others through a bridge in a
-"switch" namespace (a veth pair per host), so traffic between hosts crosses a network stack and
-never the machine's own interfaces. A process runs on a host with ``nsenter --net`` (not ``ip netns
-exec``: it remounts /sys and hides /sys/fs/cgroup, and slurmd will not start then) inside ``unshare
---uts --mount``: the host's own hostname, and its own ``/tmp`` (a folder under the cluster's base
-bind-mounted there, as a node's local disk), while everything else, the cluster's shared folder
-among it, is the one filesystem, as an NFS home is on a real cluster. Host names do not resolve
+Each host is a set of namespaces of its own. Its network (``ip netns add``): one interface
+(``eth0``), an address on a private subnet and no default route, joined to the others through a
+bridge in a "switch" namespace (a veth pair per host), so traffic between hosts crosses a network
+stack and never the machine's own interfaces. Its hostname, mounts and PIDs (``unshare --uts --mount
+--pid``, held by a small init, PID 1 of the host): its own ``/tmp`` (a folder under the cluster's base
+bind-mounted there, as a node's local disk) and its own ``/proc``, so a process sees only its host's
+processes (``ray stop``, or a kill by command line, on one host never reaches another's), while
+everything else, the cluster's shared folder among it, is the one filesystem, as an NFS home is on a
+real cluster. A command enters all of them with ``nsenter --target INIT`` (not ``ip netns exec``: it
+remounts /sys and hides /sys/fs/cgroup, and slurmd will not start then). Host names do not resolve
 (/etc/hosts is the machine's, left alone), as on compute nodes without DNS.
 
 Everything is started by PID and stopped by PID (the whole tree, SIGKILL after a grace), the
@@ -23,6 +25,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -30,9 +33,10 @@ from pathlib import Path
 
 from orchestrator.cluster.processes import kill_pids
 
-# Runs as PID 1's child of `unshare`: the host's hostname, its /tmp (its own, bound from the base),
-# then the command.
+# A host's first process, under `unshare`: its hostname, its /tmp (its own, bound from the base), then
+# its init (PID 1 of the host's PID namespace), which reaps the orphans the host's daemons leave.
 _ENTER = 'hostname "$1" && mount --bind "$2" /tmp && shift 2 && exec "$@"'
+_INIT = "import os, time\nwhile True:\n    try:\n        os.wait()\n    except ChildProcessError:\n        time.sleep(0.5)\n"
 
 
 def missing_tools() -> list[str]:
@@ -49,6 +53,7 @@ class Host:
     netns: str
     veth: str  # its end in the switch namespace (cut to take the host off the network)
     tmp: Path  # its node-local /tmp
+    init: int = 0  # PID (on this machine) of its PID namespace's init: commands enter its namespaces
     processes: list[subprocess.Popen] = field(default_factory=list)
 
 
@@ -103,6 +108,27 @@ class Hosts:
             tmp.mkdir(parents=True)
             tmp.chmod(0o1777)
             self.hosts[name] = Host(name, address, netns, veth, tmp)
+            self.hosts[name].init = self._boot(self.hosts[name])
+
+    def _boot(self, host: Host) -> int:
+        """The host's namespaces beside its network: hostname, mounts (its /tmp, its own /proc) and
+        PIDs, held by an init; its PID. A process on one host sees only that host's processes, as on a
+        real machine (``ray stop`` or a kill by command line on one host never reaches another's)."""
+        process = subprocess.Popen(
+            ["nsenter", f"--net=/var/run/netns/{host.netns}", "unshare", "--uts", "--mount", "--propagation", "private",
+             "--pid", "--fork", "--mount-proc", "sh", "-c", _ENTER, "sh", host.name, str(host.tmp),
+             sys.executable, "-c", _INIT], start_new_session=True)
+        host.processes.append(process)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+            for child in (children.read_text().split() if children.exists() else []):
+                if "os.wait()" in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"):
+                    return int(child)
+            if process.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"host {host.name} did not boot (unshare exited {process.poll()})")
 
     def address(self, name: str) -> str:
         return self.hosts[name].address
@@ -117,10 +143,8 @@ class Hosts:
     # ------------------------------------------------------------------ processes on a host
 
     def command(self, name: str, argv: list[str]) -> list[str]:
-        """``argv`` as run on host ``name``: its network, its hostname, its /tmp."""
-        host = self.hosts[name]
-        return ["nsenter", f"--net=/var/run/netns/{host.netns}", "unshare", "--uts", "--mount", "--propagation",
-                "private", "sh", "-c", _ENTER, "sh", host.name, str(host.tmp), *argv]
+        """``argv`` as run on host ``name``: its network, hostname, mounts (its /tmp) and PIDs."""
+        return ["nsenter", f"--target={self.hosts[name].init}", "--net", "--uts", "--mount", "--pid", "--", *argv]
 
     def popen(self, name: str, argv: list[str], **kwargs) -> subprocess.Popen:
         """Start ``argv`` on ``name`` (kwargs as ``subprocess.Popen``'s); stopped by :meth:`close`."""
@@ -331,3 +355,28 @@ def start_mlflow_server(hosts: Hosts, name: str, backend: str, env: dict[str, st
 
     _until(healthy, 120, lambda: f"mlflow server did not start:\n{(hosts.base / f'mlflow-{name}.log').read_text()[-2000:]}")
     return url
+
+
+def start_sshd(hosts: Hosts, names: list[str], home: Path) -> Path:
+    """sshd on each of ``names`` (port 22 of its own address), as on machines reached over SSH: key
+    logins as this user with a key made here, whose sessions see ``home`` as their home (a home on
+    the shared filesystem, as NFS gives; never this machine's own). Returns the private key's path."""
+    ssh = hosts.base / "ssh"
+    ssh.mkdir(mode=0o700)
+    for key in ("host", "user"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"headsweep-test-{key}",
+                        "-f", str(ssh / key)], check=True)
+    (ssh / "authorized_keys").write_text((ssh / "user.pub").read_text())
+    (ssh / "sshd_config").write_text("\n".join([
+        "Port 22", f"HostKey {ssh / 'host'}", f"AuthorizedKeysFile {ssh / 'authorized_keys'}",
+        "PermitRootLogin prohibit-password", "PubkeyAuthentication yes", "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "PidFile /tmp/sshd.pid", "UseDNS no",
+        f"SetEnv HOME={home}", "AcceptEnv LANG", "Subsystem sftp internal-sftp", ""]))
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation folder (Debian's service makes it)
+    for name in names:
+        hosts.popen(name, ["/usr/sbin/sshd", "-D", "-e", "-f", str(ssh / "sshd_config")],
+                    stdout=open(hosts.base / f"sshd-{name}.log", "wb"), stderr=subprocess.STDOUT)
+    for name in names:
+        _until(lambda name=name: any(port == 22 for _, port, _ in hosts.listening(name)), 30,
+               lambda name=name: f"sshd did not start on {name}:\n{(hosts.base / f'sshd-{name}.log').read_text()}")
+    return ssh / "user"

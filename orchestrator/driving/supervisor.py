@@ -55,9 +55,10 @@ JOB_PREFIX = "headsweep-supervisor-"
 # --------------------------------------------------------------------------- doing it
 
 
-def reconcile(registry: Registry, sweep_id: str, stale_after_s: float, tracking_uri: str | None) -> list[str]:
-    """Runs left RUNNING by a dead worker or driver: back to pending, their MLflow runs KILLED.
-    (The driver's, at every start and while it waits; the supervisor's while a driver runs.)"""
+def reconcile(registry: Registry, sweep_id: str, stale_after_s: float, tracking_uri: str | None) -> dict[str, str]:
+    """Runs left RUNNING by a dead worker or driver: back to pending, their MLflow runs KILLED; each
+    run's key with the worker that held it ("" if none). (The driver's, at every start and while it
+    waits; the supervisor's while a driver runs.)"""
     orphans = registry.reset_orphans(sweep_id, stale_after_s)
     if orphans and tracking_uri:
         from orchestrator import tracking
@@ -67,7 +68,7 @@ def reconcile(registry: Registry, sweep_id: str, stale_after_s: float, tracking_
             if orphan.get("mlflow_run_id"):
                 mlflow.set_tag(orphan["mlflow_run_id"], "error", "orphaned: worker stopped heartbeating")
                 mlflow.set_terminated(orphan["mlflow_run_id"], status="KILLED")
-    return [orphan["run_key"] for orphan in orphans]
+    return {orphan["run_key"]: orphan["worker"] or "" for orphan in orphans}
 
 
 def tick(registry: Registry, head: dict[str, str], job=jobs.job_state, start=start_driver) -> list[str]:
@@ -83,7 +84,7 @@ def tick(registry: Registry, head: dict[str, str], job=jobs.job_state, start=sta
         if action and action.kind == "reconcile":
             orphans = reconcile(registry, sweep_id, ORPHAN_AFTER_S, settings.tracking_uri() if tracked else None)
             if orphans:
-                registry.add_event(sweep_id, ORPHANED, {"run_keys": orphans})
+                registry.add_event(sweep_id, ORPHANED, {"run_keys": list(orphans), "workers": list(orphans.values())})
                 done.append(f"{sweep_id}: {len(orphans)} orphaned runs back to pending: {', '.join(orphans)}")
             continue
         if action and action.kind == "lose":

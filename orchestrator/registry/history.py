@@ -199,7 +199,9 @@ def run_event(kind: str, detail: dict[str, Any], when: str) -> str:
     retried it') or for runs reconciled while the driver lived."""
     if kind == ORPHANED:
         keys = detail["run_keys"]
-        return (f"{_runs(len(keys))} orphaned at {when} (worker stopped heartbeating): back to pending "
+        places = sorted({where for where in map(worker_where, detail.get("workers", [])) if where})
+        return (f"{_runs(len(keys))} orphaned at {when}{' on ' + ', '.join(places) if places else ''} (worker "
+                "stopped heartbeating): back to pending "
                 f"({', '.join(key[:12] for key in keys[:5])}{', ...' if len(keys) > 5 else ''})")
     then = {"retried": "Tune retried it",
             "failed": "no retry left (max_failures), the run failed; --rerun-failed requeues it"}

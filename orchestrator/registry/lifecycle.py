@@ -199,15 +199,17 @@ class RunLifecycle(Database):
 
     @retrying
     def reset_orphans(self, sweep_id: str, stale_after_s: float = STALE_AFTER_S) -> list[dict[str, Any]]:
-        """Orphans -> pending (error says why); returns their run_key and mlflow_run_id so
-        the caller can mark those MLflow runs KILLED."""
+        """Orphans -> pending (error says why); returns their run_key, mlflow_run_id (so the caller
+        can mark those MLflow runs KILLED) and the worker that held them (where it ran)."""
         with self._write() as connection:
+            stale = _stale(sweep_id, stale_after_s)
+            held = dict(connection.execute(select(Run.run_key, Run.worker).where(*stale)).all())
             rows = connection.execute(
-                update(Run).where(*_stale(sweep_id, stale_after_s))
+                update(Run).where(*stale, Run.run_key.in_(held))
                 .values(status=RunStatus.PENDING, error=ORPHAN_ERROR, worker=None, updated_at=now())
                 .returning(Run.run_key, Run.mlflow_run_id)
             ).all()
-        return sorted((row._asdict() for row in rows), key=lambda row: row["run_key"])
+        return sorted((row._asdict() | {"worker": held[row.run_key]} for row in rows), key=lambda row: row["run_key"])
 
 
 def _running(run_key: str, worker: str | None) -> list[Any]:

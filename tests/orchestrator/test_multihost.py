@@ -21,6 +21,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import sqlite3
 import sys
 import time
@@ -108,9 +109,9 @@ def _wait_job(cluster, job_id: str, log, timeout: float = 480) -> str:
     return _job_state(cluster, job_id)
 
 
-def _submit_slurm(cluster, env, grid: Path) -> tuple[str, Path]:
+def _submit_slurm(cluster, env, grid: Path, *options: str) -> tuple[str, Path]:
     done = _headsweep(cluster, env, "slurm", str(grid), "--nodes", "3", "--gpus-per-node", "2",
-                      "--cpus-per-node", "2", "--time", "00:20:00")
+                      "--cpus-per-node", "2", "--time", "00:20:00", *options)
     assert done.returncode == 0, done.stderr[-3000:]
     job_id = re.search(r"SLURM job (\d+)", done.stdout).group(1)
     (folder,) = (Path(env["HEADSWEEP_HOME"]) / "slurm").iterdir()
@@ -158,33 +159,53 @@ def test_a_sweep_through_slurm_runs_on_every_host(cluster):
     _finished_once_in_mlflow(home, sweep_id)
 
 
-def test_scancel_mid_sweep_then_the_same_command_resumes_it(cluster):
-    """scancel while runs are running on the hosts; ``headsweep slurm`` again: the next job resumes
-    the sweep, every run finishes exactly once, the history says which job ended and which resumed."""
+@pytest.mark.timeout(1500)
+def test_requeue_at_the_time_limit_then_scancel_then_the_same_command_finish_every_run_once(cluster):
+    """Three allocations of one sweep across the hosts: ``--requeue``'s time-limit warning (SIGUSR1)
+    mid-sweep requeues the job itself; in its next allocation ``scancel`` ends it; ``headsweep slurm``
+    again resumes it: every run finishes exactly once, the history names each allocation that ended and
+    the job that resumed the sweep."""
     home = cluster.shared / "home-cancel"
     grid = cluster.shared / "long.yaml"
     grid.write_text(yaml.safe_dump(LONG))
     env = _user_env(cluster, home)
-    job_id, folder = _submit_slurm(cluster, env, grid)
-    log = lambda: (folder / f"slurm-{job_id}.out").read_text(errors="replace")  # noqa: E731
+    start = time.monotonic()
+    job_id, folder = _submit_slurm(cluster, env, grid, "--requeue")
+    log = lambda job=job_id: (folder / f"slurm-{job}.out").read_text(errors="replace")  # noqa: E731
     _until(lambda: (folder / "sweep").exists(), 240, lambda: log()[-3000:])
     sweep_id = (folder / "sweep").read_text().strip()
     registry = Registry(f"sqlite:///{home}/registry.db")
-    _until(lambda: registry.sweep_counts(sweep_id).get("finished", 0) >= 1
-           and registry.sweep_counts(sweep_id).get("running", 0) >= 1, 300, lambda: log()[-3000:])
-    assert cluster.run("login", ["scancel", job_id], env=cluster.slurm_env).returncode == 0
+
+    def finished_and_running(at_least: int):
+        counts = registry.sweep_counts(sweep_id)
+        return counts.get("finished", 0) >= at_least and counts.get("running", 0) >= 1
+
+    _until(lambda: finished_and_running(1), 300, lambda: log()[-3000:])
+    slurm = cluster.slurm_env
+    assert cluster.run("login", ["scancel", "--batch", "--signal=USR1", job_id], env=slurm).returncode == 0
+    _until(lambda: "Restarts=1" in cluster.run("login", ["scontrol", "-o", "show", "job", job_id], env=slurm).stdout
+           and _job_state(cluster, job_id) == "PENDING", 180, lambda: log()[-3000:])
+    requeued = (registry.sweep_counts(sweep_id), time.monotonic() - start)
+    cluster.run("login", ["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=slurm)  # SLURM holds it ~2 min
+    finished_before = requeued[0].get("finished", 0)
+    _until(lambda: _job_state(cluster, job_id) == "RUNNING" and finished_and_running(finished_before + 1), 400,
+           lambda: log()[-3000:])
+    assert cluster.run("login", ["scancel", job_id], env=slurm).returncode == 0
     assert _wait_job(cluster, job_id, log) == "CANCELLED"
-    interrupted = registry.sweep_counts(sweep_id)
+    cancelled = (registry.sweep_counts(sweep_id), time.monotonic() - start)
     again, _ = _submit_slurm(cluster, env, grid)
-    log_again = lambda: (folder / f"slurm-{again}.out").read_text(errors="replace")  # noqa: E731
-    assert _wait_job(cluster, again, log_again) == "COMPLETED", log_again()[-3000:]
+    assert _wait_job(cluster, again, lambda: log(again)) == "COMPLETED", log(again)[-3000:]
     runs = _runs(home, sweep_id)
     assert [status for status, _, _ in runs] == ["finished"] * 6, runs
+    assert len({host for _, host, _ in runs}) >= 2, runs
     _finished_once_in_mlflow(home, sweep_id)
     about_the_driver = [e for e in registry.events(sweep_id) if e["kind"] in (DRIVER_LOST, RESUMED)]
-    assert [e["kind"] for e in about_the_driver] == [DRIVER_LOST, RESUMED]
-    assert about_the_driver[1]["detail"]["by"] == f"SLURM job {again}"
-    print(f"\ncancelled job {job_id} at {interrupted}; job {again} resumed: runs (status, host, attempts) {runs}")
+    assert [e["kind"] for e in about_the_driver] == [DRIVER_LOST, RESUMED] * 2, about_the_driver
+    assert [e["detail"]["by"] for e in about_the_driver[1::2]] == [f"SLURM job {job_id}", f"SLURM job {again}"]
+    assert "requeued: the next allocation resumes the sweep" in log()
+    print(f"\njob {job_id}: time-limit warning at {requeued[0]} ({requeued[1]:.0f} s), requeued; scancel in its next "
+          f"allocation at {cancelled[0]} ({cancelled[1]:.0f} s); job {again} resumed and finished "
+          f"({time.monotonic() - start:.0f} s in all): runs (status, host, attempts) {runs}")
 
 
 # --------------------------------------------------------------------------- Ray with token auth
@@ -394,3 +415,165 @@ def test_a_hub_model_and_a_dataset_by_name_run_on_hosts_without_a_network(cluste
     assert said[0].startswith(f"headsweep: error: model 'no-such-org/no-model' is not in the hub cache ({caches / 'hub'}) "
                               "and could not be downloaded: "), said
     assert "missing" not in {s["name"] for s in Registry(f"sqlite:///{home}/registry.db").list_sweeps()}
+
+
+# --------------------------------------------------------------------------- cluster-onprem.yaml through `ray up`
+
+ALIVE = ("import json, sys, urllib.request as u; "
+         "r = u.Request(sys.argv[1] + '/nodes?view=summary', headers={'Authorization': 'Bearer ' + sys.argv[2]}); "
+         "print(sum(n['raylet']['state'] == 'ALIVE' for n in json.load(u.urlopen(r, timeout=5))['data']['summary']))")
+
+
+@pytest.mark.timeout(1200)
+def test_cluster_onprem_yaml_through_ray_up_runs_a_sweep_then_ray_down(cluster, services):
+    """README's path for machines reached over SSH, for real: cluster-onprem.yaml with the hosts'
+    addresses (ctl the head, n1-n3 the workers), sshd on each, a home on the shared filesystem with
+    headsweep's venv at ~/hs; ``ray up`` from the login host (Ray's launcher: setup commands over SSH,
+    the head, its autoscaler starting a worker on each worker host over SSH); ``ray exec ... headsweep
+    submit --wait`` on the head; every run once, in PostgreSQL and MLflow's server; ``ray down``
+    leaves no Ray on the head, and the workers' Ray ends with it."""
+    home = cluster.shared / "home-onprem"
+    for folder in (".headsweep", ".ray"):
+        (home / folder).mkdir(parents=True)
+    (home / "hs").symlink_to(Path(sys.executable).parents[1])  # the venv every node has (a shared home)
+    (home / ".bashrc").write_text("")
+    token = secrets.token_urlsafe(32)
+    (home / ".ray" / "auth_token").write_text(token)
+    (home / ".headsweep" / "cluster.env").write_text(
+        f"export HEADSWEEP_DB={services['db']}\nexport HEADSWEEP_TRACKING_URI={services['mlflow']}\n"
+        f"export PGPASSWORD='{DB_PASSWORD}'\nexport HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0\n")
+    key = hosts.start_sshd(cluster, ["ctl", *COMPUTES], home)
+    config = yaml.safe_load((ROOT / "cluster-onprem.yaml").read_text())
+    config["provider"] |= {"head_ip": cluster.address("ctl"), "worker_ips": [cluster.address(n) for n in COMPUTES]}
+    config["auth"] = {"ssh_user": "root", "ssh_private_key": str(key)}
+    launcher = home / "cluster.yaml"
+    launcher.write_text(yaml.safe_dump(config))
+    (home / "grid.yaml").write_text(yaml.safe_dump({**GRID, "name": "onprem", "resources": {"cpus": 0.5}}))
+    env = {"HOME": str(home), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+    ray = str(Path(sys.executable).parent / "ray")
+
+    def launcher_run(*args: str, timeout: float = 600):
+        start = time.monotonic()
+        done = cluster.run("login", [ray, *args, str(launcher)], env=env, cwd=str(home), timeout=timeout)
+        return done, time.monotonic() - start
+
+    def alive() -> int:
+        shown = cluster.run("ctl", [sys.executable, "-c", ALIVE, "http://127.0.0.1:8265", token], timeout=30)
+        return int(shown.stdout.strip() or 0) if shown.returncode == 0 else 0
+
+    try:
+        up, up_s = launcher_run("up", "-y", "--no-config-cache", timeout=600)
+        assert up.returncode == 0, (up.stdout[-3000:], up.stderr[-3000:])
+        start = time.monotonic()
+        _until(lambda: alive() == 4, 300, lambda: f"{alive()} of 4 nodes alive; the head's autoscaler said:\n"
+               + cluster.run("ctl", ["sh", "-c", "tail -30 /tmp/ray/session_latest/logs/monitor.*"]).stdout)
+        joined_s = time.monotonic() - start
+        done = cluster.run("login", [ray, "exec", str(launcher), "headsweep submit ~/grid.yaml --wait"], env=env,
+                           cwd=str(home), timeout=600)
+        assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+        sweep_id = re.search(r"(sw-\S+):", done.stdout).group(1)
+        final = json.loads(cluster.run("login", [sys.executable, "-c", STATE, sweep_id, services["db"]],
+                                       env=env | {"PGPASSWORD": DB_PASSWORD}, cwd=str(ROOT), timeout=60)
+                           .stdout.strip().splitlines()[-1])
+        assert sorted((status, attempts) for status, _, attempts in final.values()) == [("finished", 1)] * 6, final
+        ran_on = sorted({host for _, host, _ in final.values()})
+        assert set(ran_on) <= {"ctl", *COMPUTES} and len(set(ran_on) & set(COMPUTES)) >= 2, final
+        down, down_s = launcher_run("down", "-y", timeout=300)
+        assert down.returncode == 0, (down.stdout[-3000:], down.stderr[-3000:])
+        _until(lambda: not [pid for pid in cluster.pids("ctl") if _is_ray(pid)], 60,
+               lambda: "Ray left on the head after `ray down`")
+        start = time.monotonic()
+        _until(lambda: not [pid for name in COMPUTES for pid in cluster.pids(name) if _is_ray(pid)], 180,
+               lambda: "the workers' Ray outlived the head by 180 s after `ray down`")
+        print(f"\nray up {up_s:.0f} s; 3 workers joined {joined_s:.0f} s later; sweep of 6 runs on {ran_on}; "
+              f"ray down {down_s:.0f} s; workers' Ray gone {time.monotonic() - start:.0f} s after")
+    finally:
+        for name in ("ctl", *COMPUTES):
+            kill_pids(lambda name=name: {pid for pid in cluster.pids(name) if _is_ray(pid)}, grace_s=5)
+
+
+# --------------------------------------------------------------------------- a host cut off
+
+
+STATE = """
+import json, sys
+from orchestrator.registry import Registry
+registry = Registry(sys.argv[2])
+runs = {key: registry.get_run(key) for key in registry.sweep_runs(sys.argv[1])["run_key"]}
+print(json.dumps({key: [run["status"], (run["worker"] or "").split("@")[-1].split("[")[0] if "@" in (run["worker"] or "")
+                        else "", run["attempts"]] for key, run in runs.items()}))
+"""
+
+
+@pytest.mark.timeout(1500)
+def test_a_worker_host_cut_off_mid_sweep_its_runs_rerun_on_the_others(cluster, services):
+    """One compute host's network cut while it runs trials (its switch port down: its processes live
+    on, unreachable, and so are the registry on PostgreSQL and MLflow's server to them). Ray marks the
+    node dead, or the supervisor sees its runs' heartbeats stop first: either way its runs run again on
+    the other hosts; SLURM's job goes on (``--no-kill``); ``headsweep status`` names the host. The host
+    back, it is left out cleanly (its raylet, marked dead, exits: no Ray of the job is left on it), and
+    the sweep finishes with every run once."""
+    home = cluster.shared / "home-cut"
+    grid = cluster.shared / "cut.yaml"
+    grid.write_text(yaml.safe_dump({**GRID, "name": "multihost-cut",
+                                    "base": {**GRID["base"], "train": {"max_steps": 3000, "batch_size": 8, "eval_every": 1000}}}))
+    env = _user_env(cluster, home, HEADSWEEP_DB=services["db"], HEADSWEEP_TRACKING_URI=services["mlflow"],
+                    PGPASSWORD=DB_PASSWORD)
+    job_id, folder = _submit_slurm(cluster, env, grid)
+    log = lambda: (folder / f"slurm-{job_id}.out").read_text(errors="replace")  # noqa: E731
+    _until(lambda: (folder / "sweep").exists(), 240, lambda: log()[-3000:])
+    sweep_id = (folder / "sweep").read_text().strip()
+    head = re.search(r"Ray: 3 node\(s\), head (\S+):", log()).group(1)
+    victim = next(name for name in reversed(COMPUTES) if cluster.address(name) != head)
+
+    def state() -> dict[str, list]:
+        done = cluster.run("login", [sys.executable, "-c", STATE, sweep_id, services["db"]], env=env, cwd=str(ROOT),
+                           timeout=60)
+        return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {}
+
+    cut: list[str] = []
+
+    def running_on_victim() -> bool:
+        cut[:] = [key for key, (status, host, _) in state().items() if status == "running" and host == victim]
+        return bool(cut)
+
+    _until(running_on_victim, 300, lambda: log()[-3000:])
+    start = time.monotonic()
+    cluster.cut(victim)
+    try:
+        _until(lambda: all(state().get(key, ["", victim])[1] not in ("", victim) for key in cut), 400,
+               lambda: f"the cut host's runs did not move: {state()}\n{log()[-3000:]}")
+        moved_s = time.monotonic() - start
+    finally:
+        cluster.restore(victim)
+    head_host = next(name for name in COMPUTES if cluster.address(name) == head)
+    kept = cluster.shared / "driver-logs"
+
+    def ended() -> bool:  # the driver's and trials' Ray logs, kept as the job goes (the job removes them)
+        # session_latest is an absolute link, into the host's own /tmp: read the session folder itself
+        logs = cluster.hosts[head_host].tmp / f"hs-{job_id}"
+        lost = cluster.hosts[victim].tmp / f"hs-{job_id}"
+        for path in [*logs.glob("session_2*/logs/job-driver-*.log"), *logs.glob("session_2*/logs/raylet.out"),
+                     *logs.glob("session_2*/logs/gcs_server.out"), *lost.glob("session_2*/logs/raylet.out")]:
+            kept.mkdir(exist_ok=True)
+            shutil.copy(path, kept / f"{path.parents[2] == lost and victim or 'head'}-{path.name}")
+        return _job_state(cluster, job_id) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
+
+    _until(ended, 900, lambda: log()[-3000:])
+    drivers = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(kept.glob("head-job-driver-*.log")))
+    assert _job_state(cluster, job_id) == "COMPLETED", f"{log()[-2000:]}\n--- the driver's log:\n{drivers}"
+    final = state()
+    assert sorted(status for status, _, _ in final.values()) == ["finished"] * 6, final
+    assert all(final[key][1] != victim and final[key][2] >= 2 for key in cut), (cut, final)
+    checked = cluster.run("login", [sys.executable, "-c", CHECK, sweep_id, services["db"], services["mlflow"]],
+                          env=env, cwd=str(ROOT), timeout=120)
+    children = [run for run in json.loads(checked.stdout.strip().splitlines()[-1])["mlflow"] if run[2]]
+    assert sorted(key for status, _, key, _ in children if status == "FINISHED") == sorted(final), children
+    told = _headsweep(cluster, env, "status", sweep_id).stdout
+    lines = [line for line in told.splitlines() if f" on {victim} (Ray node " in line]  # lost or orphaned there
+    print(f"\n{victim} ({cluster.address(victim)}) cut with {len(cut)} run(s) on it; they ran again elsewhere "
+          f"{moved_s:.0f} s later; runs (status, host, attempts): {sorted(final.values())}; status: {lines}")
+    assert lines and f", {cluster.address(victim)})" in lines[0], told
+    ray_left = [pid for pid in cluster.pids(victim) if _is_ray(pid)]
+    assert not ray_left, f"Ray processes left on {victim} after the job: {ray_left}"

@@ -108,6 +108,11 @@ def test_history_names_orphans_and_lost_workers():
     assert lines[1].startswith(f"worker of run aa2a9c01d4e5 died at {hhmm} (attempt 2): no retry left")
     assert "--rerun-failed" in lines[1]
     assert lines[2] == f"1 run orphaned at {hhmm} (worker stopped heartbeating): back to pending (bb2a9c01d4e5)"
+    on_node = {"kind": ORPHANED, "at": at, "detail": {"run_keys": ["cc2a9c01d4e5ffff", "dd2a9c01d4e5ffff"], "workers": [
+        "t1_0001@n3[3f2a9c01 10.0.0.7]:41", "t2_0002@n3[3f2a9c01 10.0.0.7]:42"]}}
+    assert history(_sweep("running", events=[on_node])) == [
+        f"2 runs orphaned at {hhmm} on n3 (Ray node 3f2a9c01, 10.0.0.7) (worker stopped heartbeating): back to "
+        "pending (cc2a9c01d4e5, dd2a9c01d4e5)"]
 
 
 def test_history_says_which_node_was_lost():
@@ -247,7 +252,8 @@ def test_tick_reconciles_orphans_while_the_driver_runs(registry_url):
         fake.states["d0"] = "RUNNING"
         did = supervisor.tick(registry, {"dashboard": "", "address": ""}, fake.job, fake.start)
         assert did == [f"{sweep_id}: 1 orphaned runs back to pending: {first}"]
-        assert [(e["kind"], e["detail"]) for e in registry.events(sweep_id)] == [(ORPHANED, {"run_keys": [first]})]
+        assert [(e["kind"], e["detail"]) for e in registry.events(sweep_id)] == [
+            (ORPHANED, {"run_keys": [first], "workers": ["dead-trial@host:1"]})]
         assert registry.get_run(first)["status"] == "pending" and registry.get_run(second)["status"] == "running"
         assert fake.started == []
 
