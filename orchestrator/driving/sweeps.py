@@ -94,7 +94,8 @@ def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, t
 
 
 def resume(sweep_id: str, track: bool = True, by: str | None = None) -> str | None:
-    """Start a new driver over what is not finished; refuses while the old driver still runs.
+    """Start a new driver over what is not finished (their hub models resolved again, as at submit);
+    refuses while the old driver still runs.
     Recorded in the sweep's history (``by``: who, when not a person, e.g. "SLURM job 4242"); its
     automatic resumes start again from 0 (and its supervisor is started if none runs)."""
     registry = Registry(settings.registry_url())
@@ -102,6 +103,10 @@ def resume(sweep_id: str, track: bool = True, by: str | None = None) -> str | No
     if driver_alive(sweep):
         raise ConfigError(f"sweep {sweep_id} is still running (driver {sweep['driver']}); cancel it first")
     registry.set_sweep(sweep_id, cancel_requested=False)
+    unfinished = set(registry.unfinished(sweep_id))
+    runs = registry.sweep_runs(sweep_id)
+    # its hub models into this host's cache again (a resume elsewhere, or after the cache was cleaned)
+    hub.resolve([config for key, config in zip(runs["run_key"], runs["config"], strict=True) if key in unfinished])
     where = cluster_in_use()
     driver = start_driver(registry, sweep_id, where, track=track)
     registry.add_event(sweep_id, RESUMED, {"driver": driver, "auto": False} | ({"by": by} if by else {}))

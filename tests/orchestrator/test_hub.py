@@ -51,7 +51,10 @@ def test_hub_ids_are_told_from_the_models_headsweep_knows(tmp_path):
     configs = [{"model": "tiny-bert"}, {"model": "random:FacebookAI/roberta-base"},
                {"model": "minilm-l6", "init_from": {"model": MODEL_ID}}, {"teacher": [{"model": MODEL_ID}]}]
     assert hub_models(configs) == ["FacebookAI/roberta-base", MODEL_ID]
-    from orchestrator.driving.grid import expand, parse_grid  # what submit hands it: validated RunConfigs
+    from orchestrator.driving.grid import (  # what submit hands it: validated RunConfigs
+        expand,
+        parse_grid,
+    )
 
     grid = parse_grid({"name": "g", "base": {"model": "tiny-bert", "task": {"name": "synthetic-cls"}},
                        "axes": {"model": ["tiny-bert", MODEL_ID, "random:org/other"]}})
@@ -107,3 +110,33 @@ def test_a_dataset_by_name_loads_offline_from_a_filled_cache(tmp_path):
                      {"HF_DATASETS_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
     assert load.returncode == 0, load.stderr[-2000:]
     assert load.stdout.strip() == "2 {'sentence': 'good', 'label': 1}"
+
+
+RESUME = """
+import sys
+from experiments.common.sections import ConfigError
+from orchestrator import settings
+from orchestrator.driving import sweeps
+from orchestrator.driving.grid import expand, parse_grid
+from orchestrator.registry import Registry
+spec = parse_grid({"name": "resume-hub", "base": {"model": sys.argv[1], "task": "synthetic-cls"}, "axes": {"seed": [0, 1]}})
+registry = Registry(settings.registry_url())
+sweep_id, _ = registry.create_sweep(spec.name, "", expand(spec), {"cpus": 1}, 1, 0)
+try:
+    sweeps.resume(sweep_id)
+    print("resumed")
+except ConfigError as err:
+    print("error:", err)
+"""
+
+
+def test_a_resume_resolves_the_hub_models_again(tmp_path):
+    """A sweep resumed on a host (or after a cache clean) whose cache lacks its hub model: the resume
+    stops with submit's one line, before any driver starts (the trials, offline, would fail one by one)."""
+    cache = hub_cache(tmp_path / "hub")
+    env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HEADSWEEP_HOME": str(tmp_path / "home")}
+    done = _in_child(RESUME.replace("sys.argv[1]", repr("no-such-org/no-model")), env)
+    assert done.stdout.strip().splitlines()[-1:] == [
+        f"error: model 'no-such-org/no-model' is not in the hub cache ({cache}) and the hub is offline here "
+        "(HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE): unset it where the hub is reachable, or fill that cache first"], \
+        done.stderr[-2000:]
