@@ -6,9 +6,10 @@ bridge in a "switch" namespace (a veth pair per host), so traffic between hosts 
 stack and never the machine's own interfaces. Its hostname, mounts and PIDs (``unshare --uts --mount
 --pid``, held by a small init, PID 1 of the host): its own ``/tmp`` (a folder under the cluster's base
 bind-mounted there, as a node's local disk) and its own ``/proc``, so a process sees only its host's
-processes (``ray stop``, or a kill by command line, on one host never reaches another's), while
-everything else, the cluster's shared folder among it, is the one filesystem, as an NFS home is on a
-real cluster. A command enters all of them with ``nsenter --target INIT`` (not ``ip netns exec``: it
+processes (``ray stop``, or a kill by command line, on one host never reaches another's); the user's
+home is the cluster's shared one (``Hosts.home``, bound over this machine's home, whose Python
+toolchain folders are bound back in), as an NFS home is on a real cluster; everything else is the one
+filesystem, the cluster's shared folder among it. A command enters all of them with ``nsenter --target INIT`` (not ``ip netns exec``: it
 remounts /sys and hides /sys/fs/cgroup, and slurmd will not start then). Host names do not resolve
 (/etc/hosts is the machine's, left alone), as on compute nodes without DNS.
 
@@ -33,10 +34,22 @@ from pathlib import Path
 
 from orchestrator.cluster.processes import kill_pids
 
-# A host's first process, under `unshare`: its hostname, its /tmp (its own, bound from the base), then
-# its init (PID 1 of the host's PID namespace), which reaps the orphans the host's daemons leave.
-_ENTER = 'hostname "$1" && mount --bind "$2" /tmp && shift 2 && exec "$@"'
+# A host's first process, under `unshare`: its hostname, its /tmp (its own, bound from the base), the
+# user's home: the cluster's shared one (bound over this machine's, whose Python toolchain folders are
+# bound back into it), then its init (PID 1 of the host's PID namespace), which reaps the orphans the
+# host's daemons leave.
+_ENTER = """hostname "$1" && mount --bind "$2" /tmp && real="$3" && home="$4" && shift 4 &&
+mkdir /tmp/.machine-home && mount --bind "$real" /tmp/.machine-home && mount --bind "$home" "$real" &&
+for kept in $HOSTS_TOOLCHAIN; do mkdir -p "$real/$kept" && mount --bind "/tmp/.machine-home/$kept" "$real/$kept"; done &&
+exec "$@"
+"""
 _INIT = "import os, time\nwhile True:\n    try:\n        os.wait()\n    except ChildProcessError:\n        time.sleep(0.5)\n"
+
+
+def _toolchain(home: Path) -> list[str]:
+    """The folders of ``home`` this Python lives in (e.g. ``.pyenv``), kept visible on every host."""
+    places = {Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable))}
+    return sorted({place.relative_to(home).parts[0] for place in places if place.is_relative_to(home)})
 
 
 def missing_tools() -> list[str]:
@@ -67,6 +80,7 @@ class Hosts:
         self.subnet = f"10.{200 + tag // 256 % 50}.{tag % 256}"
         self.base = Path(base or tempfile.mkdtemp(prefix=f"hosts-{self.tag}-", dir="/var/tmp"))
         self.shared = self.base / "shared"  # the cluster's shared filesystem (a home on NFS)
+        self.home = self.shared / "home"  # the user's home on every host (~ there; this machine's is left alone)
         self.switch = f"{self.tag}-sw"
         self.hosts: dict[str, Host] = {}
         self.names = names
@@ -88,6 +102,7 @@ class Hosts:
     def _start(self) -> None:
         self.shared.mkdir(parents=True, exist_ok=True)
         self.shared.chmod(0o755)
+        self.home.mkdir(mode=0o700)
         self._ip("netns", "add", self.switch)
         self.up = True
         self._ip("link", "add", "br0", "type", "bridge", netns=self.switch)
@@ -114,10 +129,12 @@ class Hosts:
         """The host's namespaces beside its network: hostname, mounts (its /tmp, its own /proc) and
         PIDs, held by an init; its PID. A process on one host sees only that host's processes, as on a
         real machine (``ray stop`` or a kill by command line on one host never reaches another's)."""
+        real = Path.home()
         process = subprocess.Popen(
             ["nsenter", f"--net=/var/run/netns/{host.netns}", "unshare", "--uts", "--mount", "--propagation", "private",
-             "--pid", "--fork", "--mount-proc", "sh", "-c", _ENTER, "sh", host.name, str(host.tmp),
-             sys.executable, "-c", _INIT], start_new_session=True)
+             "--pid", "--fork", "--mount-proc", "sh", "-c", _ENTER, "sh", host.name, str(host.tmp), str(real),
+             str(self.home), sys.executable, "-c", _INIT],
+            env=os.environ | {"HOSTS_TOOLCHAIN": " ".join(_toolchain(real))}, start_new_session=True)
         host.processes.append(process)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -346,21 +363,22 @@ def start_mlflow_server(hosts: Hosts, name: str, backend: str, env: dict[str, st
     hosts.popen(name, [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
                        "--artifacts-destination", "/tmp/mlartifacts", "--host", address, "--port", str(port),
                        "--workers", "1", "--allowed-hosts", f"{address}:{port},{address}"],
-                env=env, cwd="/tmp", stdout=open(hosts.base / f"mlflow-{name}.log", "wb"), stderr=subprocess.STDOUT)
+                env=env | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # no Huey job consumers (as `headsweep ui`)
+                cwd="/tmp", stdout=open(hosts.base / f"mlflow-{name}.log", "wb"), stderr=subprocess.STDOUT)
     url = f"http://{address}:{port}"
     probe = f"import urllib.request as u; print(u.urlopen('{url}/health', timeout=3).status)"
 
     def healthy() -> bool:
         return hosts.run(name, [sys.executable, "-c", probe], timeout=30).stdout.strip() == "200"
 
-    _until(healthy, 120, lambda: f"mlflow server did not start:\n{(hosts.base / f'mlflow-{name}.log').read_text()[-2000:]}")
+    _until(healthy, 300, lambda: f"mlflow server did not start:\n{(hosts.base / f'mlflow-{name}.log').read_text()[-2000:]}")
     return url
 
 
-def start_sshd(hosts: Hosts, names: list[str], home: Path) -> Path:
+def start_sshd(hosts: Hosts, names: list[str]) -> Path:
     """sshd on each of ``names`` (port 22 of its own address), as on machines reached over SSH: key
-    logins as this user with a key made here, whose sessions see ``home`` as their home (a home on
-    the shared filesystem, as NFS gives; never this machine's own). Returns the private key's path."""
+    logins as this user with a key made here (their home is the hosts' shared one, never this
+    machine's). Returns the private key's path."""
     ssh = hosts.base / "ssh"
     ssh.mkdir(mode=0o700)
     for key in ("host", "user"):
@@ -371,7 +389,7 @@ def start_sshd(hosts: Hosts, names: list[str], home: Path) -> Path:
         "Port 22", f"HostKey {ssh / 'host'}", f"AuthorizedKeysFile {ssh / 'authorized_keys'}",
         "PermitRootLogin prohibit-password", "PubkeyAuthentication yes", "PasswordAuthentication no",
         "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "PidFile /tmp/sshd.pid", "UseDNS no",
-        f"SetEnv HOME={home}", "AcceptEnv LANG", "Subsystem sftp internal-sftp", ""]))
+        "AcceptEnv LANG", "Subsystem sftp internal-sftp", ""]))
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation folder (Debian's service makes it)
     for name in names:
         hosts.popen(name, ["/usr/sbin/sshd", "-D", "-e", "-f", str(ssh / "sshd_config")],

@@ -23,6 +23,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
         "--host", args.host, "--port", str(args.port), "--workers", "1",
     ]
     console.print(f"MLflow UI for {uri} at http://{args.host}:{args.port}")
+    # the UI needs none of MLflow's server-side jobs (GenAI optimisation): no Huey consumers (~8 processes)
+    os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     os.execv(sys.executable, command)
     return 0  # not reached
 

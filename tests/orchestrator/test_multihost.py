@@ -432,7 +432,7 @@ def test_cluster_onprem_yaml_through_ray_up_runs_a_sweep_then_ray_down(cluster, 
     the head, its autoscaler starting a worker on each worker host over SSH); ``ray exec ... headsweep
     submit --wait`` on the head; every run once, in PostgreSQL and MLflow's server; ``ray down``
     leaves no Ray on the head, and the workers' Ray ends with it."""
-    home = cluster.shared / "home-onprem"
+    home = cluster.home  # ~ on every host (a shared home, as NFS gives)
     for folder in (".headsweep", ".ray"):
         (home / folder).mkdir(parents=True)
     (home / "hs").symlink_to(Path(sys.executable).parents[1])  # the venv every node has (a shared home)
@@ -441,15 +441,16 @@ def test_cluster_onprem_yaml_through_ray_up_runs_a_sweep_then_ray_down(cluster, 
     (home / ".ray" / "auth_token").write_text(token)
     (home / ".headsweep" / "cluster.env").write_text(
         f"export HEADSWEEP_DB={services['db']}\nexport HEADSWEEP_TRACKING_URI={services['mlflow']}\n"
-        f"export PGPASSWORD='{DB_PASSWORD}'\nexport HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0\n")
-    key = hosts.start_sshd(cluster, ["ctl", *COMPUTES], home)
+        f"export PGPASSWORD='{DB_PASSWORD}'\nexport HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0\n"
+        "export RAY_raylet_start_wait_time_s=180\n")  # `ray start`'s wait for its raylet (30 s) on a loaded machine
+    key = hosts.start_sshd(cluster, ["ctl", *COMPUTES])
     config = yaml.safe_load((ROOT / "cluster-onprem.yaml").read_text())
     config["provider"] |= {"head_ip": cluster.address("ctl"), "worker_ips": [cluster.address(n) for n in COMPUTES]}
     config["auth"] = {"ssh_user": "root", "ssh_private_key": str(key)}
     launcher = home / "cluster.yaml"
     launcher.write_text(yaml.safe_dump(config))
     (home / "grid.yaml").write_text(yaml.safe_dump({**GRID, "name": "onprem", "resources": {"cpus": 0.5}}))
-    env = {"HOME": str(home), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    env = {"HOME": str(Path.home()), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
     ray = str(Path(sys.executable).parent / "ray")
 
