@@ -398,3 +398,35 @@ def start_sshd(hosts: Hosts, names: list[str]) -> Path:
         _until(lambda name=name: any(port == 22 for _, port, _ in hosts.listening(name)), 30,
                lambda name=name: f"sshd did not start on {name}:\n{(hosts.base / f'sshd-{name}.log').read_text()}")
     return ssh / "user"
+
+
+def clean_dead() -> list[str]:
+    """Delete what a ``Hosts`` of a process that is gone left (its namespaces' processes killed, the
+    namespaces deleted, its base removed): after a test run killed by a signal. Returns the namespaces."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
+    dead = sorted({name.split()[0] for name in listed if name.startswith("hs") and "-" in name.split()[0]
+                   and name[2:].split("-")[0].isdigit() and not _alive_tag(int(name[2:].split("-")[0]))})
+    for netns in dead:
+        kill_pids(lambda netns=netns: {int(pid) for pid in subprocess.run(
+            ["ip", "netns", "pids", netns], capture_output=True, text=True).stdout.split()}, grace_s=2)
+    for netns in dead:
+        subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
+    for netns in dead:
+        for base in Path("/var/tmp").glob(f"hosts-{netns.split('-')[0]}-*"):
+            shutil.rmtree(base, ignore_errors=True)
+    return dead
+
+
+def _alive_tag(tag: int) -> bool:
+    """Whether a live process could own tag ``tag`` (PID % 50,000)."""
+    def pytest(pid: str) -> bool:
+        try:
+            return b"pytest" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:  # gone meanwhile
+            return False
+
+    return any(int(pid) % 50_000 == tag and pytest(pid) for pid in os.listdir("/proc") if pid.isdigit())
+
+
+if __name__ == "__main__":  # python tests/hosts.py: clean up after a killed test run
+    print("deleted:", " ".join(clean_dead()) or "nothing")
