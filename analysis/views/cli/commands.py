@@ -29,6 +29,7 @@ from analysis.views.cli.common import (
     bad_input_is_config_error,
     fmt3,
     load,
+    registry,
     null_cells,
     out,
     signed,
@@ -49,6 +50,54 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+# --------------------------------------------------------------------------- runs
+
+
+def _check_format(args: argparse.Namespace) -> None:
+    if args.format not in FORMATS:
+        raise ConfigError(f"--format: unknown format '{args.format}'{suggest(args.format, FORMATS)}")
+    if args.format == "parquet" and not args.out:
+        raise ConfigError("--format parquet writes a binary file: give --out FILE.parquet")
+
+
+@bad_input_is_config_error
+def cmd_runs(args: argparse.Namespace) -> int:
+    """The run table (``analysis.questions.run_table``): one row per run, every column."""
+    from analysis.questions.run_table import run_table
+
+    _check_format(args)
+    data, where = load(args)
+    table = run_table(data, where, registry(args).get_sweep(data.sweep_id)["grid"], args.artifact_uris)
+    if args.format != "table":
+        write_rows(table.rows, args.format, args.out, table.columns)
+        if args.out:
+            out.print(f"{len(table.rows)} runs -> {args.out}")
+        return 0
+    out.print(_runs_table(table, f"runs of {args.sweep}" + (f" where {args.where}" if args.where else "")))
+    return 0
+
+
+_NOT_SHOWN = ("group_key", "started_at", "finished_at", "artifact_uri", "maps")
+
+
+def _runs_table(table, title: str) -> Table:
+    """The columns whose values differ between the runs (the run key short), the constant ones in the
+    caption; every column with --format csv, json or parquet."""
+    rows = table.rows
+    shown = [c for c in table.columns if c not in _NOT_SHOWN and (c == "run_key" or len({str(r[c]) for r in rows}) > 1)]
+    constant = [c for c in table.columns if c not in shown and c not in _NOT_SHOWN and rows
+                and rows[0][c] not in (None, "") and len({str(r[c]) for r in rows}) == 1]
+    caption = "  ".join(f"{c}: {_fmt(rows[0][c])}" for c in constant)
+    caption += f"\n{len(rows)} runs; every column ({len(table.columns)}): --format csv|json|parquet"
+    view = Table(title=title, caption=caption.strip(), box=box.SIMPLE, pad_edge=False)
+    for column in shown:
+        view.add_column(column, no_wrap=True,
+                        justify="right" if column.startswith(("metrics.", "duration")) else "left")
+    for row in rows:
+        view.add_row(*(row[c][:12] if c == "run_key" else _fmt(row[c]) for c in shown))
+    return view
+
+
 # --------------------------------------------------------------------------- results
 
 
@@ -57,10 +106,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     """Mean, std, n and 95 % CI of a metric per group."""
     from analysis.questions import results
 
-    if args.format not in FORMATS:
-        raise ConfigError(f"--format: unknown format '{args.format}'{suggest(args.format, FORMATS)}")
-    if args.format == "parquet" and not args.out:
-        raise ConfigError("--format parquet writes a binary file: give --out FILE.parquet")
+    _check_format(args)
     data, where = load(args)
     group_by = [a.strip() for a in (args.group_by or "").split(",") if a.strip()]
     metric, rows = results.results(data, group_by, args.metric, where)
@@ -272,10 +318,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     os._exit(0)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``results``, ``agreement``, ``figures`` and ``serve`` to the main CLI."""
+def register(subparsers: argparse._SubParsersAction, artifact_uris=None) -> None:
+    """Add the analysis commands to the main CLI; ``artifact_uris``: the run table's lookup of MLflow
+    artifact URIs (``analysis.questions.run_table.ArtifactUris``), for ``runs`` and ``serve``."""
     db_help = "registry URL (default: $HEADSWEEP_DB or the HEADSWEEP_HOME SQLite file)"
-    where_help = "only these runs, e.g. task:sst2,pipeline:dp,seed:0|1"
+    where_help = ("only these runs, e.g. 'metrics.accuracy > 0.8 and params.train.lr = 3e-4 and seed != 1' "
+                  "or task:sst2,seed:0|1")
+
+    p = subparsers.add_parser("runs", help="the run table: labels, status, times, MLflow run, params.*, metrics.*")
+    p.add_argument("sweep", help=SWEEP_HELP)
+    p.add_argument("--where", help=where_help)
+    p.add_argument("--format", default="table", help=f"one of {', '.join(FORMATS)}")
+    p.add_argument("--out", help="write the answer to this file instead of stdout (required for parquet)")
+    p.add_argument("--db", help=db_help)
+    p.set_defaults(func=cmd_runs, artifact_uris=artifact_uris)
 
     p = subparsers.add_parser("results", help="a metric's mean, std, n and 95%% CI per group")
     p.add_argument("sweep", help=SWEEP_HELP)

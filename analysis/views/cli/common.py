@@ -26,7 +26,8 @@ SWEEP_HELP = "a sweep id, or 'last' (the newest sweep)"
 out = Console(width=None if sys.stdout.isatty() else 100_000)
 
 
-def _registry(args: argparse.Namespace):
+def registry(args: argparse.Namespace):
+    """The registry's reader the command reads (``--db``, else the CLI's)."""
     from orchestrator import settings
     from orchestrator.registry.reader import RegistryReader
 
@@ -39,7 +40,7 @@ def load(args: argparse.Namespace):
     from analysis.data import select
     from analysis.data.loading import open_sweep
 
-    return open_sweep(_registry(args), args.sweep), select.parse_filter(args.where or "")
+    return open_sweep(registry(args), args.sweep), select.parse_filter(args.where)
 
 
 def bad_input_is_config_error(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -58,19 +59,20 @@ def bad_input_is_config_error(handler: Callable[[argparse.Namespace], int]) -> C
     return wrapper
 
 
-def write_rows(rows: list[dict[str, Any]], fmt: str, path: str | None) -> None:
-    """``rows`` as parquet (to ``path``), json or csv (to ``path``, or stdout without one)."""
+def write_rows(rows: list[dict[str, Any]], fmt: str, path: str | None, columns: list[str] | None = None) -> None:
+    """``rows`` as parquet (to ``path``), json or csv (to ``path``, or stdout without one); ``columns``:
+    their order (default: the first row's keys)."""
+    columns = list(columns if columns is not None else rows[0] if rows else [])
     if fmt == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pandas as pd
 
-        pq.write_table(pa.Table.from_pylist(rows), path)
+        pd.DataFrame(rows, columns=columns).to_parquet(path, index=False)
         return
     if fmt == "json":
         text = json.dumps(rows, indent=1) + "\n"
     else:
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else [], lineterminator="\n")
+        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
         text = buf.getvalue()

@@ -28,7 +28,7 @@ from fastapi_offline import FastAPIOffline
 from analysis.data import select
 from analysis.data.select import QueryError
 from analysis.data.sweep import AXES, SweepData
-from analysis.questions import masks, results
+from analysis.questions import masks, results, run_table
 from analysis.questions.agreement import across_runs, compare
 from analysis.views import answers, figure_plan
 from analysis.views.service.cache import State
@@ -41,7 +41,6 @@ from analysis.views.service.models import (
     FigureOut,
     FiguresOut,
     MaskIouOut,
-    RunOut,
     RunsPage,
     SpearmanOut,
     SweepDetailOut,
@@ -81,8 +80,9 @@ Time grows with units per run, and with seeds per cell (10 seeds: ~2x per run)."
 # --------------------------------------------------------------------------- the app
 
 
-def build_app(registry_url: str) -> FastAPI:
-    """The FastAPI app over the registry at ``registry_url`` (no Ray needed)."""
+def build_app(registry_url: str, artifact_uris: run_table.ArtifactUris | None = None) -> FastAPI:
+    """The FastAPI app over the registry at ``registry_url`` (no Ray needed); ``artifact_uris`` reads
+    the runs' artifact URIs from the MLflow store (``headsweep.api.mlflow_artifact_uris``; none: null)."""
     state = State(registry_url)
     errors = {code: {"model": ErrorOut} for code in (400, 404, 422)}
     # /docs and /redoc load Swagger UI and ReDoc from the fastapi-offline package, not from a CDN:
@@ -117,17 +117,20 @@ def build_app(registry_url: str) -> FastAPI:
         history = sweep_history(sweep | {"events": state.registry.events(sweep_id)})
         return sweep_out(sweep, SweepDetailOut, axes=axes, metrics=sorted(data.metrics), history=history)
 
-    @app.get("/sweeps/{sweep_id}/runs", response_model=RunsPage, summary="Runs, filtered by any axis")
-    def list_runs(
+    @app.get("/sweeps/{sweep_id}/runs", response_model=RunsPage,
+             summary="The run table: labels, status, times, MLflow run, params.*, metrics.*; filtered by --where")
+    def runs(
         sweep_id: SweepId, request: Request, filters: Filters,
         offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
     ) -> Response:
         check_params(request, "offset", "limit")
+        grid = state.registry.get_sweep(sweep_id)["grid"]
 
         def compute(data: SweepData) -> Response:
-            total, rows = results.runs(data, filters, offset, limit)
-            return as_json(RunsPage(total=total, offset=offset, limit=limit, runs=[RunOut(**row) for row in rows]))
+            table = run_table.run_table(data, filters, grid, artifact_uris)
+            return as_json(RunsPage(sweep=sweep_id, total=len(table.rows), offset=offset, limit=limit,
+                                    columns=table.columns, runs=table.rows[offset:offset + limit]))
 
         return state.answer(sweep_id, ("runs", frozen(filters), offset, limit), compute)
 

@@ -45,23 +45,18 @@ def _label_type(label: str) -> Any:
     return float | None if label in SCALE_LABELS else int if label == "seed" else str
 
 
-RunOut = create_model(
-    "RunOut",
-    run_key=(str, ...),
-    group_key=(str, ...),
-    status=(str, ...),
-    **{label: (_label_type(label), ...) for label in LABELS},  # the registry's labels, by name
-    metrics=(dict[str, float], ...),
-    maps=(list[str], Field(description="The unit maps the run has stored (none until it finishes; "
-                                       "none for a method that reports none).")),
-)
-
-
 class RunsPage(BaseModel):
+    """A page of the run table (``analysis.questions.run_table``): the same columns as ``headsweep runs``
+    and ``headsweep.sweep(...).runs()``."""
+
+    sweep: str
     total: int = Field(description="Runs matching the filters.")
     offset: int
     limit: int
-    runs: list[RunOut]
+    columns: list[str] = Field(description="Every column, in order: run_key, group_key, the labels, status, "
+                               "started_at, finished_at, duration_s, mlflow_run_id, artifact_uri, "
+                               "params.<key> (each config key the grid sets or varies), maps, metrics.<name>.")
+    runs: list[dict[str, Any]] = Field(description="One object per run with every column (null where none).")
 
 
 class AggregateRow(BaseModel):
