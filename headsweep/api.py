@@ -74,10 +74,11 @@ class MlflowArtifacts:
         return found
 
 
-def submit(grid: str | Path | Mapping[str, Any], wait: bool = True, force: bool = False,
+def submit(grid: str | Path | Mapping[str, Any], wait: bool = False, force: bool = False,
            track: bool = True) -> Sweep:
     """Submit a grid (a YAML file, or the same as a dict) as ``headsweep submit`` does, on the Ray
-    cluster the CLI uses; ``wait``: return once the sweep is done (``headsweep submit --wait``).
+    cluster the CLI uses; ``wait``: return once the sweep is done (``headsweep submit --wait``; by
+    default it returns at once, as the command does).
 
     A dict is written to ``$HEADSWEEP_HOME/grids/<name>-<hash>.yaml`` first, so the sweep keeps
     its grid text as one submitted from a file does; relative paths in it are read from the
@@ -243,6 +244,30 @@ class Sweep:
         sel, values, _, _ = select.map_runs(select.select(self._data(), _filters(where)), name, switch=False)
         runs = pd.DataFrame(run_table.run_table(sel).rows, columns=run_table.FIRST_COLUMNS)[list(AXES)]
         return RunMaps(values, runs)
+
+    def spearman(self, a: Where, b: Where, map: str | None = None, top: float = compare.DEFAULT_TOP,
+                 n_perm: int = 1000, where: Where = None) -> dict[str, Any]:
+        """Do two groups of runs (``a="task:sst2"``, ``b={"task": "ud-pos"}``) rank the units of ``map``
+        alike? ``headsweep spearman``: rho of their mean maps against both nulls, the top-k overlap."""
+        data = self._data()
+        return {"a": a, "b": b, **answers.overlap_json(compare.overlap(
+            data, _filters(a), _filters(b), map or select.default_map(data), top, _filters(where), n_perm))}
+
+    def iou(self, across: str = "seed", pool: str | Sequence[str] = (), where: Where = None) -> dict[str, Any]:
+        """Do runs keep the same weights? ``headsweep iou``: mask IoU across ``across`` beside chance."""
+        from analysis.questions import masks
+
+        return masks.mask_iou(self._data(), across, masks.stored_masks(), _filters(where), _names(pool))
+
+    def transfer(self, fraction: float | None = None, noise_std: float | None = None, n_perm: int = 1000,
+                 where: Where = None) -> dict[str, Any]:
+        """Prompt transfer between tasks (``headsweep transfer --format json``): task x task tables and
+        Spearman(overlap, transfer) against its null."""
+        from analysis.questions.transfer import transfer_tables
+        from analysis.views.transfer import transfer_json
+
+        return transfer_json(transfer_tables(self._data(), _filters(where), fraction=fraction, noise_std=noise_std,
+                                             n_perm=n_perm))
 
     def agreement(self, across: str = "seed", map: str | None = None, where: Where = None,
                   pool: str | Sequence[str] = (), n_perm: int = 1000) -> Agreement:

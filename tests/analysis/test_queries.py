@@ -362,8 +362,8 @@ def test_spearman_on_the_continuous_map(data):
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"k_frac": 0.0}, "k must be a fraction"),
-    ({"k_frac": float("nan")}, "k must be a fraction"),
+    ({"k_frac": 0.0}, "top must be a fraction"),
+    ({"k_frac": float("nan")}, "top must be a fraction"),
     ({"map_name": "heads.gates"}, "did you mean 'heads.gate'"),
     ({"a": {"task": [CLS], "status": ["pending"]}}, "group a .* has no finished run"),
 ])

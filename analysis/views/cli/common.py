@@ -17,9 +17,12 @@ from typing import Any
 
 from rich.console import Console
 
+from experiments.common.naming import suggest
 from experiments.common.sections import ConfigError
 
 AGREEMENT_FORMATS = ("table", "csv", "json")
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
+OUT_HELP = "write the answer (--format csv or json) to this file instead of stdout"
 SWEEP_HELP = "a sweep id, or 'last' (the newest sweep)"
 # A terminal wraps tables at its width; a pipe or a file gets them whole (rich's default there is
 # 80 columns, which folds a run x run matrix into unreadable pieces).
@@ -76,6 +79,32 @@ def write_rows(rows: list[dict[str, Any]], fmt: str, path: str | None, columns: 
         writer.writeheader()
         writer.writerows(rows)
         text = buf.getvalue()
+    if path:
+        Path(path).write_text(text)
+    else:
+        sys.stdout.write(text)
+
+
+def check_output(args: argparse.Namespace, formats: tuple[str, ...]) -> None:
+    """``--format`` one of ``formats``; ``--out FILE`` (the answer as data, instead of stdout: csv, json,
+    parquet) never with the terminal's table, never a figure (that is ``--png``)."""
+    if args.format not in formats:
+        raise ConfigError(f"--format: unknown format '{args.format}'{suggest(args.format, formats)} "
+                          f"(formats: {', '.join(formats)})")
+    if args.format == "parquet" and not args.out:
+        raise ConfigError("--format parquet writes a binary file: give --out FILE.parquet")
+    if args.out and Path(args.out).suffix.lower() in FIGURE_SUFFIXES:
+        png = " --png FILE.png" if hasattr(args, "png") else " no figure: `headsweep figures` draws them"
+        raise ConfigError(f"--out writes the answer as data (--format {'|'.join(f for f in formats if f != 'table')}); "
+                          f"'{args.out}' is a figure's name; this command's figure:{png}")
+    if args.out and args.format == "table":
+        raise ConfigError(f"--out {args.out}: give --format {'|'.join(f for f in formats if f != 'table')} "
+                          "(the table is for the terminal)")
+
+
+def write_json(value: Any, path: str | None) -> None:
+    """``value`` as indented JSON to ``path``, or stdout without one."""
+    text = json.dumps(value, indent=2) + "\n"
     if path:
         Path(path).write_text(text)
     else:
