@@ -94,7 +94,7 @@ def check_output(args: argparse.Namespace, formats: tuple[str, ...]) -> None:
     if args.format == "parquet" and not args.out:
         raise ConfigError("--format parquet writes a binary file: give --out FILE.parquet")
     if args.out and Path(args.out).suffix.lower() in FIGURE_SUFFIXES:
-        png = " --png FILE.png" if hasattr(args, "png") else " no figure: `headsweep figures` draws them"
+        png = f" --png {args.out}" if hasattr(args, "png") else " none (`headsweep figures` draws them)"
         raise ConfigError(f"--out writes the answer as data (--format {'|'.join(f for f in formats if f != 'table')}); "
                           f"'{args.out}' is a figure's name; this command's figure:{png}")
     if args.out and args.format == "table":

@@ -9,7 +9,6 @@ from typing import Any
 from pydantic import BaseModel, Field, create_model
 
 from analysis import statistics
-from analysis.data.sweep import SCALE_LABELS
 from analysis.questions.agreement.result import RHO, R
 
 
