@@ -247,7 +247,7 @@ def from_runs(runs: dict[str, Any], source: MapSource | None, version: Version |
         labels=MappingProxyType({name: frozen(np.asarray(runs[name])) for name in LABELS}),
         metrics=MappingProxyType(_metric_columns(runs["metrics"])),
         config=MappingProxyType(config_columns(runs["config"])),
-        records=MappingProxyType({name: _objects(runs[name]) for name in RECORDS}),
+        records=MappingProxyType({name: _objects(runs.get(name, [None] * len(runs["run_key"]))) for name in RECORDS}),
         map_info=MappingProxyType({info.name: info for info in runs["maps"]}),
         _source=source,
         **arrays,
