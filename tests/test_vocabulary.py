@@ -17,7 +17,7 @@ import pytest
 
 import headsweep
 from analysis.views.service.app import build_app
-from headsweep.cli import analysis, build_parser, run, slurm, sweeps, tracking
+from headsweep.cli import build_parser, run, slurm, sweeps, tracking
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = "<required>"
