@@ -138,7 +138,7 @@ def test_last_is_the_newest_sweep_and_an_unknown_id_names_the_nearest(db, tmp_pa
         headsweep.sweep("last", db=f"sqlite:///{tmp_path / 'empty.db'}")
 
 
-def test_runs_are_one_table_from_the_cli_the_service_and_python(db, capsys, tiny_sweep):
+def test_runs_are_one_table_from_the_cli_the_service_and_python(db, capsys, tiny_sweep, tmp_path):
     """``headsweep runs``, ``GET /runs`` and ``Sweep.runs()``: the same columns and rows, with the params
     the grid sets (train.lr at its default) or varies, the MLflow run id and artifact URI as MLflow has them."""
     from orchestrator import tracking
@@ -153,6 +153,10 @@ def test_runs_are_one_table_from_the_cli_the_service_and_python(db, capsys, tiny
     _rows_equal(frame, body["runs"])
     _rows_equal(frame, cli)
     assert len(frame) == N_RUNS and set(frame["params.train.lr"]) == {5e-5}
+    parquet = tmp_path / "runs.parquet"
+    assert headsweep_cli(["runs", db, "--format", "parquet", "--out", str(parquet)]) == 0
+    _rows_equal(frame, _records(pd.read_parquet(parquet)))
+    assert list(pd.read_parquet(parquet).columns) == list(frame.columns)
     mlflow = tracking.client(tiny_sweep[2])
     for row in cli:
         logged = mlflow.get_run(row["mlflow_run_id"])
