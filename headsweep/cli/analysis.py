@@ -1,4 +1,4 @@
-"""``headsweep runs | results | agreement | compare-maps | transfer | iou | figures | serve``: analysis's
+"""``headsweep runs | results | agreement | compare-maps | spearman | transfer | iou | figures | serve``: analysis's
 commands, which analysis registers itself."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""``headsweep results | agreement | compare-maps | transfer | iou | figures | serve``: the analysis commands.
+"""``headsweep runs | results | agreement | compare-maps | spearman | transfer | iou | figures | serve``: the analysis commands.
 
-``register(subparsers)`` adds them to the main parser (headsweep/cli/analysis.py); ``compare`` and
+``register(subparsers, artifact_uris)`` adds them to the main parser (headsweep/cli/analysis.py); ``compare`` and
 ``transfer`` hold compare-maps and transfer, ``common`` what they share.
 Each handler takes the parsed args and returns an exit code; bad input
 (an unknown sweep, axis, metric or value) raises ``ConfigError``, which the
