@@ -27,7 +27,7 @@ import yaml
 from analysis.data import select
 from analysis.data.loading import open_sweep
 from analysis.data.sweep import AXES, SweepData
-from analysis.questions import results
+from analysis.questions import results, run_table
 from analysis.questions.agreement import across_runs, compare
 from analysis.questions.agreement import result as agreement_result
 from analysis.views import answers, compare_figure, figure_plan
@@ -38,22 +38,47 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 Where = str | Mapping[str, Any] | None
-"""Which runs: ``"task:sst2,seed:0|1"`` as the CLI's ``--where``, or ``{"task": "sst2", "seed": [0, 1]}``."""
+"""Which runs: the CLI's ``--where`` (``"metrics.accuracy > 0.8 and seed:0|1"``), or ``{"task": "sst2", "seed": [0, 1]}``."""
 
 
-def sweep(sweep_id: str = "last", db: str | None = None) -> Sweep:
-    """The sweep ``sweep_id`` (``last``: the newest) of the registry ``db`` (default: the CLI's).
+def sweep(sweep_id: str = "last", db: str | None = None, tracking_uri: str | None = None) -> Sweep:
+    """The sweep ``sweep_id`` (``last``: the newest) of the registry ``db`` (default: the CLI's), its
+    runs' artifact URIs from the MLflow store ``tracking_uri`` (default: the CLI's).
 
     ``analysis.QueryError`` (a ``ValueError``) names the nearest sweep for an unknown id."""
     registry = RegistryReader(db or settings.registry_url())
     data = open_sweep(registry, sweep_id)
-    return Sweep(data.sweep_id, registry)
+    return Sweep(data.sweep_id, registry, MlflowArtifacts(tracking_uri))
 
 
-def submit(grid: str | Path | Mapping[str, Any], wait: bool = True, force: bool = False,
+@dataclass(frozen=True)
+class MlflowArtifacts:
+    """MLflow run ids -> their artifact URIs, from the MLflow store at ``tracking_uri`` (default:
+    ``HEADSWEEP_TRACKING_URI``, as the CLI): the ``artifact_uri`` column of the run table
+    (``analysis.questions.run_table``, which imports no MLflow). Picklable, for the service on Ray Serve.
+    One search per 100 runs, over every experiment (a sweep may reuse runs another sweep logged)."""
+
+    tracking_uri: str | None = None
+
+    def __call__(self, run_ids: Sequence[str]) -> dict[str, str]:
+        from orchestrator import tracking
+
+        mlflow = tracking.client(self.tracking_uri)
+        experiments = [e.experiment_id for e in mlflow.search_experiments()]
+        found: dict[str, str] = {}
+        for i in range(0, len(run_ids), 100):
+            batch = list(run_ids[i:i + 100])
+            quoted = ", ".join(f"'{run_id}'" for run_id in batch)
+            for run in mlflow.search_runs(experiments, f"attributes.run_id IN ({quoted})", max_results=len(batch)):
+                found[run.info.run_id] = run.info.artifact_uri
+        return found
+
+
+def submit(grid: str | Path | Mapping[str, Any], wait: bool = False, force: bool = False,
            track: bool = True) -> Sweep:
     """Submit a grid (a YAML file, or the same as a dict) as ``headsweep submit`` does, on the Ray
-    cluster the CLI uses; ``wait``: return once the sweep is done (``headsweep submit --wait``).
+    cluster the CLI uses; ``wait``: return once the sweep is done (``headsweep submit --wait``; by
+    default it returns at once, as the command does).
 
     A dict is written to ``$HEADSWEEP_HOME/grids/<name>-<hash>.yaml`` first, so the sweep keeps
     its grid text as one submitted from a file does; relative paths in it are read from the
@@ -64,7 +89,7 @@ def submit(grid: str | Path | Mapping[str, Any], wait: bool = True, force: bool 
     submitted = sweeps.submit(path, force=force, track=track)
     if wait and submitted.driver is not None:
         sweeps.wait(submitted.sweep_id)
-    return Sweep(submitted.sweep_id, RegistryReader(settings.registry_url()))
+    return Sweep(submitted.sweep_id, RegistryReader(settings.registry_url()), MlflowArtifacts())
 
 
 def _show_figures_in_ipython() -> None:
@@ -104,8 +129,8 @@ def _names(value: str | Sequence[str] | None) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def _filters(where: Where) -> Mapping[str, Any]:
-    return select.parse_filter(where) if isinstance(where, str) else (where or {})
+def _filters(where: Where) -> select.Where:
+    return select.as_where(where)
 
 
 def _read_through(answer: Agreement | Comparison, name: str) -> Any:
@@ -130,7 +155,7 @@ class Agreement:
     """``across_runs.agreement``'s answer (``result``; its fields read through, e.g. ``.notes``)."""
 
     result: agreement_result.Agreement
-    filters: Mapping[str, Any]
+    filters: select.Filters
 
     @property
     def value(self) -> float:
@@ -163,7 +188,7 @@ class Comparison:
     """``compare.compare_maps``' answer (``result``; its fields read through, e.g. ``.pairs``)."""
 
     result: agreement_result.Agreement
-    filters: Mapping[str, Any]
+    filters: select.Filters
 
     def table(self) -> pd.DataFrame:
         """One row per pair of labels with each statistic and its nulls (``headsweep compare-maps
@@ -186,8 +211,9 @@ class Sweep:
     """One sweep of the registry. Every method reads it afresh (the cached copy while its runs are
     unchanged), so a running sweep's answers grow as its runs finish."""
 
-    def __init__(self, sweep_id: str, registry: RegistryReader):
-        self.id, self._registry = sweep_id, registry
+    def __init__(self, sweep_id: str, registry: RegistryReader,
+                 artifact_uris: run_table.ArtifactUris | None = None):
+        self.id, self._registry, self._artifact_uris = sweep_id, registry, artifact_uris
 
     def _data(self) -> SweepData:
         return open_sweep(self._registry, self.id)
@@ -198,11 +224,13 @@ class Sweep:
         return f"<Sweep {self.id} ({row['name']}): {row['status']}, {counts or 'no runs'}>"
 
     def runs(self, where: Where = None) -> pd.DataFrame:
-        """One row per run: its keys, status and labels, ``maps`` (the maps it stored) and its
-        metrics as ``metrics.<name>`` (NaN where it has none yet), as the service's ``/runs``."""
-        data = self._data()
-        _, rows = results.runs(data, _filters(where), 0, len(data))
-        return pd.json_normalize(rows) if rows else pd.DataFrame(columns=[*AXES, "maps"])
+        """The run table, one row per run (``headsweep runs``, the service's ``/runs``): keys, labels,
+        status, times, MLflow run id and artifact URI, ``params.<key>`` for each config key the grid
+        sets or varies, maps and ``metrics.<name>`` (NaN where a run has none yet). ``where``: the CLI's
+        ``--where`` (``"metrics.accuracy > 0.8 and seed != 1"``) or ``{"seed": [0, 1]}``."""
+        table = run_table.run_table(self._data(), _filters(where), self._registry.get_sweep(self.id)["grid"],
+                                    self._artifact_uris)
+        return pd.DataFrame(table.rows, columns=table.columns)
 
     def results(self, group_by: str | Sequence[str] = (), metric: str | None = None,
                 where: Where = None) -> pd.DataFrame:
@@ -214,9 +242,32 @@ class Sweep:
     def map(self, name: str = select.DEFAULT_MAP, where: Where = None) -> RunMaps:
         """Map ``name`` of the (selected) runs that have it, with those runs' labels."""
         sel, values, _, _ = select.map_runs(select.select(self._data(), _filters(where)), name, switch=False)
-        _, rows = results.runs(sel, None, 0, len(sel))
-        runs = pd.DataFrame([{axis: row[axis] for axis in AXES} for row in rows], columns=list(AXES))
+        runs = pd.DataFrame(run_table.run_table(sel).rows, columns=run_table.FIRST_COLUMNS)[list(AXES)]
         return RunMaps(values, runs)
+
+    def spearman(self, a: Where, b: Where, map: str | None = None, top: float = compare.DEFAULT_TOP,
+                 n_perm: int = 1000, where: Where = None) -> dict[str, Any]:
+        """Do two groups of runs (``a="task:sst2"``, ``b={"task": "ud-pos"}``) rank the units of ``map``
+        alike? ``headsweep spearman``: rho of their mean maps against both nulls, the top-k overlap."""
+        data = self._data()
+        return {"a": a, "b": b, **answers.overlap_json(compare.overlap(
+            data, _filters(a), _filters(b), map or select.default_map(data), top, _filters(where), n_perm))}
+
+    def iou(self, across: str = "seed", pool: str | Sequence[str] = (), where: Where = None) -> dict[str, Any]:
+        """Do runs keep the same weights? ``headsweep iou``: mask IoU across ``across`` beside chance."""
+        from analysis.questions import masks
+
+        return masks.mask_iou(self._data(), across, masks.stored_masks(), _filters(where), _names(pool))
+
+    def transfer(self, fraction: float | None = None, noise_std: float | None = None, n_perm: int = 1000,
+                 where: Where = None) -> dict[str, Any]:
+        """Prompt transfer between tasks (``headsweep transfer --format json``): task x task tables and
+        Spearman(overlap, transfer) against its null."""
+        from analysis.questions.transfer import transfer_tables
+        from analysis.views.transfer import transfer_json
+
+        return transfer_json(transfer_tables(self._data(), _filters(where), fraction=fraction, noise_std=noise_std,
+                                             n_perm=n_perm))
 
     def agreement(self, across: str = "seed", map: str | None = None, where: Where = None,
                   pool: str | Sequence[str] = (), n_perm: int = 1000) -> Agreement:

@@ -35,7 +35,7 @@ GRID = {
         "model": "tiny-bert",
         "method": "head_gates",
         "task": {"name": "synthetic-cls", "num_train": 48, "num_eval": 16, "max_length": 24},
-        "train": {"max_steps": 6, "batch_size": 8, "eval_every": 3},
+        "train": {"max_steps": 6, "batch_size": 8, "eval_every": 3, "lr": 5.0e-5},  # lr: the default, set
         "head_gates": {"lr": 0.1},
     },
     "axes": {"seed": [0, 1, 2], "lambda": [0.01, 0.1]},
@@ -46,32 +46,43 @@ N_RUNS, LAYERS, HEADS = 6, 2, 4  # tiny-bert: 2 layers of 4 heads
 
 
 @pytest.fixture(scope="module")
-def tiny_sweep(tmp_path_factory) -> tuple[str, str]:
-    """(registry URL, sweep id) of the GRID's runs, each run for real as a trial runs it."""
+def tiny_sweep(tmp_path_factory) -> tuple[str, str, str]:
+    """(registry URL, sweep id, MLflow store) of the GRID's runs, each run for real as a trial runs it,
+    logged to its own MLflow run in a real local store (its id in the registry)."""
     from experiments.core.context import RunContext
     from experiments.keyed.runner import run
+    from orchestrator import tracking
     from orchestrator.driving.grid import expand, parse_grid
 
     spec = parse_grid(GRID)
     configs = expand(spec)
-    url = f"sqlite:///{tmp_path_factory.mktemp('api-registry') / 'registry.db'}"
+    folder = tmp_path_factory.mktemp("api-registry")
+    url, mlflow_uri = f"sqlite:///{folder / 'registry.db'}", f"sqlite:///{folder / 'mlflow.db'}"
+    mlflow = tracking.client(mlflow_uri)
+    experiment = mlflow.create_experiment("api", artifact_location=(folder / "mlartifacts").as_uri())
     with Registry(url) as registry:
         sweep_id, counts = registry.create_sweep(spec.name, yaml.safe_dump(GRID), configs,
                                                  spec.resources.model_dump(), spec.max_concurrent, 0)
         assert counts["new"] == N_RUNS
         for cfg in configs:
             assert registry.claim(cfg.run_key, "test-worker") is not None
-            result = run(cfg, RunContext())
+            run_id = tracking.start_run(mlflow, experiment, tracking.run_name(cfg, ()), tags={"sweep": sweep_id})
+            registry.set_mlflow_run(cfg.run_key, run_id)
+            tracker = tracking.MlflowTracker(mlflow, run_id)
+            result = run(cfg, RunContext(tracker=tracker))
+            tracker.finish()
             assert registry.finish(cfg.run_key, result.metrics, worker="test-worker", maps=result.maps)
         registry.set_sweep(sweep_id, status="finished")
-    return url, sweep_id
+    return url, sweep_id, mlflow_uri
 
 
 @pytest.fixture
 def db(tiny_sweep, monkeypatch) -> str:
-    """The tiny sweep's id, its registry the one the CLI and the API read (HEADSWEEP_DB)."""
-    url, sweep_id = tiny_sweep
+    """The tiny sweep's id, its registry and MLflow store the ones the CLI and the API read
+    (HEADSWEEP_DB, HEADSWEEP_TRACKING_URI)."""
+    url, sweep_id, mlflow_uri = tiny_sweep
     monkeypatch.setenv("HEADSWEEP_DB", url)
+    monkeypatch.setenv("HEADSWEEP_TRACKING_URI", mlflow_uri)
     return sweep_id
 
 
@@ -87,7 +98,7 @@ def _service(path: str, **params):
     from analysis.views.service.app import build_app
     from orchestrator import settings
 
-    with TestClient(build_app(settings.registry_url())) as client:
+    with TestClient(build_app(settings.registry_url(), headsweep.api.MlflowArtifacts())) as client:
         response = client.get(path, params=params)
     assert response.status_code == 200, response.text
     return response.json()
@@ -127,14 +138,70 @@ def test_last_is_the_newest_sweep_and_an_unknown_id_names_the_nearest(db, tmp_pa
         headsweep.sweep("last", db=f"sqlite:///{tmp_path / 'empty.db'}")
 
 
-def test_runs_are_the_services_runs(db):
-    runs = headsweep.sweep(db).runs()
-    assert runs.shape[0] == N_RUNS and set(runs["status"]) == {"finished"}
-    assert {"seed", "lambda", "metrics.accuracy", "metrics.open_heads", "maps"} <= set(runs.columns)
-    body = _service(f"/sweeps/{db}/runs", limit=1000)
-    _rows_equal(runs, _records(pd.json_normalize(body["runs"])))
-    assert len(headsweep.sweep(db).runs(where="seed:0|1")) == 4
-    assert len(headsweep.sweep(db).runs(where={"seed": 2, "lambda": 0.1})) == 1
+def test_runs_are_one_table_from_the_cli_the_service_and_python(db, capsys, tiny_sweep, tmp_path):
+    """``headsweep runs``, ``GET /runs`` and ``Sweep.runs()``: the same columns and rows, with the params
+    the grid sets (train.lr at its default) or varies, the MLflow run id and artifact URI as MLflow has them."""
+    from orchestrator import tracking
+
+    frame = headsweep.sweep(db).runs()
+    body = _service(f"/sweeps/{db}/runs")
+    cli = _cli_json(capsys, "runs", db, "--format", "json")
+    assert list(frame.columns) == body["columns"] == list(cli[0])
+    assert {"params.train.lr", "params.train.max_steps", "params.head_gates.lambda", "params.seed", "mlflow_run_id",
+            "artifact_uri", "started_at", "duration_s", "metrics.accuracy", "metrics.open_heads"} <= set(frame.columns)
+    assert "params.train.decoder_lr" not in frame.columns  # a default the grid neither sets nor varies
+    _rows_equal(frame, body["runs"])
+    _rows_equal(frame, cli)
+    assert len(frame) == N_RUNS and set(frame["params.train.lr"]) == {5e-5}
+    parquet = tmp_path / "runs.parquet"
+    assert headsweep_cli(["runs", db, "--format", "parquet", "--out", str(parquet)]) == 0
+    _rows_equal(frame, _records(pd.read_parquet(parquet)))
+    assert list(pd.read_parquet(parquet).columns) == list(frame.columns)
+    mlflow = tracking.client(tiny_sweep[2])
+    for row in cli:
+        logged = mlflow.get_run(row["mlflow_run_id"])
+        assert row["artifact_uri"] == logged.info.artifact_uri and row["artifact_uri"].endswith("/artifacts")
+        assert float(logged.data.params["train.lr"]) == row["params.train.lr"]
+        assert logged.data.metrics["accuracy"] == pytest.approx(row["metrics.accuracy"])
+        assert row["duration_s"] > 0 and row["status"] == "finished"
+
+
+@pytest.mark.parametrize("where", ["metrics.accuracy >= 0.5 and seed != 1", "seed:0|2,lambda > 0.05",
+                                   "params.head_gates.lambda = 0.01 and metrics.open_heads <= 8"])
+def test_runs_filtered_are_one_table_too(db, capsys, where):
+    """The same --where, parsed once, selects the same runs on every surface: the runs numpy selects."""
+    frame = headsweep.sweep(db).runs(where=where)
+    all_runs = headsweep.sweep(db).runs()
+    body = _service(f"/sweeps/{db}/runs", where=where)
+    cli = _cli_json(capsys, "runs", db, "--where", where, "--format", "json")
+    assert list(frame.columns) == body["columns"] == list(all_runs.columns)  # a filter keeps the columns
+    _rows_equal(frame, body["runs"])
+    _rows_equal(frame, cli)
+    expected = {
+        "metrics.accuracy >= 0.5 and seed != 1": (all_runs["metrics.accuracy"] >= 0.5) & (all_runs["seed"] != 1),
+        "seed:0|2,lambda > 0.05": all_runs["seed"].isin([0, 2]) & (all_runs["lambda"] > 0.05),
+        "params.head_gates.lambda = 0.01 and metrics.open_heads <= 8":
+            (all_runs["params.head_gates.lambda"] == 0.01) & (all_runs["metrics.open_heads"] <= 8),
+    }[where]
+    assert list(frame["run_key"]) == list(all_runs["run_key"][expected]) and 0 < len(frame) < N_RUNS
+
+
+def test_a_bad_where_is_one_line_on_every_surface(db, capsys):
+    from analysis.data.where import EXAMPLE
+
+    message = f"--where 'metrics.accuracy >> 1': at '>' (character 19): expected a value after '>' ({EXAMPLE})"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        headsweep.sweep(db).runs(where="metrics.accuracy >> 1")
+    assert headsweep_cli(["runs", db, "--where", "metrics.accuracy >> 1"]) == 2
+    assert capsys.readouterr().err.strip() == f"headsweep: error: {message}"
+    from fastapi.testclient import TestClient
+
+    from analysis.views.service.app import build_app
+    from orchestrator import settings
+
+    with TestClient(build_app(settings.registry_url())) as client:
+        response = client.get(f"/sweeps/{db}/runs", params={"where": "metrics.accuracy >> 1"})
+    assert (response.status_code, response.json()["detail"]) == (400, message)
 
 
 def test_results_are_the_clis_and_the_services(db, capsys):
@@ -143,7 +210,9 @@ def test_results_are_the_clis_and_the_services(db, capsys):
     assert list(results["lambda"]) == [0.01, 0.1] and list(results["n"]) == [3, 3]
     _rows_equal(results, _cli_json(capsys, "results", db, "--group-by", "lambda", "--metric", "accuracy",
                                    "--format", "json"))
-    service = _service(f"/sweeps/{db}/aggregate", group_by="lambda", metric="accuracy")["rows"]
+    service = _service(f"/sweeps/{db}/results", group_by="lambda")["rows"]  # the default metric: accuracy
+    assert service == _service(f"/sweeps/{db}/aggregate", group_by="lambda", metric="accuracy")["rows"]  # old path
+    assert all(row.pop("expected_open") is None for row in service)  # beside open_heads only
     _rows_equal(results, [row["group"] | {k: v for k, v in row.items() if k != "group"} | {"metric": "accuracy"}
                           for row in service])
     # open heads: the expected open heads beside them, as `headsweep results` shows them (per cell by default)
@@ -187,7 +256,7 @@ def test_compare_maps_is_the_clis_with_the_same_figure(db, capsys, tmp_path):
     comparison = headsweep.sweep(db).compare_maps("heads.log_alpha", across="lambda", n_perm=200)
     png = tmp_path / "compare.png"
     cli = _cli_json(capsys, "compare-maps", db, "heads.log_alpha", "--across", "lambda", "--n-perm", "200",
-                    "--format", "json", "--out", str(png))
+                    "--format", "json", "--png", str(png))
     table = comparison.table()
     assert list(table[["a", "b"]].itertuples(index=False, name=None)) == [(p["a"], p["b"]) for p in cli["pairs"]]
     assert list(table["rho"]) == [p["rho"] for p in cli["pairs"]] and comparison.labels == cli["labels"]

@@ -1,16 +1,18 @@
 """Naming and selecting runs: axes, config keys, filters, groups and unit maps of a SweepData.
 
 Everything the questions (``analysis.questions``) and the views (``analysis.views``)
-share. Filters are ``{axis: [values]}`` (a run matches when it has one of the values on
-every axis named); an axis is a label (``AXES``: task, model, pipeline, seed, ...) or any
-dotted key of the stored configs (``head_gates.lr``); values may be strings as they come
-from a command line or a URL. A bad axis, metric, map or value raises :class:`QueryError`,
+share. Filters are the conditions of a ``--where`` expression (``where.parse_where``:
+``metrics.accuracy > 0.8 and seed:0|1``) or ``{axis: [values]}`` (a run matches when it has one
+of the values on every axis named); an axis is a label (``AXES``: task, model, pipeline, seed,
+...) or any dotted key of the stored configs (``head_gates.lr``), ``params.<key>`` its MLflow
+name, ``metrics.<name>`` a metric; values may be strings as they come from a command line or a URL. A bad axis, metric, map or value raises :class:`QueryError`,
 naming it and the nearest valid one.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +20,8 @@ import numpy as np
 
 from analysis.data.errors import QueryError, did_you_mean, list_choices
 from analysis.data.sweep import AXES, SweepData
+from analysis.data.where import Condition, Where, from_mapping, parse_where  # noqa: F401 (Where: the type callers name)
+from analysis.data.where import describe as describe_where
 from experiments.common.sections import resolve_key
 
 DEFAULT_MAP = "heads.gate"
@@ -28,7 +32,10 @@ _NOT_CURVE_METRICS = ("loss", "train_loss", "open_heads", "sparsity", "l0_penalt
 """Metrics (on any evaluation set: ``loss/ood``) that are no figure's y: losses and the L0 penalty, head counts
 (the x already), the realised sparsity."""
 
-Filters = Mapping[str, Sequence[Any]]
+Filters = Mapping[str, Sequence[Any]] | Where
+"""Which runs: parsed ``--where`` conditions, or ``{axis: [values]}``."""
+METRIC_PREFIX, PARAM_PREFIX = "metrics.", "params."
+"""MLflow's names of a run's metrics and config keys (``metrics.accuracy``, ``params.train.lr``)."""
 
 
 def config_columns(data: SweepData) -> Mapping[str, np.ndarray]:
@@ -140,18 +147,18 @@ def axis_values(data: SweepData, axis: str) -> list[Any]:
     return [py(v) for v in values]
 
 
-def parse_filter(text: str) -> dict[str, list[str]]:
-    """``"task:sst2,seed:0|1"`` -> ``{"task": ["sst2"], "seed": ["0", "1"]}`` ("" -> ``{}``)."""
-    filters: dict[str, list[str]] = {}
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        axis, sep, values = part.partition(":")
-        if not sep or not axis.strip() or not values.strip():
-            raise QueryError(f"expected axis:value[|value...], got '{part}' (e.g. task:sst2,seed:0|1)")
-        filters.setdefault(axis.strip(), []).extend(
-            v.strip() for v in values.split("|") if v.strip())
-    return filters
+def parse_filter(text: str | None) -> Where:
+    """``--where`` text -> its conditions (``where.parse_where``, the one parser of every surface)."""
+    return parse_where(text)
+
+
+def as_where(filters: Filters | str | None) -> Where:
+    """Any form of filters (text, ``{axis: [values]}``, conditions) as conditions."""
+    if isinstance(filters, str):
+        return parse_where(filters)
+    if isinstance(filters, Mapping):
+        return from_mapping(dict(filters))
+    return tuple(filters or ())
 
 
 def _match(data: SweepData, axis: str, raw: Any) -> np.ndarray:
@@ -180,18 +187,50 @@ def _match(data: SweepData, axis: str, raw: Any) -> np.ndarray:
     return mask
 
 
-def select(data: SweepData, filters: Filters | None = None) -> SweepData:
-    """The runs matching every axis of ``filters`` (any of its values); all runs when empty."""
-    if not filters:
+def select(data: SweepData, filters: Filters | str | None = None) -> SweepData:
+    """The runs that meet every condition of ``filters`` (all runs when none)."""
+    where = as_where(filters)
+    if not where:
         return data
     keep = np.ones(len(data), dtype=bool)
-    for axis, values in filters.items():
-        check_axis(axis, data)
-        values = [values] if isinstance(values, str | int | float) else list(values)
-        if not values:
-            continue
-        keep &= np.logical_or.reduce([_match(data, axis, v) for v in values])
+    for condition in where:
+        keep &= _meets(data, condition)
     return data.subset(keep)
+
+
+_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+
+
+def _meets(data: SweepData, condition: Condition) -> np.ndarray:
+    """``(N,)`` bool: the runs that meet ``condition``. ``=`` and ``!=`` name values some run has
+    (a typo is an error naming the nearest), metrics aside; ``<``... compare numbers. As in MLflow,
+    a run without the value (unset, no such metric yet) meets no comparison but ``= none``."""
+    key, op = condition.key, condition.op
+    if key.startswith(METRIC_PREFIX):
+        col = check_metric(data, key[len(METRIC_PREFIX):])
+        numbers = [_number(key, op, v) for v in condition.values]
+        if op in ("=", "!="):
+            equal = np.logical_or.reduce([np.isclose(col, v, rtol=1e-9, atol=0.0) for v in numbers])
+            return equal if op == "=" else ~equal & ~np.isnan(col)
+        return _COMPARE[op](np.nan_to_num(col, nan=-np.inf if op in (">", ">=") else np.inf), numbers[0])
+    axis = check_axis(key[len(PARAM_PREFIX):] if key.startswith(PARAM_PREFIX) else key, data)
+    col = column(data, axis)
+    if op in ("=", "!="):
+        equal = np.logical_or.reduce([_match(data, axis, v) for v in condition.values])
+        present = np.isin(as_codes(col), ("", "none"), invert=True)
+        return equal if op == "=" else ~equal & present
+    if _is_text(col):
+        raise QueryError(f"{key} is text ({list_choices(axis_values(data, axis))}): compare it with = or !=, "
+                         f"not '{op}'")
+    value = _number(key, op, condition.values[0])
+    return _COMPARE[op](np.nan_to_num(col.astype(np.float64), nan=-np.inf if op in (">", ">=") else np.inf), value)
+
+
+def _number(key: str, op: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise QueryError(f"{key} {op} {text}: {key} is a number, '{text}' is not") from None
 
 
 def group_indices(data: SweepData, by: Sequence[str]) -> list[np.ndarray]:
@@ -216,7 +255,8 @@ def as_codes(column: np.ndarray) -> np.ndarray:
 
 
 def describe(filters: Filters | None) -> str:
-    return ",".join(f"{k}:{'|'.join(map(str, v))}" for k, v in (filters or {}).items()) or "all runs"
+    """The filters as one line, as ``--where`` writes them (``all runs`` when none)."""
+    return describe_where(as_where(filters))
 
 
 def map_stack(data: SweepData, name: str) -> tuple[np.ndarray, np.ndarray]:

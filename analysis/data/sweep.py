@@ -40,6 +40,8 @@ SCALE_LABELS = NUMBER_LABELS
 """The labels that are settings on a scale (a curve's x): the registry's number labels."""
 
 _COLUMNS = ("run_key", "group_key", "status", "run_maps")
+RECORDS = ("started_at", "finished_at", "mlflow_run_id")
+"""The registry's record of each run that a loaded sweep keeps (``SweepData.records``)."""
 
 def frozen(array: np.ndarray) -> np.ndarray:
     array.flags.writeable = False
@@ -62,6 +64,9 @@ class _Runs:
     """label (``LABELS``) -> ``(N,)`` column: str ("" where unset), int64 (seed) or float64 (NaN where unset)."""
     metrics: Mapping[str, np.ndarray] = field(repr=False)
     """name -> ``(N,)`` float64 final value, NaN where a run has none (yet)."""
+    records: Mapping[str, np.ndarray] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    """What the registry recorded of each run besides its result (``RECORDS``): ``started_at``,
+    ``finished_at`` (``(N,)`` object: datetimes, None where unset) and ``mlflow_run_id`` (None where none)."""
     config: Mapping[str, np.ndarray] = field(default_factory=lambda: MappingProxyType({}), repr=False)
     """Every dotted key of the stored configs (``train.lr``, ``task.name``) -> ``(N,)`` column:
     float64 (NaN where a run lacks the key) when every value is a number, else object."""
@@ -169,6 +174,7 @@ class SweepData(_Runs):
             labels=MappingProxyType({k: v[index] for k, v in self.labels.items()}),
             metrics=MappingProxyType({k: v[index] for k, v in self.metrics.items()}),
             config=MappingProxyType({k: v[index] for k, v in self.config.items()}),
+            records=MappingProxyType({k: v[index] for k, v in self.records.items()}),
             _rows=index if self._rows is None else self._rows[index],
             _overrides=MappingProxyType({k: (v[index], h[index]) for k, (v, h) in self._overrides.items()}),
         )
@@ -222,6 +228,12 @@ def config_columns(configs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         columns[key] = frozen(column)
     return columns
 
+def _objects(values: list[Any]) -> np.ndarray:
+    """A list as a read-only ``(N,)`` object array (values kept as they are: datetimes, None)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return frozen(out)
+
 def from_runs(runs: dict[str, Any], source: MapSource | None, version: Version | None = None) -> SweepData:
     """``RegistryReader.sweep_runs(...)`` (+ where its maps come from) -> :class:`SweepData` (read only)."""
     arrays = {name: frozen(np.asarray(runs[name])) for name in ("run_key", "group_key", "status")}
@@ -235,6 +247,7 @@ def from_runs(runs: dict[str, Any], source: MapSource | None, version: Version |
         labels=MappingProxyType({name: frozen(np.asarray(runs[name])) for name in LABELS}),
         metrics=MappingProxyType(_metric_columns(runs["metrics"])),
         config=MappingProxyType(config_columns(runs["config"])),
+        records=MappingProxyType({name: _objects(runs.get(name, [None] * len(runs["run_key"]))) for name in RECORDS}),
         map_info=MappingProxyType({info.name: info for info in runs["maps"]}),
         _source=source,
         **arrays,

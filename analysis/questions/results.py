@@ -1,4 +1,4 @@
-"""The runs of a selection and a metric per group: ``headsweep results``, the service's ``/runs`` and ``/aggregate``.
+"""A metric per group: ``headsweep results``, the service's ``/results``, ``Sweep.results()``.
 
 Pure over a loaded :class:`SweepData`; every random answer (the bootstrap CIs) comes from
 ``np.random.default_rng(seed)`` with a fixed default ``seed``."""
@@ -21,22 +21,8 @@ from analysis.data.select import (
     py,
     select,
 )
-from analysis.data.sweep import AXES, CELL_LABELS, SweepData
+from analysis.data.sweep import CELL_LABELS, SweepData
 from analysis.statistics import intervals
-
-
-def runs(data: SweepData, filters: Filters | None = None, offset: int = 0,
-         limit: int = 100) -> tuple[int, list[dict[str, Any]]]:
-    """(number of matching runs, one page of them as dicts with their metrics)."""
-    sel = select(data, filters)
-    page = range(len(sel))[offset:offset + limit]
-    rows = []
-    for i in page:
-        row = {axis: py(sel.axis(axis)[i]) for axis in AXES}
-        row["metrics"] = {name: py(col[i]) for name, col in sel.metrics.items() if not np.isnan(col[i])}
-        row["maps"] = list(sel.run_maps[i])
-        rows.append(row)
-    return len(sel), rows
 
 
 def aggregate(data: SweepData, group_by: Sequence[str], metric: str, filters: Filters | None = None,

@@ -120,13 +120,15 @@ class ReadModel(ReadOnlyDatabase):
         Keys: ``sweep_id``; ``run_key``, ``group_key``, ``status`` ((N,) str); each label
         column by its name (``schema.LABELS``: task, model, method, seed, the methods' short
         names that have a column; (N,) str "" when unset, int64, or float64 NaN when unset);
-        ``metrics`` and ``config`` (lists of dicts; {} when none); ``updated_at`` (latest
-        change: the version's first half; None when empty); ``maps`` (list of
+        ``metrics`` and ``config`` (lists of dicts; {} when none); ``started_at``, ``finished_at``
+        (lists of datetimes, None where unset) and ``mlflow_run_id`` (list, None where none);
+        ``updated_at`` (latest change: the version's first half; None when empty); ``maps`` (list of
         :class:`MapInfo`) and ``run_maps`` (each run's map names, a tuple), read in the same
         transaction.
         """
         query = (
-            select(Run.run_key, Run.group_key, Run.status, Run.metrics, Run.config, Run.updated_at, *LABEL_COLUMNS)
+            select(Run.run_key, Run.group_key, Run.status, Run.metrics, Run.config, Run.updated_at,
+                   Run.started_at, Run.finished_at, Run.mlflow_run_id, *LABEL_COLUMNS)
             .join(SweepRun, SweepRun.run_key == Run.run_key)
             .where(SweepRun.sweep_id == sweep_id)
             .order_by(SweepRun.position)
@@ -136,8 +138,9 @@ class ReadModel(ReadOnlyDatabase):
             if not rows:
                 _check_sweep(connection, sweep_id)
             infos, run_maps = _maps_of(connection, sweep_id)
-        columns = list(zip(*rows, strict=True)) if rows else [()] * (6 + len(LABEL_COLUMNS))
-        (run_key, group_key, status, metrics, config, updated_at, *labels) = columns
+        columns = list(zip(*rows, strict=True)) if rows else [()] * (9 + len(LABEL_COLUMNS))
+        (run_key, group_key, status, metrics, config, updated_at, started_at, finished_at, mlflow_run_id,
+         *labels) = columns
         out: dict[str, Any] = {"sweep_id": sweep_id}
         for name, values in (("run_key", run_key), ("group_key", group_key), ("status", status)):
             out[name] = np.array(values, dtype=str)
@@ -145,6 +148,8 @@ class ReadModel(ReadOnlyDatabase):
             out[column.key] = _label_values(column, values)
         out["metrics"] = [m or {} for m in metrics]
         out["config"] = [c or {} for c in config]
+        out["started_at"], out["finished_at"] = list(started_at), list(finished_at)
+        out["mlflow_run_id"] = list(mlflow_run_id)
         out["updated_at"] = max(updated_at, default=None)
         out["maps"] = infos
         out["run_maps"] = [run_maps.get(key, ()) for key in run_key]

@@ -348,7 +348,7 @@ def test_cli_table_with_a_flipped_map_and_the_figure(methods_sweep, tmp_path, ca
     url, sweep_id = methods_sweep
     png = tmp_path / "methods.png"
     assert _run("compare-maps", sweep_id, "heads.log_alpha", "heads.importance", "-heads.ablation_delta",
-                "--n-perm", "200", "--out", str(png), "--db", url) == 0
+                "--n-perm", "200", "--png", str(png), "--db", url) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "maps: Spearman rho and top 8 of 72 units" in text and "200 permutations per null" in text
     assert "compared only runs equal on: seed, task.name" in text

@@ -12,7 +12,8 @@ import pytest
 from analysis.data import select
 from analysis.data.loading import load_sweep
 from analysis.data.select import QueryError
-from analysis.questions import results
+from analysis.data.where import Condition
+from analysis.questions import results, run_table
 from analysis.questions.agreement import across_runs, compare
 from analysis.statistics import intervals, pearson, spearman, stem_cell
 from analysis.views import answers, figure_plan, figures
@@ -105,10 +106,10 @@ def test_bad_filters_name_the_value_and_the_nearest(data, filters, message):
 
 
 def test_parse_filter_rejects_malformed_text():
-    assert select.parse_filter("") == {}
-    with pytest.raises(QueryError, match="expected axis:value"):
+    assert select.parse_filter("") == ()
+    with pytest.raises(QueryError, match="at its end: expected an operator"):
         select.parse_filter("task")
-    assert select.parse_filter("pipelin:dp") == {"pipelin": ["dp"]}  # checked against the data by select
+    assert select.parse_filter("pipelin:dp") == (Condition("pipelin", "=", ("dp",)),)  # checked by select
 
 
 def test_select_names_a_misspelt_axis_against_the_data(data):
@@ -116,12 +117,17 @@ def test_select_names_a_misspelt_axis_against_the_data(data):
         select.select(data, select.parse_filter("pipelin:dp"))
 
 
-def test_runs_paginates_and_carries_metrics(data):
-    total, page = results.runs(data, {"task": [CLS]}, offset=2, limit=3)
-    assert total == 16 and len(page) == 3
-    assert page[0]["seed"] == 2 and page[0]["lambda"] == 0.01 and page[0]["sparsity"] is None
-    assert page[0]["metrics"]["accuracy"] == pytest.approx(0.7 + 0.02 - 0.005)
-    assert results.runs(data, None, offset=100, limit=5) == (31, [])
+def test_the_run_table_has_every_column_and_its_rows_in_cell_order(data):
+    table = run_table.run_table(data, {"task": [CLS]}, "base: {train: {max_steps: 10}}\naxes: {lambda: [0.01, 0.1]}")
+    assert table.columns[:len(run_table.FIRST_COLUMNS)] == list(run_table.FIRST_COLUMNS)
+    assert {"params.train.max_steps", "params.head_gates.lambda", "metrics.accuracy", "maps"} <= set(table.columns)
+    assert len(table.rows) == 16 and all(list(row) == table.columns for row in table.rows)
+    row, = [r for r in table.rows if (r["pipeline"], r["seed"], r["lambda"]) == ("dp", 2, 0.01)]
+    assert (row["seed"], row["lambda"], row["sparsity"], row["params.head_gates.lambda"]) == (2, 0.01, None, 0.01)
+    assert row["params.train.max_steps"] == 10 and row["maps"] == "heads.gate,heads.log_alpha"
+    assert row["metrics.accuracy"] == pytest.approx(0.7 + 0.02 - 0.005)
+    assert row["duration_s"] >= 0 and row["started_at"] < row["finished_at"] and row["mlflow_run_id"] is None
+    assert run_table.run_table(data, "metrics.accuracy > 5").rows == []
 
 
 # --------------------------------------------------------------------------- aggregate
@@ -362,8 +368,8 @@ def test_spearman_on_the_continuous_map(data):
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"k_frac": 0.0}, "k must be a fraction"),
-    ({"k_frac": float("nan")}, "k must be a fraction"),
+    ({"k_frac": 0.0}, "top must be a fraction"),
+    ({"k_frac": float("nan")}, "top must be a fraction"),
     ({"map_name": "heads.gates"}, "did you mean 'heads.gate'"),
     ({"a": {"task": [CLS], "status": ["pending"]}}, "group a .* has no finished run"),
 ])

@@ -144,9 +144,9 @@ def _all_tested(values: dict[str, tuple[float, dict]], left_out: list[str], pool
             for stat in statistics.asked("compare_maps") if stat.shape == "pairs"}
 
 
-def overlap(data: SweepData, a: Filters, b: Filters, map_name: str = DEFAULT_MAP, k_frac: float = 0.2,
+def overlap(data: SweepData, a: Filters, b: Filters, map_name: str = DEFAULT_MAP, k_frac: float = DEFAULT_TOP,
             filters: Filters | None = None, n_perm: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """Do two groups of runs rank the units of ``map_name`` alike? (the service's ``/spearman``)
+    """Do two groups of runs rank the units of ``map_name`` alike? (``headsweep spearman``, ``/spearman``)
 
     compare-maps' question over two labels, the groups' mean maps (``relabelled_tests``):
     ``spearman``, Spearman rho between the two mean maps (a :class:`Tested`), against both nulls
@@ -157,7 +157,7 @@ def overlap(data: SweepData, a: Filters, b: Filters, map_name: str = DEFAULT_MAP
     counts single-run noise).
     """
     if not (isinstance(k_frac, int | float) and 0.0 < k_frac <= 1.0):
-        raise QueryError(f"k must be a fraction in (0, 1], got {k_frac}")
+        raise QueryError(f"top must be a fraction in (0, 1], got {k_frac}")
     if n_perm < 0:
         raise QueryError(f"n_perm must be >= 0, got {n_perm}")
     base = select(data, filters)

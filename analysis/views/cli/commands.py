@@ -1,6 +1,6 @@
-"""``headsweep results | agreement | compare-maps | transfer | iou | figures | serve``: the analysis commands.
+"""``headsweep runs | results | agreement | compare-maps | spearman | transfer | iou | figures | serve``: the analysis commands.
 
-``register(subparsers)`` adds them to the main parser (headsweep/cli/analysis.py); ``compare`` and
+``register(subparsers, artifact_uris)`` adds them to the main parser (headsweep/cli/analysis.py); ``compare`` and
 ``transfer`` hold compare-maps and transfer, ``common`` what they share.
 Each handler takes the parsed args and returns an exit code; bad input
 (an unknown sweep, axis, metric or value) raises ``ConfigError``, which the
@@ -10,7 +10,6 @@ main CLI prints as one line with exit status 2.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import signal
@@ -25,17 +24,19 @@ from rich.table import Table
 from analysis.views.cli import compare, transfer
 from analysis.views.cli.common import (
     AGREEMENT_FORMATS,
+    OUT_HELP,
     SWEEP_HELP,
     bad_input_is_config_error,
+    check_output,
     fmt3,
     load,
     null_cells,
     out,
+    registry,
     signed,
+    write_json,
     write_rows,
 )
-from experiments.common.naming import suggest
-from experiments.common.sections import ConfigError
 from experiments.common.units import OPEN_THRESHOLD
 
 FORMATS = ("table", "csv", "parquet", "json")
@@ -49,6 +50,47 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+# --------------------------------------------------------------------------- runs
+
+
+@bad_input_is_config_error
+def cmd_runs(args: argparse.Namespace) -> int:
+    """The run table (``analysis.questions.run_table``): one row per run, every column."""
+    from analysis.questions.run_table import run_table
+
+    check_output(args, FORMATS)
+    data, where = load(args)
+    table = run_table(data, where, registry(args).get_sweep(data.sweep_id)["grid"], args.artifact_uris)
+    if args.format != "table":
+        write_rows(table.rows, args.format, args.out, table.columns)
+        if args.out:
+            out.print(f"{len(table.rows)} runs -> {args.out}")
+        return 0
+    out.print(_runs_table(table, f"runs of {args.sweep}" + (f" where {args.where}" if args.where else "")))
+    return 0
+
+
+_NOT_SHOWN = ("group_key", "started_at", "finished_at", "artifact_uri", "maps")
+
+
+def _runs_table(table, title: str) -> Table:
+    """The columns whose values differ between the runs (the run key short), the constant ones in the
+    caption; every column with --format csv, json or parquet."""
+    rows = table.rows
+    shown = [c for c in table.columns if c not in _NOT_SHOWN and (c == "run_key" or len({str(r[c]) for r in rows}) > 1)]
+    constant = [c for c in table.columns if c not in shown and c not in _NOT_SHOWN and rows
+                and rows[0][c] not in (None, "") and len({str(r[c]) for r in rows}) == 1]
+    caption = "  ".join(f"{c}: {_fmt(rows[0][c])}" for c in constant)
+    caption += f"\n{len(rows)} runs; every column ({len(table.columns)}): --format csv|json|parquet"
+    view = Table(title=title, caption=caption.strip(), box=box.SIMPLE, pad_edge=False)
+    for column in shown:
+        view.add_column(column, no_wrap=True,
+                        justify="right" if column.startswith(("metrics.", "duration")) else "left")
+    for row in rows:
+        view.add_row(*(row[c][:12] if c == "run_key" else _fmt(row[c]) for c in shown))
+    return view
+
+
 # --------------------------------------------------------------------------- results
 
 
@@ -57,10 +99,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     """Mean, std, n and 95 % CI of a metric per group."""
     from analysis.questions import results
 
-    if args.format not in FORMATS:
-        raise ConfigError(f"--format: unknown format '{args.format}'{suggest(args.format, FORMATS)}")
-    if args.format == "parquet" and not args.out:
-        raise ConfigError("--format parquet writes a binary file: give --out FILE.parquet")
+    check_output(args, FORMATS)
     data, where = load(args)
     group_by = [a.strip() for a in (args.group_by or "").split(",") if a.strip()]
     metric, rows = results.results(data, group_by, args.metric, where)
@@ -105,16 +144,19 @@ def _results_table(rows: list[dict[str, Any]], title: str) -> Table:
 @bad_input_is_config_error
 def cmd_agreement(args: argparse.Namespace) -> int:
     """The agreement matrix and two tested statistics, each against both permutation nulls."""
+    from analysis.data import select
     from analysis.questions.agreement.across_runs import agreement
     from analysis.views import answers, figure_plan
 
+    check_output(args, AGREEMENT_FORMATS)
     data, where = load(args)
     pool = [a.strip() for a in (args.pool or "").split(",") if a.strip()]
-    result = agreement(data, args.across, where, n_perm=args.n_perm, map_name=args.map, pool=pool)
+    result = agreement(data, args.across, where, n_perm=args.n_perm, map_name=args.map or select.default_map(data),
+                       pool=pool)
     if args.format == "json":
-        print(json.dumps(answers.agreement_json(result), indent=2))
+        write_json(answers.agreement_json(result), args.out)
     elif args.format == "csv":
-        write_rows(_matrix_rows(result), "csv", None)
+        write_rows(_matrix_rows(result), "csv", args.out)
     else:
         _print_agreement(result, args.sweep)
     if args.png:
@@ -183,15 +225,16 @@ def cmd_iou(args: argparse.Namespace) -> int:
     """Mask IoU of kept weights between runs that differ in one axis, beside chance."""
     from analysis.questions import masks
 
+    check_output(args, AGREEMENT_FORMATS)
     data, where = load(args)
     pool = [a.strip() for a in (args.pool or "").split(",") if a.strip()]
     result = masks.mask_iou(data, args.across, masks.stored_masks(), where, pool)
     if args.format == "json":
-        print(json.dumps(result, indent=2))
+        write_json(result, args.out)
         return 0
     if args.format == "csv":
         write_rows([{args.across: label, **dict(zip(result["labels"], row, strict=True))}
-                     for label, row in zip(result["labels"], result["matrix"], strict=True)], "csv", None)
+                     for label, row in zip(result["labels"], result["matrix"], strict=True)], "csv", args.out)
         return 0
     table = Table(title=f"weight masks: IoU of kept weights across {args.across} ({args.sweep})", box=box.SIMPLE)
     table.add_column(args.across, overflow="fold")
@@ -262,7 +305,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     out.print(f"analysis service for {url} at http://{args.host}:{args.port}/ "
               f"(OpenAPI: /docs, /openapi.json); Ctrl-C stops it")
-    serve_app(url, args.host, args.port, blocking=True)
+    serve_app(url, args.host, args.port, blocking=True, artifact_uris=args.artifact_uris)
     # Serve and the Ray it started are down (serve_app). Left to itself, the interpreter's exit then
     # waits in Ray's native teardown (no Python frame) until serve_app's 8 s watchdog ends it: 9 s
     # from Ctrl-C idle, at the edge of the 10 s promise. Nothing is left to flush or close but stdio.
@@ -272,10 +315,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     os._exit(0)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``results``, ``agreement``, ``figures`` and ``serve`` to the main CLI."""
+def register(subparsers: argparse._SubParsersAction, artifact_uris=None) -> None:
+    """Add the analysis commands to the main CLI; ``artifact_uris``: the run table's lookup of MLflow
+    artifact URIs (``analysis.questions.run_table.ArtifactUris``), for ``runs`` and ``serve``."""
     db_help = "registry URL (default: $HEADSWEEP_DB or the HEADSWEEP_HOME SQLite file)"
-    where_help = "only these runs, e.g. task:sst2,pipeline:dp,seed:0|1"
+    where_help = ("only these runs, e.g. 'metrics.accuracy > 0.8 and params.train.lr = 3e-4 and seed != 1' "
+                  "or task:sst2,seed:0|1")
+
+    p = subparsers.add_parser("runs", help="the run table: labels, status, times, MLflow run, params.*, metrics.*")
+    p.add_argument("sweep", help=SWEEP_HELP)
+    p.add_argument("--where", help=where_help)
+    p.add_argument("--format", default="table", help=f"one of {', '.join(FORMATS)}")
+    p.add_argument("--out", help=OUT_HELP + " (parquet: required)")
+    p.add_argument("--db", help=db_help)
+    p.set_defaults(func=cmd_runs, artifact_uris=artifact_uris)
 
     p = subparsers.add_parser("results", help="a metric's mean, std, n and 95%% CI per group")
     p.add_argument("sweep", help=SWEEP_HELP)
@@ -283,20 +336,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                   "(default: per cell, over seeds)")
     p.add_argument("--metric", help="default: accuracy, else the first metric")
     p.add_argument("--format", default="table", help=f"one of {', '.join(FORMATS)}")
-    p.add_argument("--out", help="write to this file (required for parquet)")
+    p.add_argument("--out", help=OUT_HELP + " (parquet: required)")
     p.add_argument("--where", help=where_help)
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_results)
 
     p = subparsers.add_parser("agreement", help="do runs keep the same units? (across seeds, tasks, pipelines, ...)")
     p.add_argument("sweep", help=SWEEP_HELP)
-    p.add_argument("--across", required=True,
-                   help="seed, run, a label (task, model, method, pipeline, a method's short name) or any config key")
-    p.add_argument("--map", default="heads.gate", help="the unit map to compare (default heads.gate; "
-                                                       "e.g. heads.log_alpha)")
+    p.add_argument("--across", default="seed", help="seed (default), run, a label (task, model, method, pipeline, "
+                                                    "a method's short name) or any config key")
+    p.add_argument("--map", help="the unit map to compare, e.g. heads.gate, heads.log_alpha "
+                                 "(default: the map most runs of the sweep have)")
     p.add_argument("--pool", help="comma-separated axes to average over instead of matching on them")
     p.add_argument("--format", default="table", choices=AGREEMENT_FORMATS,
                    help="table (default; the statistics too), csv (the matrix) or json (everything)")
+    p.add_argument("--out", help=OUT_HELP)
     p.add_argument("--png", help="also write the heat map to this PNG file")
     p.add_argument("--n-perm", type=int, default=1000,
                    help="permutations of each null (units shuffled within layers, and across all units); "
@@ -310,10 +364,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("iou", help="do runs keep the same weights? mask IoU across seeds, pipelines, losses, ...")
     p.add_argument("sweep", help=SWEEP_HELP)
-    p.add_argument("--across", required=True, help="seed, or any axis (pipeline, loss, method, task, a config key): "
-                   "pairs of runs that differ in it only")
+    p.add_argument("--across", default="seed", help="seed (default), or any axis (pipeline, loss, method, task, "
+                   "a config key): pairs of runs that differ in it only")
     p.add_argument("--pool", help="comma-separated axes to average over instead of matching on them")
     p.add_argument("--format", default="table", choices=AGREEMENT_FORMATS, help="table (default), csv or json")
+    p.add_argument("--out", help=OUT_HELP)
     p.add_argument("--where", help=where_help)
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_iou)
@@ -330,4 +385,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     p.add_argument("--db", help=db_help)
-    p.set_defaults(func=cmd_serve)
+    p.set_defaults(func=cmd_serve, artifact_uris=artifact_uris)

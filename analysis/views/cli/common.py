@@ -17,16 +17,20 @@ from typing import Any
 
 from rich.console import Console
 
+from experiments.common.naming import suggest
 from experiments.common.sections import ConfigError
 
 AGREEMENT_FORMATS = ("table", "csv", "json")
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
+OUT_HELP = "write the answer (--format csv or json) to this file instead of stdout"
 SWEEP_HELP = "a sweep id, or 'last' (the newest sweep)"
 # A terminal wraps tables at its width; a pipe or a file gets them whole (rich's default there is
 # 80 columns, which folds a run x run matrix into unreadable pieces).
 out = Console(width=None if sys.stdout.isatty() else 100_000)
 
 
-def _registry(args: argparse.Namespace):
+def registry(args: argparse.Namespace):
+    """The registry's reader the command reads (``--db``, else the CLI's)."""
     from orchestrator import settings
     from orchestrator.registry.reader import RegistryReader
 
@@ -39,7 +43,7 @@ def load(args: argparse.Namespace):
     from analysis.data import select
     from analysis.data.loading import open_sweep
 
-    return open_sweep(_registry(args), args.sweep), select.parse_filter(args.where or "")
+    return open_sweep(registry(args), args.sweep), select.parse_filter(args.where)
 
 
 def bad_input_is_config_error(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -58,22 +62,49 @@ def bad_input_is_config_error(handler: Callable[[argparse.Namespace], int]) -> C
     return wrapper
 
 
-def write_rows(rows: list[dict[str, Any]], fmt: str, path: str | None) -> None:
-    """``rows`` as parquet (to ``path``), json or csv (to ``path``, or stdout without one)."""
+def write_rows(rows: list[dict[str, Any]], fmt: str, path: str | None, columns: list[str] | None = None) -> None:
+    """``rows`` as parquet (to ``path``), json or csv (to ``path``, or stdout without one); ``columns``:
+    their order (default: the first row's keys)."""
+    columns = list(columns if columns is not None else rows[0] if rows else [])
     if fmt == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pandas as pd
 
-        pq.write_table(pa.Table.from_pylist(rows), path)
+        pd.DataFrame(rows, columns=columns).to_parquet(path, index=False)
         return
     if fmt == "json":
         text = json.dumps(rows, indent=1) + "\n"
     else:
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else [], lineterminator="\n")
+        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
         text = buf.getvalue()
+    if path:
+        Path(path).write_text(text)
+    else:
+        sys.stdout.write(text)
+
+
+def check_output(args: argparse.Namespace, formats: tuple[str, ...]) -> None:
+    """``--format`` one of ``formats``; ``--out FILE`` (the answer as data, instead of stdout: csv, json,
+    parquet) never with the terminal's table, never a figure (that is ``--png``)."""
+    if args.format not in formats:
+        raise ConfigError(f"--format: unknown format '{args.format}'{suggest(args.format, formats)} "
+                          f"(formats: {', '.join(formats)})")
+    if args.format == "parquet" and not args.out:
+        raise ConfigError("--format parquet writes a binary file: give --out FILE.parquet")
+    if args.out and Path(args.out).suffix.lower() in FIGURE_SUFFIXES:
+        png = f" --png {args.out}" if hasattr(args, "png") else " none (`headsweep figures` draws them)"
+        raise ConfigError(f"--out writes the answer as data (--format {'|'.join(f for f in formats if f != 'table')}); "
+                          f"'{args.out}' is a figure's name; this command's figure:{png}")
+    if args.out and args.format == "table":
+        raise ConfigError(f"--out {args.out}: give --format {'|'.join(f for f in formats if f != 'table')} "
+                          "(the table is for the terminal)")
+
+
+def write_json(value: Any, path: str | None) -> None:
+    """``value`` as indented JSON to ``path``, or stdout without one."""
+    text = json.dumps(value, indent=2) + "\n"
     if path:
         Path(path).write_text(text)
     else:

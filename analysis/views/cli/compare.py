@@ -1,9 +1,9 @@
-"""``headsweep compare-maps``: do methods (or tasks) rank the units alike? (``analysis.questions.agreement.compare``)."""
+"""``headsweep compare-maps`` and ``spearman``: do methods, tasks or two groups of runs rank the units alike?
+(``analysis.questions.agreement.compare``)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -13,9 +13,9 @@ from rich.table import Table
 
 from analysis import statistics
 from analysis.data.select import py
-from analysis.questions.agreement.compare import DEFAULT_TOP, compare_maps
+from analysis.questions.agreement.compare import DEFAULT_TOP, compare_maps, overlap
 from analysis.questions.agreement.result import Agreement
-from analysis.views.answers import compare_json, compare_rows, null_summaries
+from analysis.views.answers import compare_json, compare_rows, null_summaries, overlap_json
 from analysis.views.cli import common as cli_common
 from analysis.views.compare_figure import compare_png
 
@@ -34,7 +34,7 @@ negative for important heads) is flipped with a leading '-': -heads.ablation_del
 EXAMPLES = """\
 examples:
   headsweep compare-maps last heads.log_alpha heads.importance -heads.ablation_delta
-  headsweep compare-maps last neurons.predictivity --across task --out tasks.png
+  headsweep compare-maps last neurons.predictivity --across task --png tasks.png
 """
 
 
@@ -54,19 +54,46 @@ def _maps_may_start_with_minus(parser: argparse.ArgumentParser) -> None:
 
 @cli_common.bad_input_is_config_error
 def cmd_compare_maps(args: argparse.Namespace) -> int:
-    """The table (or csv / json) of every pair of maps, and the matrix figure with --out."""
+    """The table (or csv / json) of every pair of maps, and the matrix figure with --png."""
+    cli_common.check_output(args, cli_common.AGREEMENT_FORMATS)
     data, where = cli_common.load(args)
     pool = [a.strip() for a in (args.pool or "").split(",") if a.strip()]
     result = compare_maps(data, args.maps, where, across=args.across, top=args.top, n_perm=args.n_perm, pool=pool)
     if args.format == "json":
-        print(json.dumps(compare_json(result), indent=2))
+        cli_common.write_json(compare_json(result), args.out)
     elif args.format == "csv":
-        cli_common.write_rows(compare_rows(result), "csv", None)
+        cli_common.write_rows(compare_rows(result), "csv", args.out)
     else:
         _print(result, args.sweep)
-    if args.out:
-        Path(args.out).write_bytes(compare_png(result, where))
-        print(f"matrix -> {args.out}", file=sys.stderr)  # stdout may be the csv or json
+    if args.png:
+        Path(args.png).write_bytes(compare_png(result, where))
+        print(f"matrix -> {args.png}", file=sys.stderr)  # stdout may be the csv or json
+    return 0
+
+
+@cli_common.bad_input_is_config_error
+def cmd_spearman(args: argparse.Namespace) -> int:
+    """Spearman rho and the top-k overlap of two groups' mean maps, against both nulls."""
+    from analysis.data import select
+
+    cli_common.check_output(args, ("table", "json"))
+    data, where = cli_common.load(args)
+    group_a, group_b = select.parse_filter(args.a), select.parse_filter(args.b)
+    answer = overlap_json(overlap(data, group_a, group_b, args.map or select.default_map(data), args.top, where,
+                                  args.n_perm))
+    if args.format == "json":
+        cli_common.write_json({"a": args.a, "b": args.b, **answer}, args.out)
+        return 0
+    cli_common.out.print(escape(f"{answer['map']}: {args.a} ({answer['n_a']} runs) vs {args.b} ({answer['n_b']} runs), "
+                                f"{args.sweep}"))
+    cli_common.out.print(f"Spearman rho of the mean maps {cli_common.fmt3(answer['spearman'])}; mean over the "
+                         f"pairs of runs {cli_common.fmt3(answer['mean_pairwise'])}")
+    for null in answer["nulls"]:
+        shuffled, chance, band, excess, p = cli_common.null_cells(null)
+        cli_common.out.print(f"  units relabelled {shuffled}: chance {chance}, 95 % {band}, excess {excess}, {p}")
+    cli_common.out.print(f"top {answer['k']} units: overlap {cli_common.fmt3(answer['overlap'])} (chance "
+                         f"{cli_common.fmt3(answer['chance_overlap'])}), Jaccard {cli_common.fmt3(answer['jaccard'])} "
+                         f"(chance {cli_common.fmt3(answer['chance_jaccard'])})")
     return 0
 
 
@@ -139,7 +166,22 @@ def register(subparsers: argparse._SubParsersAction, db_help: str, where_help: s
     p.add_argument("--pool", help="with --across: comma-separated axes to average over instead of matching on them")
     p.add_argument("--format", default="table", choices=cli_common.AGREEMENT_FORMATS,
                    help="table (default), csv (one row per pair of maps) or json (everything)")
-    p.add_argument("--out", help="also write the annotated matrix to this PNG file")
+    p.add_argument("--out", help=cli_common.OUT_HELP)
+    p.add_argument("--png", help="also write the annotated matrix to this PNG file")
     p.add_argument("--where", help=where_help)
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_compare_maps)
+
+    p = subparsers.add_parser("spearman", help="do two groups of runs rank a map's units alike? rho, top-k, nulls")
+    p.add_argument("sweep", help=cli_common.SWEEP_HELP)
+    p.add_argument("--a", required=True, help="group a, as --where: e.g. task:sst2,pipeline:dp")
+    p.add_argument("--b", required=True, help="group b, e.g. task:ud-pos")
+    p.add_argument("--map", help="the unit map (default: the map most runs of the sweep have)")
+    p.add_argument("--top", type=float, default=DEFAULT_TOP,
+                   help=f"top-k overlap of this fraction of the units (default {DEFAULT_TOP})")
+    p.add_argument("--n-perm", type=int, default=1000, help="relabellings of each null; default 1000, 0 = no test")
+    p.add_argument("--format", default="table", choices=("table", "json"), help="table (default) or json")
+    p.add_argument("--out", help=cli_common.OUT_HELP)
+    p.add_argument("--where", help=where_help)
+    p.add_argument("--db", help=db_help)
+    p.set_defaults(func=cmd_spearman)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -34,12 +33,13 @@ examples:
 
 @cli_common.bad_input_is_config_error
 def cmd_transfer(args: argparse.Namespace) -> int:
+    cli_common.check_output(args, cli_common.AGREEMENT_FORMATS)
     data, where = cli_common.load(args)
     result = transfer_tables(data, where, fraction=args.fraction, noise_std=args.noise_std, n_perm=args.n_perm)
     if args.format == "json":
-        print(json.dumps(transfer_json(result), indent=2))
+        cli_common.write_json(transfer_json(result), args.out)
     elif args.format == "csv":
-        cli_common.write_rows(transfer_rows(result), "csv", None)
+        cli_common.write_rows(transfer_rows(result), "csv", args.out)
     else:
         _print(result)
     if args.png:
@@ -85,6 +85,7 @@ def register(subparsers: argparse._SubParsersAction, db_help: str, where_help: s
                    help="shuffles of the transfer values among the pairs; default 1000, 0 = no test")
     p.add_argument("--format", default="table", choices=cli_common.AGREEMENT_FORMATS,
                    help="table (default), csv (one row per ordered pair) or json (everything)")
+    p.add_argument("--out", help=cli_common.OUT_HELP)
     p.add_argument("--png", help="also write the annotated tables to this PNG file")
     p.add_argument("--where", help=where_help)
     p.add_argument("--db", help=db_help)

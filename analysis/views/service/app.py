@@ -28,8 +28,9 @@ from fastapi_offline import FastAPIOffline
 from analysis.data import select
 from analysis.data.select import QueryError
 from analysis.data.sweep import AXES, SweepData
-from analysis.questions import masks, results
+from analysis.questions import masks, results, run_table
 from analysis.questions.agreement import across_runs, compare
+from analysis.questions.transfer import transfer_tables
 from analysis.views import answers, figure_plan
 from analysis.views.service.cache import State
 from analysis.views.service.models import (
@@ -41,11 +42,11 @@ from analysis.views.service.models import (
     FigureOut,
     FiguresOut,
     MaskIouOut,
-    RunOut,
     RunsPage,
     SpearmanOut,
     SweepDetailOut,
     SweepOut,
+    TransferOut,
 )
 from analysis.views.service.params import (
     ACROSS_HELP,
@@ -58,6 +59,7 @@ from analysis.views.service.params import (
     frozen,
     sweep_out,
 )
+from analysis.views.transfer import transfer_json
 from orchestrator.registry.history import history as sweep_history
 
 MAX_RUN_MATRIX = 500  # across=run answers an N x N matrix: larger selections must be filtered
@@ -81,8 +83,9 @@ Time grows with units per run, and with seeds per cell (10 seeds: ~2x per run)."
 # --------------------------------------------------------------------------- the app
 
 
-def build_app(registry_url: str) -> FastAPI:
-    """The FastAPI app over the registry at ``registry_url`` (no Ray needed)."""
+def build_app(registry_url: str, artifact_uris: run_table.ArtifactUris | None = None) -> FastAPI:
+    """The FastAPI app over the registry at ``registry_url`` (no Ray needed); ``artifact_uris`` reads
+    the runs' artifact URIs from the MLflow store (``headsweep.api.mlflow_artifact_uris``; none: null)."""
     state = State(registry_url)
     errors = {code: {"model": ErrorOut} for code in (400, 404, 422)}
     # /docs and /redoc load Swagger UI and ReDoc from the fastapi-offline package, not from a CDN:
@@ -117,39 +120,43 @@ def build_app(registry_url: str) -> FastAPI:
         history = sweep_history(sweep | {"events": state.registry.events(sweep_id)})
         return sweep_out(sweep, SweepDetailOut, axes=axes, metrics=sorted(data.metrics), history=history)
 
-    @app.get("/sweeps/{sweep_id}/runs", response_model=RunsPage, summary="Runs, filtered by any axis")
-    def list_runs(
+    @app.get("/sweeps/{sweep_id}/runs", response_model=RunsPage,
+             summary="The run table: labels, status, times, MLflow run, params.*, metrics.*; filtered by --where")
+    def runs(
         sweep_id: SweepId, request: Request, filters: Filters,
         offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
     ) -> Response:
         check_params(request, "offset", "limit")
+        grid = state.registry.get_sweep(sweep_id)["grid"]
 
         def compute(data: SweepData) -> Response:
-            total, rows = results.runs(data, filters, offset, limit)
-            return as_json(RunsPage(total=total, offset=offset, limit=limit, runs=[RunOut(**row) for row in rows]))
+            table = run_table.run_table(data, filters, grid, artifact_uris)
+            return as_json(RunsPage(sweep=sweep_id, total=len(table.rows), offset=offset, limit=limit,
+                                    columns=table.columns, runs=table.rows[offset:offset + limit]))
 
         return state.answer(sweep_id, ("runs", frozen(filters), offset, limit), compute)
 
-    @app.get("/sweeps/{sweep_id}/aggregate", response_model=AggregateOut,
-             summary="Mean, std, n and 95 % CI of a metric per group")
-    def aggregate(
+    @app.get("/sweeps/{sweep_id}/results", response_model=AggregateOut,
+             summary="Mean, std, n and 95 % CI of a metric per group (`headsweep results`)")
+    @app.get("/sweeps/{sweep_id}/aggregate", response_model=AggregateOut, include_in_schema=False)  # the old path
+    def results_(
         sweep_id: SweepId, request: Request, filters: Filters,
-        metric: Annotated[str, Query(min_length=1, description="e.g. accuracy")] = "accuracy",
+        metric: Annotated[str | None, Query(min_length=1, description="Default: accuracy, else the first metric.")] = None,
         group_by: Annotated[str, Query(description="Comma-separated axes; empty = per cell (over seeds).")] = "",
     ) -> Response:
         check_params(request, "metric", "group_by")
         by = [a.strip() for a in group_by.split(",") if a.strip()]
-        stat_keys = ("metric", "mean", "std", "n", "ci_lo", "ci_hi", "ci_method", "runs")
+        stat_keys = ("metric", "mean", "std", "n", "ci_lo", "ci_hi", "ci_method", "runs", "expected_open")
 
         def compute(data: SweepData) -> Response:
-            rows = results.aggregate(data, by, metric, filters)
-            return as_json(AggregateOut(metric=metric, group_by=by, rows=[
+            used, rows = results.results(data, by, metric, filters)
+            return as_json(AggregateOut(metric=used, group_by=by, rows=[
                 AggregateRow(group={k: v for k, v in row.items() if k not in stat_keys},
-                             **{k: row[k] for k in stat_keys if k != "metric"})
+                             **{k: row[k] for k in stat_keys if k != "metric" and k in row})
                 for row in rows]))
 
-        return state.answer(sweep_id, ("aggregate", frozen(filters), metric, tuple(by)), compute)
+        return state.answer(sweep_id, ("results", frozen(filters), metric, tuple(by)), compute)
 
     @app.get("/sweeps/{sweep_id}/agreement", response_model=AgreementOut,
              summary="Agreement of a unit map across seeds, tasks, ... with both permutation nulls")
@@ -180,16 +187,16 @@ def build_app(registry_url: str) -> FastAPI:
         sweep_id: SweepId, request: Request, filters: Filters,
         a: Annotated[str, Query(description="Group a, e.g. task:sst2,pipeline:dp (values joined by |).")],
         b: Annotated[str, Query(description="Group b, e.g. task:ud-pos.")],
-        k: Annotated[float, Query(gt=0, le=1, description="Top-k as a fraction of the units.")] = 0.2,
+        top: Annotated[float, Query(gt=0, le=1, description="Top-k as a fraction of the units.")] = compare.DEFAULT_TOP,
         map: Annotated[str | None, Query(description=MAP_HELP)] = None,
-        n_perm: Annotated[int, Query(ge=0, le=5000)] = 1000,
+        n_perm: Annotated[int, Query(ge=0, le=2000, description="Relabellings per null (0 = none).")] = 1000,
     ) -> Response:
-        check_params(request, "a", "b", "k", "map", "n_perm")
+        check_params(request, "a", "b", "top", "map", "n_perm")
         group_a, group_b = select.parse_filter(a), select.parse_filter(b)
         return state.answer(
-            sweep_id, ("spearman", frozen(filters), frozen(group_a), frozen(group_b), k, map, n_perm),
+            sweep_id, ("spearman", frozen(filters), group_a, group_b, top, map, n_perm),
             lambda data: as_json(SpearmanOut(a=a, b=b, **answers.overlap_json(compare.overlap(
-                data, group_a, group_b, map or select.default_map(data), k, filters, n_perm)))))
+                data, group_a, group_b, map or select.default_map(data), top, filters, n_perm)))))
 
     @app.get("/sweeps/{sweep_id}/compare-maps", response_model=CompareMapsOut,
              summary="Do maps (methods) or one map's tasks rank the units alike? Spearman, top-k, nulls")
@@ -211,17 +218,33 @@ def build_app(registry_url: str) -> FastAPI:
                 data, names, filters, across=across, top=top, n_perm=n_perm, pool=pooled,
                 max_run_perms=MAX_RUN_PERMS)))))
 
-    @app.get("/sweeps/{sweep_id}/mask-iou", response_model=MaskIouOut,
-             summary="Do runs keep the same weights? IoU of stored weight masks, beside chance")
-    def mask_iou(
+    @app.get("/sweeps/{sweep_id}/iou", response_model=MaskIouOut,
+             summary="Do runs keep the same weights? IoU of stored weight masks, beside chance (`headsweep iou`)")
+    @app.get("/sweeps/{sweep_id}/mask-iou", response_model=MaskIouOut, include_in_schema=False)  # the old path
+    def iou(
         sweep_id: SweepId, request: Request, filters: Filters,
         across: Annotated[str, Query(description="seed, or any axis: pairs of runs that differ in it only.")] = "seed",
         pool: Annotated[str, Query(description="Comma-separated axes to average over.")] = "",
     ) -> Response:
         check_params(request, "across", "pool")
         pooled = tuple(a.strip() for a in pool.split(",") if a.strip())
-        return state.answer(sweep_id, ("mask-iou", frozen(filters), across, pooled), lambda data: as_json(MaskIouOut(
+        return state.answer(sweep_id, ("iou", frozen(filters), across, pooled), lambda data: as_json(MaskIouOut(
             **masks.mask_iou(data, across, masks.stored_masks(), filters, pooled))))
+
+    @app.get("/sweeps/{sweep_id}/transfer", response_model=TransferOut,
+             summary="Prompt transfer between tasks: task x task tables, overlap vs transfer (`headsweep transfer`)")
+    def transfer(
+        sweep_id: SweepId, request: Request, filters: Filters,
+        fraction: Annotated[float | None, Query(gt=0, le=1, description="The perturbed fraction of the neurons in "
+                                                "the drop tables (default: the largest reported).")] = None,
+        noise_std: Annotated[float | None, Query(ge=0, description="The runs at this prompt_transfer.noise_std "
+                                                 "(default: the value most runs have).")] = None,
+        n_perm: Annotated[int, Query(ge=0, le=2000, description="Shuffles of the transfer values (0 = none).")] = 1000,
+    ) -> Response:
+        check_params(request, "fraction", "noise_std", "n_perm")
+        return state.answer(sweep_id, ("transfer", frozen(filters), fraction, noise_std, n_perm), lambda data: as_json(
+            TransferOut(**transfer_json(transfer_tables(data, filters, fraction=fraction, noise_std=noise_std,
+                                                        n_perm=n_perm)))))
 
     @app.get("/sweeps/{sweep_id}/figures", response_model=FiguresOut,
              summary="Every figure of the sweep, as `headsweep figures` writes them, each with its URL")

@@ -9,9 +9,7 @@ from typing import Any
 from pydantic import BaseModel, Field, create_model
 
 from analysis import statistics
-from analysis.data.sweep import SCALE_LABELS
 from analysis.questions.agreement.result import RHO, R
-from orchestrator.registry.schema import LABELS
 
 
 class ErrorOut(BaseModel):
@@ -40,28 +38,18 @@ class SweepDetailOut(SweepOut):
     metrics: list[str]
 
 
-def _label_type(label: str) -> Any:
-    """A label's JSON type: a setting on a scale (NaN = unset: null), the seed, else text ("" = unset)."""
-    return float | None if label in SCALE_LABELS else int if label == "seed" else str
-
-
-RunOut = create_model(
-    "RunOut",
-    run_key=(str, ...),
-    group_key=(str, ...),
-    status=(str, ...),
-    **{label: (_label_type(label), ...) for label in LABELS},  # the registry's labels, by name
-    metrics=(dict[str, float], ...),
-    maps=(list[str], Field(description="The unit maps the run has stored (none until it finishes; "
-                                       "none for a method that reports none).")),
-)
-
-
 class RunsPage(BaseModel):
+    """A page of the run table (``analysis.questions.run_table``): the same columns as ``headsweep runs``
+    and ``headsweep.sweep(...).runs()``."""
+
+    sweep: str
     total: int = Field(description="Runs matching the filters.")
     offset: int
     limit: int
-    runs: list[RunOut]
+    columns: list[str] = Field(description="Every column, in order: run_key, group_key, the labels, status, "
+                               "started_at, finished_at, duration_s, mlflow_run_id, artifact_uri, "
+                               "params.<key> (each config key the grid sets or varies), maps, metrics.<name>.")
+    runs: list[dict[str, Any]] = Field(description="One object per run with every column (null where none).")
 
 
 class AggregateRow(BaseModel):
@@ -73,6 +61,8 @@ class AggregateRow(BaseModel):
     ci_hi: float | None
     ci_method: str = Field(description="t (a t interval, below 10 runs), bootstrap (from 10) or none (n < 2).")
     runs: int = Field(description="Runs in the group, finished or not.")
+    expected_open: float | None = Field(None, description="With metric open_heads: the group's mean expected "
+                                        "open heads (sum over heads of P(gate > 0) in training).")
 
 
 class AggregateOut(BaseModel):
@@ -194,6 +184,23 @@ CompareMapsOut = create_model(
     pooled_axes=(list[str], ...),
     notes=(list[str], ...),
 )
+
+
+class TransferOut(BaseModel):
+    """``headsweep transfer --format json``: task x task tables and overlap vs transfer (``views.transfer``)."""
+
+    sweep: str
+    model: str
+    tasks: list[str]
+    runs: int
+    fraction: float | None
+    noise_std: float | None
+    meaning: dict[str, str]
+    tables: dict[str, list[list[float | None]]]
+    seeds: list[list[int]] = Field(description="Finished runs (seeds) averaged in each cell.")
+    correlations: list[dict[str, Any]]
+    pooled: str
+    notes: list[str]
 
 
 class MaskIouOut(BaseModel):

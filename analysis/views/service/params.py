@@ -37,23 +37,22 @@ _FILTER_HELP = "Comma-separated values; a run matches any of them."
 MAP_HELP = "Unit map, e.g. heads.gate, heads.log_alpha (default: the map most runs of the sweep have)."
 
 
-_WHERE_HELP = "Filters on any config key, as the CLI's --where: e.g. head_gates.lr:0.001,task.max_train:500|1000"
+_WHERE_HELP = ("Which runs, as the CLI's --where: e.g. metrics.accuracy > 0.8 and params.train.lr = 3e-4 and "
+               "seed != 1, or head_gates.lr:0.001,task.max_train:500|1000")
 
 
 ACROSS_HELP = f"run, {', '.join(a for a in AXES if a not in ('status', 'group_key', 'run_key'))} or a config key."
 
 
-def axis_filters(request: Request, where: str | None = None, **_: Any) -> dict[str, list[str]]:
-    """The axis filters of the request: a query parameter per axis (``AXES``, declared in the
-    signature below for the OpenAPI document) and ``where``; a repeated parameter,
-    ``seed=0&seed=1``, adds values."""
-    filters: dict[str, list[str]] = {}
+def axis_filters(request: Request, where: str | None = None, **_: Any) -> select.Where:
+    """The filters of the request as conditions: a query parameter per axis (``AXES``, declared in
+    the signature below for the OpenAPI document; ``seed=0&seed=1`` adds values) and ``where``, the
+    CLI's ``--where`` expression (``where.parse_where``)."""
+    values: dict[str, list[str]] = {}
     for axis in AXES:
         for raw in request.query_params.getlist(axis):
-            filters.setdefault(axis, []).extend(v.strip() for v in raw.split(","))
-    for key, values in select.parse_filter(where or "").items():
-        filters.setdefault(key, []).extend(values)
-    return filters
+            values.setdefault(axis, []).extend(v.strip() for v in raw.split(","))
+    return select.as_where(values) + select.parse_filter(where)
 
 
 axis_filters.__signature__ = inspect.Signature([  # what FastAPI reads: one optional parameter per axis
@@ -66,7 +65,7 @@ axis_filters.__signature__ = inspect.Signature([  # what FastAPI reads: one opti
 ])
 
 
-Filters = Annotated[dict[str, list[str]], Depends(axis_filters)]
+Filters = Annotated[select.Where, Depends(axis_filters)]
 
 
 def sweep_path(request: Request, sweep_id: Annotated[str, Path(
@@ -78,8 +77,9 @@ def sweep_path(request: Request, sweep_id: Annotated[str, Path(
 SweepId = Annotated[str, Depends(sweep_path)]
 
 
-def frozen(filters: dict[str, list[str]]) -> tuple:
-    return tuple(sorted((k, tuple(v)) for k, v in filters.items()))
+def frozen(filters: select.Filters) -> tuple:
+    """Filters as a cache key."""
+    return select.as_where(filters)
 
 
 _FIGURE_QUERY = {"across": "across", "metric": "metric", "x": "x", "map_name": "map", "maps": "maps"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -19,13 +20,13 @@ def _deployment():
     class AnalysisService:
         """Ray Serve ingress: the FastAPI app is built in the replica, from the URL."""
 
-        def __init__(self, registry_url: str):
-            self.registry_url = registry_url
+        def __init__(self, registry_url: str, artifact_uris=None):
+            self.registry_url, self.artifact_uris = registry_url, artifact_uris
 
         def __serve_build_asgi_app__(self) -> FastAPI:
             from analysis.views.service.app import build_app
 
-            return build_app(self.registry_url)
+            return build_app(self.registry_url, self.artifact_uris)
 
     return AnalysisService
 
@@ -39,8 +40,10 @@ def _replica_grpc_on_loopback() -> None:
     replica.add_port_to_grpc_server = lambda server, address: add_port(server, address.replace("[::]:", "127.0.0.1:", 1))
 
 
-def serve_app(registry_url: str, host: str = "127.0.0.1", port: int = 8000, blocking: bool = False) -> str:
-    """Run the app on Ray Serve at ``http://host:port/`` and return that URL.
+def serve_app(registry_url: str, host: str = "127.0.0.1", port: int = 8000, blocking: bool = False,
+              artifact_uris: Any = None) -> str:
+    """Run the app on Ray Serve at ``http://host:port/`` and return that URL (``artifact_uris``: as
+    ``build_app`` takes it, a picklable callable).
 
     Starts a private local Ray unless one is initialised (or ``RAY_ADDRESS``
     names a cluster). ``blocking=True`` waits for Ctrl-C, then shuts Serve
@@ -69,7 +72,7 @@ def serve_app(registry_url: str, host: str = "127.0.0.1", port: int = 8000, bloc
     quiet = {"enable_access_log": False, "log_level": "WARNING"}
     try:
         serve.start(http_options={"host": host, "port": port}, logging_config=quiet)
-        serve.run(_deployment().bind(registry_url), name=APP_NAME, route_prefix="/", blocking=blocking,
+        serve.run(_deployment().bind(registry_url, artifact_uris), name=APP_NAME, route_prefix="/", blocking=blocking,
                   logging_config=quiet)
     except KeyboardInterrupt:
         # Ctrl-C. A private Ray goes with Serve in it: serve.shutdown() first would wait for the
