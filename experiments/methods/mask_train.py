@@ -140,8 +140,9 @@ def run(cfg, ctx: RunContext) -> RunResult:
     tc, hp = cfg.train, cfg.section
     state = set_up(cfg, ctx)  # with init_from: the fine-tuned model (a) or the prune_only run's (b)
     encoder, decoder = state.encoder, state.decoder
-    pooled = hp.pooler and hp.pipeline != "ft_then_prune" and uses_pooler(encoder, decoder)
-    pooler_hook = read_pooler(encoder) if pooled else None
+    # ft_then_prune: our finetune's decoder reads [CLS], unless train.pooler (then set_up's hook reads the pooler)
+    pooled = hp.pooler and (hp.pipeline != "ft_then_prune" or tc.pooler) and uses_pooler(encoder, decoder)
+    pooler_hook = read_pooler(encoder) if pooled and not tc.pooler else None
     linears = masked_linears(encoder, decoder, hp, pooled)
     total = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
     loss_fn = objective(hp.loss, cfg, ctx, state)
@@ -167,7 +168,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
         groups = [{"params": params, "lr": hp.lr, "weight_decay": 0.0}]
         if hp.train_classifier:
             params = params + list(decoder.parameters())
-            groups.append({"params": list(decoder.parameters()), "lr": tc.decoder_lr, "weight_decay": tc.weight_decay})
+            groups.append({"params": list(decoder.parameters()), "lr": tc.head_lr, "weight_decay": tc.weight_decay})
         optimizer = adam(groups, decoupled=True)
         # the reference's get_linear_schedule_with_warmup over every group (mask_trainer.py get_optimizers)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_warmup_decay(s, total, tc.warmup_ratio))
