@@ -221,7 +221,8 @@ def build_app(registry_url: str) -> FastAPI:
         check_params(request, "across", "pool")
         pooled = tuple(a.strip() for a in pool.split(",") if a.strip())
         return state.answer(sweep_id, ("mask-iou", frozen(filters), across, pooled), lambda data: as_json(MaskIouOut(
-            **masks.mask_iou(data, across, masks.stored_masks(), filters, pooled))))
+            **masks.mask_iou(data, across, masks.stored_masks(), filters, pooled,
+                             load_initial=masks.stored_masks(name=masks.INITIAL_FILE)))))
 
     @app.get("/sweeps/{sweep_id}/figures", response_model=FiguresOut,
              summary="Every figure of the sweep, as `headsweep figures` writes them, each with its URL")
