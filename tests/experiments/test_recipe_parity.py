@@ -10,12 +10,14 @@ that headsweep's optimiser gives every parameter the same lr and weight decay.
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
 
 from experiments import parse_config
 from experiments.common.sections import ConfigError
+from experiments.core.seeding import derive_seed
 from experiments.core.state import build_decoder, fine_tuning_groups, read_pooler_for_good
 from experiments.models import load_backbone
 from experiments.tasks import TASKS
@@ -114,3 +116,24 @@ def test_pooler_key_refuses_a_model_without_a_pooler():
     encoder.pooler = None
     with pytest.raises(ConfigError, match="train.pooler: tiny-bert has no pooler; set train.pooler=false"):
         read_pooler_for_good(encoder, decoder, cfg.model)
+
+
+def test_michel_chain_fine_tunes_the_pooler_and_scores_heads_through_it(run_chain):
+    """The recipe's chain on the tiny BERT (a 3-step fine-tune, then head importance): the fine-tune
+    trains the pooler with everything else (it is read; without train.pooler it gets no gradient and
+    stays), and the importance run reads it too."""
+    train = _recipe_train("michel_2019") | {"max_steps": 3, "batch_size": 8, "eval_every": 3, "epochs": 1}
+    raw = {"model": "tiny-bert", "method": "head_importance", "train": train,
+           "task": {"name": "synthetic-cls", "num_train": 32, "num_eval": 16, "max_length": 16},
+           "head_importance": {"examples": 16}}
+    cfg = parse_config(raw)
+    result, store = run_chain(cfg)
+    (finetuned,) = [weights for key, weights in store.items() if key != cfg.run_key]
+    pretrained, _ = load_backbone("tiny-bert", derive_seed(cfg.seed, "model_init"))
+    assert cfg.upstreams["init_from"].train.pooler
+    assert not torch.equal(finetuned["encoder.pooler.dense.weight"], pretrained.pooler.dense.weight)
+    assert np.isfinite(result.maps["heads.importance"].values).all()
+    plain = parse_config({k: v for k, v in raw.items() if k != "head_importance"}
+                         | {"method": "finetune", "train": train | {"pooler": False}})
+    _, store = run_chain(plain)
+    assert torch.equal(store[plain.run_key]["encoder.pooler.dense.weight"], pretrained.pooler.dense.weight)
