@@ -38,13 +38,18 @@ def sweep(tmp_path):
             configs.append(cfg)
             stored[cfg.run_key] = pack_masks(_masks(rng, base[pipeline], keep_same=0.8))
     registry = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
-    sweep_id, _ = registry.create_sweep("masks", "", configs, {"cpus": 1}, None, 1)
+    yield _finished_sweep(registry, "masks", configs, rng), stored
+    registry.close()
+
+
+def _finished_sweep(registry: Registry, name: str, configs: list, rng: np.random.Generator):
+    """A sweep of ``configs`` in ``registry``, every run finished with a random density map; loaded."""
+    sweep_id, _ = registry.create_sweep(name, "", configs, {"cpus": 1}, None, 1)
     for cfg in configs:
         registry.claim(cfg.run_key, "w")
         registry.finish(cfg.run_key, {"accuracy": 0.9}, worker="w",
                         maps={"heads.mask_density": rng.random((LAYERS, HEADS))})
-    yield load_sweep(registry, sweep_id), stored
-    registry.close()
+    return load_sweep(registry, sweep_id)
 
 
 def test_seeds_share_their_masks_beyond_chance(sweep):
@@ -164,12 +169,7 @@ def seeds_from_one_start(tmp_path):
             initials[cfg.run_key] = pack_masks(init)
             finals[cfg.run_key] = pack_masks(_flipped(rng, init, 0.1, shared if agree else None))
     registry = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
-    sweep_id, _ = registry.create_sweep("flips", "", configs, {"cpus": 1}, None, 1)
-    for cfg in configs:
-        registry.claim(cfg.run_key, "w")
-        registry.finish(cfg.run_key, {"accuracy": 0.9}, worker="w",
-                        maps={"heads.mask_density": rng.random((LAYERS, HEADS))})
-    yield load_sweep(registry, sweep_id), finals, initials
+    yield _finished_sweep(registry, "flips", configs, rng), finals, initials
     registry.close()
 
 
