@@ -215,7 +215,7 @@ def cmd_iou(args: argparse.Namespace) -> int:
               f"{signed(result['excess'])}: {result['pooled']}; compared only runs equal on: "
               f"{', '.join(result['matched_on'])}")
     if (flips := result["flips"]) is not None:
-        out.print(f"what training changed (flips from each run's initial mask, {flips['flipped']:.1%} of the entries "
+        out.print(f"what training changed (flips from each run's initial mask, {flips['flipped']:.2%} of the entries "
                   f"a run): IoU {fmt3(flips['iou'])}, chance {fmt3(flips['chance'])}, excess "
                   f"{signed(flips['excess'])}: {flips['pooled']}")
     out.print(f"the density maps against their permutation nulls: headsweep agreement {args.sweep} "
