@@ -257,7 +257,8 @@ class Sweep:
         """Do runs keep the same weights? ``headsweep iou``: mask IoU across ``across`` beside chance."""
         from analysis.questions import masks
 
-        return masks.mask_iou(self._data(), across, masks.stored_masks(), _filters(where), _names(pool))
+        return masks.mask_iou(self._data(), across, masks.stored_masks(), _filters(where), _names(pool),
+                              load_initial=masks.stored_masks(name=masks.INITIAL_FILE))
 
     def transfer(self, fraction: float | None = None, noise_std: float | None = None, n_perm: int = 1000,
                  where: Where = None) -> dict[str, Any]:

@@ -16,6 +16,14 @@ with the same density per matrix, ``E|A & B| / E|A | B| = p q / (p + q - p q)`` 
 same way. The result averages over pairs, also per layer and matrix role, and per pair of
 values of the axis. The density maps' agreement with its permutation null is
 ``agreement(..., map_name="heads.mask_density")``.
+
+The kept weights' IoU answers "do the masks agree?", not "did training agree?": every seed of a
+``prune_only`` cell starts from the same magnitude mask of the pretrained weights and changes 1-2 %
+of it, so its IoU (~0.97) mostly counts the shared start against a chance (~0.33) that assumes
+none. Beside it, ``flips``: the IoU of what training changed, each run's entries flipped from its
+own initial mask (``initial_masks.npz``, stored by mask_train from VERSION 4), two flips the same
+when they flip the same entry the same way, against random flips of the same counts per matrix
+(``flip_iou``). Runs without a stored initial mask (older runs, IMP) are left out of it, with a note.
 """
 
 from __future__ import annotations
@@ -45,14 +53,19 @@ from experiments.common.mask_format import mask_iou as iou_of
 DENSITY_MAP = "heads.mask_density"
 """The map every masked run has: which runs have a stored mask to compare."""
 MASKS_FILE = "masks.npz"
+INITIAL_FILE = "initial_masks.npz"
+"""The mask a mask_train run started from (its flips are the difference to ``MASKS_FILE``)."""
 _LAYER = re.compile(r"^layer\.(\d+)\.(\w+)$")
 
 
 def mask_iou(data: SweepData, across: str, load_masks: Callable[[str], bytes | None],
-             filters: Filters | None = None, pool: Sequence[str] = (), max_runs: int = 200) -> dict[str, Any]:
+             filters: Filters | None = None, pool: Sequence[str] = (), max_runs: int = 200,
+             load_initial: Callable[[str], bytes | None] | None = None) -> dict[str, Any]:
     """Mean IoU of the kept weights over pairs of runs that differ in ``across`` only (see the
     module docstring), with chance. ``load_masks(run_key)``: that run's ``masks.npz`` bytes, or
-    None when it has none; ``max_runs`` bounds the masks read (about 1.4 MB each for MiniLM)."""
+    None when it has none; ``max_runs`` bounds the masks read (about 1.4 MB each for MiniLM).
+    ``load_initial(run_key)``: its ``initial_masks.npz`` (None: none), for ``flips``, the IoU of what
+    training changed (None when no pair has both initial masks)."""
     check_across(across, data)
     sel, _, notes, _ = map_runs(select(data, filters), DENSITY_MAP, switch=False)
     if len(sel) == 0:
@@ -88,6 +101,12 @@ def mask_iou(data: SweepData, across: str, load_masks: Callable[[str], bytes | N
         matrix = np.where(count > 0, by_value / np.maximum(count, 1), np.nan)
     iou = float(np.mean([r["iou"] for r in per_pair]))
     chance = float(np.mean([r["chance"] for r in per_pair]))
+    initial = {} if load_initial is None else {i: read_masks(b) for i in masks if (b := load_initial(sel.run_key[i]))}
+    if load_initial is not None and len(initial) < len(masks):
+        notes.append(f"{len(masks) - len(initial)} runs have no stored {INITIAL_FILE} (mask_train before VERSION 4, "
+                     "IMP): left out of the flips")
+    flips = _flips([(masks[i], masks[j], initial[i], initial[j]) for i, j, _ in pairs if i in initial and j in initial],
+                   across)
     return {
         "across": across, "labels": labels, "pairs": len(pairs), "runs": len(masks),
         "iou": iou, "chance": chance, "excess": iou - chance,
@@ -96,16 +115,65 @@ def mask_iou(data: SweepData, across: str, load_masks: Callable[[str], bytes | N
         "per_role": _by_role({name: np.mean([r["per_matrix"][name] for r in per_pair]) for name in names}),
         "matched_on": matched, "notes": notes,
         "pooled": f"mean over {len(pairs)} pairs of runs that differ in {across} only",
+        "flips": flips,
     }
 
 
-def stored_masks(root: str | None = None) -> Callable[[str], bytes | None]:
-    """``load_masks`` for :func:`mask_iou`: a run's ``masks.npz`` from the orchestrator's store
-    (``HEADSWEEP_CHECKPOINTS`` or the home's ``checkpoints`` folder), None when it has none."""
+def _flips(quads: list[tuple], across: str) -> dict[str, Any] | None:
+    """``flip_iou`` averaged over pairs (final a, final b, initial a, initial b); None without any."""
+    if not quads:
+        return None
+    per_pair = [flip_iou(*quad) for quad in quads]
+    iou, chance = (_finite_mean([r[key] for r in per_pair]) for key in ("iou", "chance"))
+    return {"iou": iou, "chance": chance, "excess": iou - chance, "pairs": len(quads),
+            "flipped": float(np.mean([f for r in per_pair for f in r["flipped"]])),
+            "pooled": f"mean over {len(quads)} pairs of runs that differ in {across} only, of the entries each run's "
+                      "training flipped from its initial mask (same entry, same way); chance: random flips of the same "
+                      "counts per matrix (kept ones among the initially removed, removed ones among the kept)"}
+
+
+def _finite_mean(values: list[float]) -> float:
+    finite = [v for v in values if np.isfinite(v)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+def flip_iou(a: dict[str, np.ndarray], b: dict[str, np.ndarray], init_a: dict[str, np.ndarray],
+             init_b: dict[str, np.ndarray]) -> dict[str, Any]:
+    """IoU of what training changed in two runs, pooled over matrices, and its chance.
+
+    Run ``a``'s flips are ``gained = a & ~init_a`` and ``lost = ~a & init_a``; two runs share a
+    flip when both gain, or both lose, the same entry: ``|G_a & G_b| + |L_a & L_b|`` over
+    ``|F_a| + |F_b| - shared``. Chance: each run's flips drawn at random in its matrix with the
+    same counts, gains among the ``n0`` initially removed entries and losses among the ``n1``
+    kept ones (a shared initial mask: exact; otherwise ``n0``, ``n1`` the two runs' mean), so
+    ``E shared = g_a g_b / n0 + l_a l_b / n1``, as a ratio of expectations like ``chance_iou``.
+    NaN where neither run flipped anything. ``flipped``: each run's fraction of entries flipped."""
+    shared = union = expected = expected_union = 0.0
+    flipped, size = [0, 0], 0
+    for name in a:
+        fa, fb, ia, ib = (np.asarray(m, dtype=bool) for m in (a[name], b[name], init_a[name], init_b[name]))
+        gained_a, lost_a, gained_b, lost_b = fa & ~ia, ~fa & ia, fb & ~ib, ~fb & ib
+        count_a, count_b = int(gained_a.sum() + lost_a.sum()), int(gained_b.sum() + lost_b.sum())
+        both = int((gained_a & gained_b).sum() + (lost_a & lost_b).sum())
+        shared, union = shared + both, union + count_a + count_b - both
+        n1 = (int(ia.sum()) + int(ib.sum())) / 2
+        n0 = ia.size - n1
+        e = (gained_a.sum() * gained_b.sum() / n0 if n0 else 0.0) + (lost_a.sum() * lost_b.sum() / n1 if n1 else 0.0)
+        expected, expected_union = expected + e, expected_union + count_a + count_b - e
+        flipped, size = [flipped[0] + count_a, flipped[1] + count_b], size + ia.size
+    nan = float("nan")
+    return {"iou": shared / union if union else nan, "chance": float(expected / expected_union) if expected_union else nan,
+            "flipped": (flipped[0] / size, flipped[1] / size)}
+
+
+def stored_masks(root: str | None = None, name: str = MASKS_FILE) -> Callable[[str], bytes | None]:
+    """``load_masks`` for :func:`mask_iou` (``name=INITIAL_FILE``: its ``load_initial``): a run's
+    ``masks.npz`` from the orchestrator's store (``HEADSWEEP_CHECKPOINTS`` or the home's
+    ``checkpoints`` folder), None when it has none."""
     from orchestrator.checkpoints import CheckpointStore
 
     store = CheckpointStore(root)
-    return lambda run_key: store.get(run_key, MASKS_FILE) if store.has(run_key, MASKS_FILE) else None
+    return lambda run_key: store.get(run_key, name) if store.has(run_key, name) else None
 
 
 def pair_iou(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, Any]:

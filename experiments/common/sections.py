@@ -155,8 +155,18 @@ class TrainConfig(_Frozen):
     max_steps: int | None = Field(None, gt=0, description="Stop after this many steps (overrides epochs).")
     batch_size: int = Field(32, gt=0, le=4096, description="Examples per optimiser step.")
     lr: float = Field(5e-5, gt=0, le=1, description="Encoder learning rate (AdamW, linear warm-up/decay).")
-    decoder_lr: float = Field(1e-3, gt=0, le=1, description="Task decoder learning rate.")
-    weight_decay: float = Field(0.01, ge=0, le=1, description="AdamW weight decay of encoder and decoder.")
+    decoder_lr: float | None = Field(
+        1e-3, gt=0, le=1, description="Task decoder learning rate; null = train.lr, one learning rate for every "
+        "parameter, as the papers' reference scripts (run_classifier.py, trainer_imp.py).")
+    weight_decay: float = Field(
+        0.01, ge=0, le=1, description="AdamW weight decay of encoder and decoder matrices; biases and LayerNorm "
+        "weights get none (BERT's no_decay: run_classifier.py, trainer_imp.py).")
+    pooler: bool = Field(
+        False, description="A sentence classifier reads the encoder's pooler tanh(W_p h_[CLS] + b_p), trained with "
+        "the encoder, as BERT's BertForSequenceClassification (Michel et al.'s run_classifier.py); false: it reads "
+        "[CLS]. Needs a model with a pooler (BERT, RoBERTa; MiniLM's checkpoint has BERT's pretrained one); a "
+        "model without one (DistilBERT, DeBERTa) is refused, and one whose checkpoint lacks its weights starts "
+        "from transformers' random pooler (transformers warns).")
     warmup_ratio: float = Field(0.1, ge=0, lt=1, description="Fraction of steps with linear warm-up.")
     eval_every: int = Field(50, gt=0, description="Evaluate (and log gates) every this many steps.")
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
@@ -165,6 +175,12 @@ class TrainConfig(_Frozen):
         "bfloat16 (CPU or CUDA); fp16 = autocast to float16 with a grad scaler (CUDA only: use bf16 on CPU). "
         "Weights, optimiser states, gates and losses stay float32.",
     )
+
+
+    @property
+    def head_lr(self) -> float:
+        """The task decoder's learning rate: ``decoder_lr``, or ``lr`` when that is null."""
+        return self.lr if self.decoder_lr is None else self.decoder_lr
 
 
 class Section(_Frozen):

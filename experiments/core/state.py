@@ -191,29 +191,41 @@ def adam(params, decoupled: bool = False, **options) -> torch.optim.Adam | torch
     return (torch.optim.AdamW if decoupled else torch.optim.Adam)(params, fused=True, **options)
 
 
-def adamw(groups: list[tuple[list[nn.Parameter], float]], weight_decay: float) -> torch.optim.AdamW:
-    """AdamW over (params, lr) groups; biases and LayerNorm weights (1-D) get no decay."""
+def decay_groups(groups: list[tuple[list[nn.Parameter], float]], weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW's param groups of (params, lr) groups: matrices decay by ``weight_decay``, biases and
+    LayerNorm weights (1-D) by none: BERT's ``no_decay = ['bias', 'LayerNorm.bias', 'LayerNorm.weight']``
+    of the references (run_classifier.py, trainer_imp.py), by shape so that every architecture gets it."""
     param_groups = []
     for params, lr in groups:
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
         param_groups += [
-            {"params": decay, "lr": lr, "weight_decay": weight_decay},
-            {"params": no_decay, "lr": lr, "weight_decay": 0.0},
+            {"params": [p for p in params if p.dim() >= 2], "lr": lr, "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "lr": lr, "weight_decay": 0.0},
         ]
-    return adam(param_groups, decoupled=True)
+    return param_groups
+
+
+def adamw(groups: list[tuple[list[nn.Parameter], float]], weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over (params, lr) groups; biases and LayerNorm weights (1-D) get no decay (``decay_groups``)."""
+    return adam(decay_groups(groups, weight_decay), decoupled=True)
+
+
+def fine_tuning_groups(encoder: nn.Module, decoder: nn.Module, tc) -> list[dict[str, Any]]:
+    """The fine-tuning optimiser's param groups: the encoder (its pooler included) at ``train.lr``, the
+    task decoder at ``train.decoder_lr`` (null: ``train.lr``, one lr for every parameter, as the papers'
+    scripts), each split by ``decay_groups``."""
+    return decay_groups([(list(encoder.parameters()), tc.lr), (list(decoder.parameters()), tc.head_lr)],
+                        tc.weight_decay)
 
 
 def fine_tuning(state: RunState, total: int, schedule: Callable[[int], float] | None = None):
     """The model's optimiser every fine-tuning method shares, registered as ``state.optimizers``
-    / ``state.schedulers["model"]``: AdamW over the encoder (``train.lr``) and the task decoder
-    (``train.decoder_lr``), the lr multiplied by ``schedule(step)``: by default linear warm-up and
-    decay over ``total`` steps (IMP passes its rounds' schedule). Returns (optimizer, scheduler)."""
+    / ``state.schedulers["model"]``: AdamW over ``fine_tuning_groups``, the lr multiplied by
+    ``schedule(step)``: by default linear warm-up and decay over ``total`` steps (IMP passes its
+    rounds' schedule). Returns (optimizer, scheduler)."""
     from experiments.maths.schedules import linear_warmup_decay
 
     tc = state.cfg.train
-    optimizer = adamw([(list(state.encoder.parameters()), tc.lr), (list(state.decoder.parameters()), tc.decoder_lr)],
-                      tc.weight_decay)
+    optimizer = adam(fine_tuning_groups(state.encoder, state.decoder, tc), decoupled=True)
     if schedule is None:
         def schedule(s: int) -> float:
             return linear_warmup_decay(s, total, tc.warmup_ratio)
@@ -237,12 +249,26 @@ def set_up(cfg, ctx) -> RunState:
     precision = cfg.train.precision
     state = RunState(cfg=cfg, task=task, data=data, encoder=encoder, decoders={"task": decoder}, device=ctx.device,
                      precision=precision, scaler=grad_scaler(precision, ctx.device))
+    if cfg.train.pooler:
+        read_pooler_for_good(encoder, decoder, cfg.model)
     if getattr(cfg, "init_from", None) is not None:
         state.load_weights(upstream_weights(cfg, ctx, "init_from"),
                            decoders=cfg.upstreams["init_from"].task == cfg.task)  # another task: its own decoder
     encoder.to(ctx.device), decoder.to(ctx.device)
     torch.manual_seed(derive_seed(cfg.seed, "dropout"))
     return state
+
+
+def read_pooler_for_good(encoder: nn.Module, decoder: nn.Module, model: str) -> None:
+    """``train.pooler``: the [CLS] classifier reads the encoder's pooler for the whole run
+    (``masks.read_pooler``, a forward hook; the pooler's weights are the encoder's and train with it)."""
+    from experiments.common.sections import ConfigError
+    from experiments.interventions.masks import read_pooler, uses_pooler
+
+    if not uses_pooler(encoder, decoder):
+        what = "has no pooler" if getattr(encoder, "pooler", None) is None else "is read by a token-level decoder"
+        raise ConfigError(f"train.pooler: {model} {what}; set train.pooler=false (the classifier reads [CLS])")
+    read_pooler(encoder)
 
 
 def upstream_weights(cfg, ctx, role: str) -> dict:

@@ -25,7 +25,8 @@ Pieces
   per weight; ``m = 1[S > tau]`` with ``tau = 0.01``; straight-through: the
   backward pass treats ``m`` as the identity of ``S`` (``dL/dS = dL/dm``, the
   reference code's ``_Binarizer1``). Magnitude initialisation
-  ``S = 2 tau`` on the weights ``magnitude_mask`` keeps, else 0. Every N steps
+  ``S = 2 tau`` on the weights ``magnitude_mask`` keeps, else 0 (``magnitude``), or ``S = |W|`` with the
+  threshold the k-th ``|W|`` (``magnitude_soft``, the reference's gradual scripts). Every N steps
   ``reset_thresholds(sparsity)`` sets each matrix's threshold to its k-th
   smallest score.
 - IMP (pipelines a and b): ``imp_prune`` / ``next_imp_mask`` per round,
@@ -352,9 +353,24 @@ def kth_threshold(scores: torch.Tensor, sparsity: float, current: torch.Tensor |
     return kth if kth < flat.max() else current
 
 
-def magnitude_scores(weight: torch.Tensor, sparsity: float, tau: float = TAU) -> torch.Tensor:
-    """Magnitude initialisation of the scores: ``2 tau`` where ``magnitude_mask`` keeps, else 0."""
-    return magnitude_mask(weight, sparsity).to(weight.dtype) * (2.0 * tau)
+def magnitude_scores(weight: torch.Tensor, sparsity: float, tau: float = TAU) -> tuple[torch.Tensor, float]:
+    """Hard magnitude initialisation (the reference's ``--controlled_init magnitude``): scores ``2 tau``
+    where ``magnitude_mask`` keeps, else 0, and the threshold ``tau``."""
+    return magnitude_mask(weight, sparsity).to(weight.dtype) * (2.0 * tau), tau
+
+
+def soft_magnitude_scores(weight: torch.Tensor, sparsity: float, tau: float = TAU) -> tuple[torch.Tensor, float]:
+    """Soft magnitude initialisation (the reference's ``--controlled_init magnitude_soft``, maskers.py:182-187):
+    scores ``|W|`` and the threshold the ``k``-th smallest ``|W|``, ``k = int(sparsity * numel)`` (0 when
+    ``k = 0``), so the first mask keeps ``|W| > threshold`` and a rising sparsity later ranks the weights by
+    their magnitude, not among tied scores. ``tau`` is unused (the signature of ``magnitude_scores``)."""
+    scores = weight.detach().abs().clone()
+    k = int(weight.numel() * sparsity)
+    return scores, float(torch.kthvalue(scores.flatten(), k).values) if k > 0 else 0.0
+
+
+INITS = {"magnitude": magnitude_scores, "magnitude_soft": soft_magnitude_scores}
+"""How mask scores start (``MaskScores(init=...)``), by the reference's ``--controlled_init`` names."""
 
 
 class MaskScores(nn.Module):
@@ -362,21 +378,26 @@ class MaskScores(nn.Module):
 
     ``MaskScores({name: weight}, sparsity)`` initialises ``S`` by magnitude
     (``magnitude_scores``) and every threshold to ``tau``, so the first mask is
-    exactly ``magnitude_mask(weight, sparsity)``. ``mask(name)`` is the
+    exactly ``magnitude_mask(weight, sparsity)``; ``init="magnitude_soft"`` starts ``S = |W|`` with
+    each threshold its matrix's k-th ``|W|`` (``soft_magnitude_scores``, the reference's gradual scripts). ``mask(name)`` is the
     differentiable ``ste_mask`` used in the forward; ``binary_masks()`` the current
     bool masks. The scores are its parameters (train them with any optimiser), the
     thresholds a buffer, so its ``state_dict`` is a full checkpoint of the masks.
     Give it the raw weights (``raw_weight(lin)``, or ``lin.weight`` before attaching).
     """
 
-    def __init__(self, weights: Mapping[str, torch.Tensor], sparsity: float, tau: float = TAU):
+    def __init__(self, weights: Mapping[str, torch.Tensor], sparsity: float, tau: float = TAU,
+                 init: str = "magnitude"):
         super().__init__()
+        if init not in INITS:
+            raise ValueError(f"init must be one of {sorted(INITS)}, got {init!r}")
         self.names = tuple(weights)
         self._index = {name: i for i, name in enumerate(self.names)}
+        started = [INITS[init](w.detach(), sparsity, tau) for w in weights.values()]
         # A list, not a dict: names hold dots, which module attribute names may not.
-        self.scores = nn.ParameterList(magnitude_scores(w.detach(), sparsity, tau) for w in weights.values())
+        self.scores = nn.ParameterList(scores for scores, _ in started)
         device = next(iter(weights.values())).device if weights else None
-        self.register_buffer("thresholds", torch.full((len(self.names),), tau, device=device))
+        self.register_buffer("thresholds", torch.tensor([t for _, t in started], dtype=torch.float32, device=device))
 
     def mask(self, name: str) -> torch.Tensor:
         """Float 0/1 mask of matrix ``name``, straight-through to its scores."""
@@ -461,10 +482,12 @@ def realised_sparsity(masks: Masks) -> tuple[dict[str, float], float]:
     return per_matrix, sum(removed.values()) / max(1, sum(sizes.values()))
 
 
-def masked_result(cfg, state, metrics: Mapping[str, float], masks: Masks) -> RunResult:
+def masked_result(cfg, state, metrics: Mapping[str, float], masks: Masks, initial: Masks | None = None) -> RunResult:
     """What a masked run (mask_train, imp) reports: its metrics and realised ``sparsity``, the
     mask's unit maps ``heads.mask_density`` (L, H), ``neurons.mask_density`` (L, I) and
-    ``weights.mask_density`` (L, 6: ``ROLES``), and the mask itself as ``masks.npz``."""
+    ``weights.mask_density`` (L, 6: ``ROLES``), and the mask itself as ``masks.npz``; the mask it
+    started from, where given (trained scores), as ``initial_masks.npz`` (what training changed is
+    the difference: analysis.questions.masks)."""
     maps = {
         "heads.mask_density": UnitMap(head_density(masks, state.num_layers, state.num_heads), "heads",
                                       "fraction of the head's Q, K, V rows and output columns kept"),
@@ -476,7 +499,8 @@ def masked_result(cfg, state, metrics: Mapping[str, float], masks: Masks) -> Run
     return RunResult(run_key=cfg.run_key, group_key=cfg.group_key,
                      metrics=dict(metrics) | {"sparsity": realised_sparsity(masks)[1]}, maps=maps,
                      eval_steps=np.asarray(state.values["eval_steps"]), steps=state.step,
-                     artifacts={"masks.npz": pack_masks(masks)})
+                     artifacts={"masks.npz": pack_masks(masks)}
+                     | ({} if initial is None else {"initial_masks.npz": pack_masks(initial)}))
 
 
 # --------------------------------------------------------------------------- storage

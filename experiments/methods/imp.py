@@ -142,8 +142,9 @@ def run(cfg, ctx: RunContext) -> RunResult:
     state = set_up(cfg, ctx)  # with init_from: the fine-tuned (a) or early fine-tuned (b) model
     encoder, decoder = state.encoder, state.decoder
     rewinding = hp.pipeline == "prune_then_ft"
-    pooled = hp.pooler and rewinding and uses_pooler(encoder, decoder)  # (a): our finetune's decoder reads [CLS]
-    pooler_hook = read_pooler(encoder) if pooled else None
+    # (a): our finetune's decoder reads [CLS], unless train.pooler (then set_up's hook reads the pooler already)
+    pooled = hp.pooler and (rewinding or tc.pooler) and uses_pooler(encoder, decoder)
+    pooler_hook = read_pooler(encoder) if pooled and not tc.pooler else None
     linears = maskable_weights(encoder, pooler=pooled)
     rounds = round(hp.sparsity * ROUNDS)
     phase = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)  # the train section's

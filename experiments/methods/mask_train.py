@@ -33,12 +33,13 @@ Pipelines (DESIGN.md "pipeline"):
 Reports the evaluation metrics (per evaluation set), ``sparsity`` (realised, over every
 masked weight), and maps of the fraction of weights kept: ``heads.mask_density`` (L, H),
 ``neurons.mask_density`` (L, I) and ``weights.mask_density`` (L, 6: ``masks.ROLES``). The
-mask itself is the run's ``masks.npz`` artifact (bit-packed, ~1/32 of the weights).
+mask itself is the run's ``masks.npz`` artifact (bit-packed, ~1/32 of the weights); with trained
+scores (prune_only, ft_then_prune) the mask it started from is ``initial_masks.npz``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -60,7 +61,9 @@ from experiments.interventions.masks import (
 )
 from experiments.maths.schedules import cubic_sparsity, linear_warmup_decay
 
-VERSION = "3"  # 3: the reference protocol: classifier masked and frozen, pooler read and masked, score lr 5e-5
+VERSION = "4"  # 4: gradual schedules start from soft magnitude scores (|W|, threshold the k-th |W|), as the
+# reference's gradual scripts; the initial mask stored beside the final one (initial_masks.npz)
+# 3: the reference protocol: classifier masked and frozen, pooler read and masked, score lr 5e-5
 # with warm-up, decay and clipping, the cubic schedule ending at the last step, the threshold guard
 PIPELINES = ("prune_only", "ft_then_prune", "prune_then_ft")
 SHORT_NAMES = ("sparsity", "pipeline", "loss")
@@ -82,6 +85,12 @@ class Config(Section):
     schedule_end: float = Field(
         1.0, gt=0, le=1, description="Fraction of the steps after which the cubic schedule holds `sparsity` "
         "(reference: 1, the final sparsity at the last epoch: --final_sparsity_epoch = --num_train_epochs).")
+    init: Literal["auto", "magnitude", "magnitude_soft"] = Field(
+        "auto", description="How the scores start: magnitude_soft = S |W| and each matrix's threshold its k-th |W| "
+        "at the initial sparsity (the reference's gradual scripts: --controlled_init magnitude_soft, maskers.py:182-187), "
+        "so a rising sparsity ranks weights by magnitude; magnitude = S 2*tau on the weights the magnitude mask keeps, "
+        "0 else, threshold tau (its constant-sparsity scripts: --controlled_init magnitude); auto = magnitude_soft "
+        "with a gradual schedule (initial_sparsity set), magnitude otherwise.")
     reset_every: int = Field(1000, gt=0, description="Steps between resets of each matrix's threshold to its k-th "
                              "score (reference: every logging step, 1,000).")
     lr: float = Field(5e-5, gt=0, le=10, description="AdamW learning rate of the mask scores, with linear warm-up "
@@ -129,6 +138,13 @@ def scheduled_sparsity(step: int, total: int, hp: Config) -> float:
     return cubic_sparsity(step, start, hp.sparsity, 0, round(hp.schedule_end * total))
 
 
+def score_init(hp: Config) -> str:
+    """The scores' initialisation (``MaskScores(init=...)``): ``init``, with ``auto`` resolved."""
+    if hp.init != "auto":
+        return hp.init
+    return "magnitude" if hp.initial_sparsity is None else "magnitude_soft"
+
+
 def masked_linears(encoder, decoder, hp: Config, pooled: bool) -> dict[str, torch.nn.Linear]:
     """The matrices this run masks: every layer's six, the pooler when the classifier reads it,
     and the classifier's unless it trains (prune_then_ft: masks from its upstream, which had them)."""
@@ -140,12 +156,14 @@ def run(cfg, ctx: RunContext) -> RunResult:
     tc, hp = cfg.train, cfg.section
     state = set_up(cfg, ctx)  # with init_from: the fine-tuned model (a) or the prune_only run's (b)
     encoder, decoder = state.encoder, state.decoder
-    pooled = hp.pooler and hp.pipeline != "ft_then_prune" and uses_pooler(encoder, decoder)
-    pooler_hook = read_pooler(encoder) if pooled else None
+    # ft_then_prune: our finetune's decoder reads [CLS], unless train.pooler (then set_up's hook reads the pooler)
+    pooled = hp.pooler and (hp.pipeline != "ft_then_prune" or tc.pooler) and uses_pooler(encoder, decoder)
+    pooler_hook = read_pooler(encoder) if pooled and not tc.pooler else None
     linears = masked_linears(encoder, decoder, hp, pooled)
     total = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
     loss_fn = objective(hp.loss, cfg, ctx, state)
 
+    initial_masks = None
     if hp.pipeline == "prune_then_ft":  # a fixed mask on the encoder (and pooler); the weights and classifier train
         masks = {name: mask.to(state.device) for name, mask in upstream_masks(cfg, ctx, linears, decoder, hp).items()}
         handle = attach_masks(linears, masks.__getitem__)
@@ -161,13 +179,14 @@ def run(cfg, ctx: RunContext) -> RunResult:
         encoder.requires_grad_(False)
         decoder.requires_grad_(hp.train_classifier)  # default: masked, never trained (reference)
         scores = MaskScores({name: lin.weight for name, lin in linears.items()},
-                            scheduled_sparsity(0, total, hp)).to(state.device)
+                            scheduled_sparsity(0, total, hp), init=score_init(hp)).to(state.device)
+        initial_masks = scores.binary_masks()
         handle = attach_masks(linears, scores.mask)
         params = list(scores.parameters())
         groups = [{"params": params, "lr": hp.lr, "weight_decay": 0.0}]
         if hp.train_classifier:
             params = params + list(decoder.parameters())
-            groups.append({"params": list(decoder.parameters()), "lr": tc.decoder_lr, "weight_decay": tc.weight_decay})
+            groups.append({"params": list(decoder.parameters()), "lr": tc.head_lr, "weight_decay": tc.weight_decay})
         optimizer = adam(groups, decoupled=True)
         # the reference's get_linear_schedule_with_warmup over every group (mask_trainer.py get_optimizers)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_warmup_decay(s, total, tc.warmup_ratio))
@@ -191,7 +210,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
     handle.remove()
     if pooler_hook is not None:
         pooler_hook.remove()
-    return masked_result(cfg, state, metrics, masks)
+    return masked_result(cfg, state, metrics, masks, initial_masks)
 
 
 def upstream_masks(cfg, ctx, linears, decoder, hp: Config) -> dict[str, torch.Tensor]:

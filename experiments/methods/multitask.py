@@ -190,7 +190,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     model_params = list(encoder.parameters()) + [p for t in tasks for p in t.decoder.parameters()]
     optimizer = adamw([(list(encoder.parameters()), tc.lr),
-                       ([p for t in tasks for p in t.decoder.parameters()], tc.decoder_lr)], tc.weight_decay)
+                       ([p for t in tasks for p in t.decoder.parameters()], tc.head_lr)], tc.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_warmup_decay(s, total, tc.warmup_ratio))
     state.optimizers["model"], state.schedulers["model"] = optimizer, scheduler
 

@@ -341,6 +341,28 @@ def test_paper_single_fit_is_statsmodels_ols_of_the_last_run_on_the_first_two():
         stem_cell.stem_cell(z, response="first")
 
 
+def test_paper_statistic_fits_the_first_three_runs_only_as_the_reference():
+    """corelation_gate_overlap_rgb.py:115-121 reads gates[0], gates[1], gates[2] of a task's runs,
+    whatever their number: one OLS ``z3 ~ z1 + z2`` (statsmodels), sqrt(adjusted R^2). With 5 seeds
+    stem_cell_paper is that one fit; stem_cell_triples (from 4 seeds) the mean over every triple, and
+    the two differ; at 3 seeds they are the same fit."""
+    from itertools import combinations
+
+    z = _shared_gates(_rng(47), n_runs=5, flip=0.2).reshape(5, -1)
+    z[3] = 0.3 * z[3] + 0.7 * _rng(48).random(72)  # later seeds unlike the first three
+    reference = _ols_triple(z[2], z[0], z[1])
+    assert stem_cell.stem_cell_paper(z) == pytest.approx(reference, abs=1e-10)
+    cells = [np.arange(5), np.array([0, 1, 2])]
+    assert stem_cell.stem_cell_paper(z, cells) == pytest.approx(reference, abs=1e-10)
+    every = np.mean([_ols_triple(z[k], z[i], z[j]) for i, j, k in combinations(range(5), 3)])
+    triples = next(stat for stat in stem_cell.STATISTICS if stat.name == "stem_cell_triples")
+    assert triples.min_runs == 4 and triples.cells(z, [np.arange(5)]) == pytest.approx(every, abs=1e-10)
+    assert abs(every - reference) > 0.01
+    assert triples.cells(z[:3], [np.arange(3)]) == pytest.approx(stem_cell.stem_cell_paper(z[:3]), abs=1e-12)
+    u = pearson.standardised(z)[None]  # the copies' path: one unshuffled copy gives the observed value
+    assert stem_cell.stem_cell_paper_copies(u, cells)[0] == pytest.approx(reference, abs=1e-10)
+
+
 @pytest.mark.filterwarnings("ignore:The design matrix is rank-deficient")
 def test_triple_statistic_with_collinear_and_constant_runs_matches_statsmodels():
     z = _shared_gates(_rng(45), n_runs=3, flip=0.2).reshape(3, -1)

@@ -306,3 +306,60 @@ def test_imp_rounds_train_at_the_reference_learning_rate(run_chain, monkeypatch)
     retrain = [1e-3 * _reference_lr_lambda(s, 0, t_total) for s in range(t_total)]
     assert lrs == pytest.approx(rounds + retrain)
     assert rounds[-1] == pytest.approx(0.95e-3)
+
+
+# --------------------------------------------------------------------------- gradual schedules: magnitude_soft
+
+
+def _reference_magnitude_soft(weight: torch.Tensor, init_sparsity: float) -> tuple[torch.Tensor, torch.Tensor | int]:
+    """maskers.py:163-166, 182-187 (``controlled_init``, ``_magnitude_soft``): the mask's scores are
+    |W| and the module's threshold the k-th |W|, k = int(numel * init_sparsity) (0 when k = 0)."""
+    _weight_size = weight.nelement()
+    _num_zero_element = int(_weight_size * init_sparsity)
+    _weight = weight.abs()
+    _flatten_weight = _weight.view(-1)
+    kthvalue = torch.kthvalue(input=_flatten_weight, k=_num_zero_element).values if _num_zero_element > 0 else 0
+    return _weight, kthvalue
+
+
+@pytest.mark.parametrize("sparsity", [0.0, 0.3, 0.5, 0.7])
+def test_soft_magnitude_init_is_the_references_magnitude_soft(sparsity):
+    """Small fixed matrices (ties included): the same scores, thresholds and first mask (|W| > kth)."""
+    weights = {
+        "a": torch.tensor([[0.3, -0.1, 0.2], [-0.05, 0.4, -0.2], [0.0, 0.15, -0.3]]),
+        "b": torch.linspace(-1, 1, 20).reshape(4, 5),
+    }
+    ours = MaskScores(weights, sparsity, init="magnitude_soft")
+    for index, (name, weight) in enumerate(weights.items()):
+        scores, threshold = _reference_magnitude_soft(weight, sparsity)
+        torch.testing.assert_close(ours.scores[index].detach(), scores, rtol=0, atol=0)
+        assert float(ours.thresholds[index]) == pytest.approx(float(threshold), abs=1e-7)
+        assert torch.equal(ours.binary_masks()[name], scores > threshold)
+
+
+def test_gradual_mask_train_starts_from_soft_magnitude_scores_constant_from_hard(monkeypatch):
+    """The reference's gradual scripts (scripts/mask_train/.../gradual_sparsity_increase/0.9.sh:
+    --controlled_init magnitude_soft with --init_sparsity) and its constant-sparsity ones
+    (--controlled_init magnitude): init auto picks the same; init magnitude keeps the hard start."""
+    from experiments.methods.mask_train import Config, score_init
+
+    assert score_init(Config(sparsity=0.9, initial_sparsity=0.7)) == "magnitude_soft"
+    assert score_init(Config(sparsity=0.5)) == "magnitude"
+    assert score_init(Config(sparsity=0.9, initial_sparsity=0.7, init="magnitude")) == "magnitude"
+
+
+def test_gradual_run_ranks_by_magnitude_and_stores_its_initial_mask(run_chain):
+    """A gradual run's stored initial mask is the reference's magnitude_soft mask of the pretrained
+    weights at init_sparsity; its final mask holds the final sparsity."""
+    from experiments.interventions.masks import maskable_weights, unpack_masks
+
+    cfg = _cfg("mask_train", train={"max_steps": 4, "eval_every": 4}, sparsity=0.6, initial_sparsity=0.3,
+               lr=1e-3, reset_every=2)
+    result, _ = run_chain(cfg)
+    initial = unpack_masks(result.artifacts["initial_masks.npz"])
+    final = unpack_masks(result.artifacts["masks.npz"])
+    encoder, decoder = _start(cfg)
+    for name, linear in maskable_weights(encoder, decoder).items():
+        scores, threshold = _reference_magnitude_soft(linear.weight.detach(), 0.3)
+        assert torch.equal(initial[name], scores > threshold), name
+        assert abs(1 - final[name].float().mean().item() - 0.6) < 0.02, name

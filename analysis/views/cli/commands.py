@@ -228,7 +228,8 @@ def cmd_iou(args: argparse.Namespace) -> int:
     check_output(args, AGREEMENT_FORMATS)
     data, where = load(args)
     pool = [a.strip() for a in (args.pool or "").split(",") if a.strip()]
-    result = masks.mask_iou(data, args.across, masks.stored_masks(), where, pool)
+    result = masks.mask_iou(data, args.across, masks.stored_masks(), where, pool,
+                            load_initial=masks.stored_masks(name=masks.INITIAL_FILE))
     if args.format == "json":
         write_json(result, args.out)
         return 0
@@ -252,9 +253,14 @@ def cmd_iou(args: argparse.Namespace) -> int:
     out.print(roles)
     for note in result["notes"]:
         out.print(f"note: {note}")
-    out.print(f"IoU {fmt3(result['iou'])}, chance {fmt3(result['chance'])} (random masks of the same "
-              f"density per matrix), excess {signed(result['excess'])}: {result['pooled']}; "
-              f"compared only runs equal on: {', '.join(result['matched_on'])}")
+    out.print(f"kept weights (shared initialisation included): IoU {fmt3(result['iou'])}, chance "
+              f"{fmt3(result['chance'])} (random masks of the same density per matrix), excess "
+              f"{signed(result['excess'])}: {result['pooled']}; compared only runs equal on: "
+              f"{', '.join(result['matched_on'])}")
+    if (flips := result["flips"]) is not None:
+        out.print(f"what training changed (flips from each run's initial mask, {flips['flipped']:.2%} of the entries "
+                  f"a run): IoU {fmt3(flips['iou'])}, chance {fmt3(flips['chance'])}, excess "
+                  f"{signed(flips['excess'])}: {flips['pooled']}")
     out.print(f"the density maps against their permutation nulls: headsweep agreement {args.sweep} "
               f"--map heads.mask_density --across {args.across}")
     return 0

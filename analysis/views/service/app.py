@@ -229,7 +229,8 @@ def build_app(registry_url: str, artifact_uris: run_table.ArtifactUris | None = 
         check_params(request, "across", "pool")
         pooled = tuple(a.strip() for a in pool.split(",") if a.strip())
         return state.answer(sweep_id, ("iou", frozen(filters), across, pooled), lambda data: as_json(MaskIouOut(
-            **masks.mask_iou(data, across, masks.stored_masks(), filters, pooled))))
+            **masks.mask_iou(data, across, masks.stored_masks(), filters, pooled,
+                             load_initial=masks.stored_masks(name=masks.INITIAL_FILE)))))
 
     @app.get("/sweeps/{sweep_id}/transfer", response_model=TransferOut,
              summary="Prompt transfer between tasks: task x task tables, overlap vs transfer (`headsweep transfer`)")

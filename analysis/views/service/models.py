@@ -217,6 +217,10 @@ class MaskIouOut(BaseModel):
     matched_on: list[str]
     notes: list[str]
     pooled: str
+    flips: dict[str, float | int | str] | None = Field(
+        None, description="What training changed: IoU of the entries each run flipped from its initial mask "
+        "(iou, chance: random flips of the same counts, excess, pairs, flipped: fraction flipped a run, pooled); "
+        "null when no pair has stored initial masks. `iou` above counts the shared initialisation too.")
 
 
 class FigureOut(BaseModel):
