@@ -48,7 +48,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from orchestrator.driving import sweeps
 
     if args.dry_run:
-        name, configs, counts = sweeps.plan(args.grid)
+        name, configs, counts = sweeps.plan(args.grid, args.set or [])
         from orchestrator.registry.stages import describe_dag
 
         dag = describe_dag(counts["dag"])
@@ -68,7 +68,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         out.print(table)
         return 0
     submitted = sweeps.submit(args.grid, force=args.force, rerun_failed=args.rerun_failed, track=not args.no_track,
-                              auto_resume=not args.no_auto_resume)
+                              auto_resume=not args.no_auto_resume, sets=args.set or [])
     counts = submitted.counts
     out.print(f"[bold]{submitted.sweep_id}[/bold]: {counts['total']} runs, {counts['new']} new, "
               f"{counts['finished']} already finished, {counts.get('requeued', 0)} requeued")
@@ -196,6 +196,9 @@ def register(sub) -> None:
     """``headsweep submit``, ``status``, ``ls``, ``resume`` and ``cancel``."""
     p = sub.add_parser("submit", help="submit a grid as a sweep on Ray")
     p.add_argument("grid", help="grid YAML (see examples/grid_*.yaml)")
+    p.add_argument("--set", action="append", metavar="KEY=V1,V2",
+                   help="override the grid: a list makes KEY an axis of those values (seed=0,1,2), one value sets "
+                        "it for every cell (train.lr=1e-4); repeatable")
     p.add_argument("--dry-run", action="store_true", help="print the expansion: runs, new, already finished")
     p.add_argument("--wait", action="store_true", help="follow the sweep with a progress bar")
     p.add_argument("--force", action="store_true", help="rerun even finished runs")
