@@ -103,6 +103,9 @@ def show_status(sweep_id: str) -> None:
 
     out.print(f"[bold]{sweep_id}[/bold] ({sweep['name']}): {sweep['status']}: {_count_text(counts)}")
     out.print(ProgressBar(total=max(total, 1), completed=done, width=60), f"{done}/{total}")
+    collapsed = collapsed_text(registry.sweep_runs(sweep_id))
+    if collapsed:
+        out.print(f"[red]{escape(collapsed)}[/red]", highlight=False)
     for i, line in enumerate(history):  # lost drivers and resumes; the last in red while unanswered
         unanswered = i == len(history) - 1 and sweep["status"] == "failed"
         out.print(f"[red]{escape(line)}[/red]" if unanswered else escape(line), highlight=False)
@@ -131,6 +134,27 @@ def show_status(sweep_id: str) -> None:
             last_line = (failure["error"] or "").strip().splitlines()[-1:] or [""]
             table.add_row(failure["run_key"], failure["status"], str(failure["attempts"]), last_line[0][:160])
         out.print(table)
+
+
+def collapsed_text(runs: dict) -> str | None:
+    """'2 of 6 checked runs collapsed (...): <key> (finetune seed 1), ...' of a sweep's runs
+    (``registry.sweep_runs``), None when none did (``experiments.common.collapse``)."""
+    from experiments.common.collapse import COLLAPSED
+
+    checked = [(i, m[COLLAPSED]) for i, m in enumerate(runs["metrics"]) if COLLAPSED in m]
+    hit = [i for i, flag in checked if flag == 1.0]
+    if not hit:
+        return None
+    names = [f"{runs['run_key'][i]} ({_run_label(runs, i)})" for i in hit[:5]]
+    more = f", ... ({len(hit)} in all)" if len(hit) > 5 else ""
+    return (f"{len(hit)} of {len(checked)} checked runs collapsed (one class on dev, or the uniform guess's loss "
+            f"ln K): {', '.join(names)}{more}; kept in results, counted in their column")
+
+
+def _run_label(runs: dict, i: int) -> str:
+    """'head_gates sp, seed 1': run ``i``'s method, pipeline (when it has one) and seed."""
+    pipeline = runs["pipeline"][i] if "pipeline" in runs else ""
+    return f"{runs['method'][i]}{f' {pipeline}' if pipeline else ''}, seed {runs['seed'][i]}"
 
 
 def cmd_status(args: argparse.Namespace) -> int:

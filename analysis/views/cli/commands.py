@@ -76,7 +76,7 @@ def cmd_results(args: argparse.Namespace) -> int:
 def _results_table(rows: list[dict[str, Any]], title: str) -> Table:
     """Group columns that vary, then mean, std, n, the 95 % CI and runs (and the mean expected open heads
     beside open heads); constant columns in the caption."""
-    stats_columns = ("mean", "std", "n", "ci_lo", "ci_hi", "ci_method", "runs", "metric", "expected_open")
+    stats_columns = ("mean", "std", "n", "ci_lo", "ci_hi", "ci_method", "runs", "metric", "expected_open", "collapsed")
     groups = [k for k in rows[0] if k not in (*stats_columns, "group_key")] if rows else []  # key: csv/json
     constant = [k for k in groups if len(rows) > 1 and len({str(r[k]) for r in rows}) == 1]
     caption = "  ".join(f"{k}: {_fmt(rows[0][k])}" for k in constant)
@@ -85,17 +85,23 @@ def _results_table(rows: list[dict[str, Any]], title: str) -> Table:
     if expected:
         caption += (f"\nopen: test-time gate > {OPEN_THRESHOLD:g}; expected open (mean): sum over heads of "
                     "P(gate > 0) in training, what the L0 penalty counts")
+    collapsed = any(row.get("collapsed") for row in rows)  # shown where some run collapsed
+    if collapsed:
+        caption += ("\ncollapsed: runs that predict one class on dev (or whose loss is the uniform guess's "
+                    "ln K); counted in n and the mean, not left out")
     table = Table(title=title, caption=caption.strip(), box=box.SIMPLE, pad_edge=False)
     shown = [k for k in groups if k not in constant]
     for column in shown:
         table.add_column(column, no_wrap=True)
-    for column in ("mean", "std", "n", "95% CI", "runs", *(("expected open",) if expected else ())):
+    for column in ("mean", "std", "n", "95% CI", "runs", *(("expected open",) if expected else ()),
+                   *(("collapsed",) if collapsed else ())):
         table.add_column(column, justify="right", no_wrap=column == "95% CI")
     for row in rows:
         ci = f"[{_fmt(row['ci_lo'])}, {_fmt(row['ci_hi'])}] {row['ci_method']}"
         table.add_row(*(_fmt(row[k]) for k in shown),
                       _fmt(row["mean"]), _fmt2(row["std"]), str(row["n"]), ci, str(row["runs"]),
-                      *((_fmt(row["expected_open"]),) if expected else ()))
+                      *((_fmt(row["expected_open"]),) if expected else ()),
+                      *((f"[red]{row['collapsed']}[/red]" if row["collapsed"] else "0",) if collapsed else ()))
     return table
 
 
