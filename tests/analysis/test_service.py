@@ -404,7 +404,9 @@ def every_kind_sweep(tmp_path_factory):
         for cfg in gates:
             alpha = profile + rng.normal(scale=0.5, size=profile.shape) - 10 * cfg.section.lambda_
             assert registry.claim(cfg.run_key, "w") is not None
-            assert registry.finish(cfg.run_key, {"accuracy": 0.8 - cfg.section.lambda_, "open_heads": float((alpha > 0).sum())},
+            costs = {"cost.train_s": 2.0 + rng.random(), "cost.load_model_s": 0.5, "cost.total_s": 3.0}  # one cost figure
+            assert registry.finish(cfg.run_key, {"accuracy": 0.8 - cfg.section.lambda_, "open_heads": float((alpha > 0).sum()),
+                                                 **costs},
                                    maps={"heads.gate": (alpha > 0).astype(np.float32), "heads.log_alpha": alpha})
         for cfg in importance:
             curve = {f"accuracy_pruned_{p}": 0.8 - 0.003 * p - 0.01 * cfg.seed for p in (0, 50, 100)}

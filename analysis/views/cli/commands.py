@@ -34,7 +34,9 @@ from analysis.views.cli.common import (
     signed,
     write_rows,
 )
+from analysis.views.figure_kinds import DPI, FIGURE_KINDS
 from experiments.common.naming import suggest
+from experiments.common.png import FORMATS
 from experiments.common.sections import ConfigError
 from experiments.common.units import OPEN_THRESHOLD
 
@@ -233,18 +235,23 @@ def _fmt2(value: float | None) -> str:
 
 @bad_input_is_config_error
 def cmd_figures(args: argparse.Namespace) -> int:
-    """Every figure of the sweep as PNG files under --out; prints their paths."""
+    """The sweep's figures (``figure_plan``; ``--kind``: of that kind only) as files under --out, in
+    --format at --dpi; prints their paths."""
     from analysis.data import select
     from analysis.views import figure_plan
 
+    if args.kind:
+        figure_plan.check_kind(args.kind)
     data, where = load(args)
     data = select.select(data, where)
+    plan = [entry for entry in figure_plan.figure_plan(data) if args.kind in (None, entry[1])]
+    if args.kind and not plan:  # a kind the default plan leaves out: drawn once with its defaults
+        plan = [(f"{args.kind}.png", args.kind, {})]
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
-    plan = figure_plan.figure_plan(data)
     for name, kind, params in plan:
-        path = folder / name
-        path.write_bytes(figure_plan.figure(data, kind, **params))
+        path = folder / Path(name).with_suffix(f".{args.format}")
+        path.write_bytes(figure_plan.figure(data, kind, fmt=args.format, dpi=args.dpi, **params))
         out.print(str(path))
     if not plan:
         out.print(f"{args.sweep}: no finished runs yet, no figures")
@@ -324,9 +331,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_iou)
 
-    p = subparsers.add_parser("figures", help="every figure of a sweep as PNG files")
+    p = subparsers.add_parser("figures", help="the figures of a sweep as PNG, PDF or SVG files")
     p.add_argument("sweep", help=SWEEP_HELP)
-    p.add_argument("--out", default="figs", help="folder for the PNG files (default: figs)")
+    p.add_argument("--kind", help=f"only figures of this kind: {', '.join(FIGURE_KINDS)} (default: every figure "
+                                  "worth drawing for the sweep)")
+    p.add_argument("--format", default="png", choices=FORMATS, help="file format (default: png; pdf or svg for a paper)")
+    p.add_argument("--dpi", type=float, default=DPI, help=f"resolution (default: {DPI}; e.g. 300 for print)")
+    p.add_argument("--out", default="figs", help="folder for the files (default: figs)")
     p.add_argument("--where", help=where_help)
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_figures)
