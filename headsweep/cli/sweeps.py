@@ -159,10 +159,49 @@ def _run_label(runs: dict, i: int) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     if args.sweep is None:
+        if args.follow:
+            raise ConfigError("status --follow needs a sweep id (or last)")
         return cmd_ls(args)
     _known_sweep(args.sweep)
+    if args.follow:  # re-attach: the progress bar until the sweep ends, then its status
+        return follow(args.sweep)
     show_status(args.sweep)
     return 0
+
+
+def cmd_head(args: argparse.Namespace) -> int:
+    """``headsweep head status|stop``: this HEADSWEEP_HOME's local Ray head, shown or stopped."""
+    from orchestrator.cluster.head import head_status, stop_local_head
+
+    state = head_status()
+    if state is None or not state["alive"]:
+        out.print(f"no local Ray head runs for HEADSWEEP_HOME={settings.home()}")
+        return 0
+    if args.action == "status":
+        out.print(f"local Ray head for HEADSWEEP_HOME={settings.home()}: {state['address']}, dashboard "
+                  f"{state['dashboard']}; {len(state['pids'])} processes, {state['rss_mb']:.0f} MB resident; "
+                  "stop it with: headsweep head stop", soft_wrap=True)
+        return 0
+    running = _running_sweeps()
+    if running and not args.force:
+        raise ConfigError(f"sweeps still running on this head: {', '.join(running)}; cancel them first, "
+                          "or stop it anyway with --force")
+    stop_local_head()
+    out.print(f"stopped the local Ray head of HEADSWEEP_HOME={settings.home()} ({len(state['pids'])} processes, "
+              f"{state['rss_mb']:.0f} MB)")
+    return 0
+
+
+def _running_sweeps() -> list[str]:
+    """The ids of this home's sweeps whose driver has not ended (none when it has no registry)."""
+    from orchestrator.registry import Registry
+
+    from pathlib import Path
+
+    url = settings.registry_url()
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return []
+    return [s["id"] for s in Registry(url).list_sweeps() if s["status"] not in SWEEP_DONE]
 
 
 def _known_sweep(sweep_id: str) -> None:
@@ -235,7 +274,14 @@ def register(sub) -> None:
 
     p = sub.add_parser("status", help="counts, progress, ETA and failures of a sweep (all sweeps without one)")
     p.add_argument("sweep", nargs="?", help=SWEEP_HELP + "; without one, every sweep (as ls)")
+    p.add_argument("--follow", action="store_true",
+                   help="re-attach to a running sweep: its progress bar until it ends (exit 0 if every run finished)")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("head", help="the local Ray head of this HEADSWEEP_HOME: shown or stopped")
+    p.add_argument("action", choices=("status", "stop"), help="status: address, processes, memory; stop: end it")
+    p.add_argument("--force", action="store_true", help="stop it even while sweeps of this home still run")
+    p.set_defaults(func=cmd_head)
 
     p = sub.add_parser("ls", help="sweeps with their progress")
     p.set_defaults(func=cmd_ls)
