@@ -441,7 +441,7 @@ def test_curves_points_per_pipeline(data):
 
 
 @pytest.mark.parametrize(("kind", "kwargs", "message"), [
-    ("rbg", {}, "unknown figure 'rbg'; did you mean 'rgb'"),
+    ("rbg", {}, "unknown figure kind 'rbg'; did you mean 'rgb'"),
     ("curves", {"metric": "f1"}, "unknown metric 'f1'"),
     ("curves", {"x": "sparsity"}, "no finished run has both accuracy and sparsity"),
     ("curves", {"x": "heads"}, "unknown x 'heads'"),
