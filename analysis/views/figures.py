@@ -44,9 +44,14 @@ def _png(fig: Figure) -> bytes:
     return figure_png(fig, DPI)
 
 
-def _grid_figure(layers: int, heads: int, extra_width: float = 0.0) -> tuple[Figure, Axes]:
-    width = max(4.0, _CELL_INCHES * heads + 1.6 + extra_width)
-    height = max(2.8, _CELL_INCHES * layers + 1.4)
+def _grid_figure(layers: int, heads: int, extra_width: float = 0.0, title: str = "",
+                 side_label: str = "") -> tuple[Figure, Axes]:
+    """A figure for an L x H grid of cells, wide enough for the legend or colour bar (``extra_width``)
+    and for each line of ``title`` whole (a small model's grid is narrower than its title), tall
+    enough for the colour bar's ``side_label``."""
+    lines = title.splitlines()
+    width = max(4.0, _CELL_INCHES * heads + 1.6 + extra_width, 0.075 * max(map(len, lines), default=0))
+    height = max(2.8, _CELL_INCHES * layers + 1.4, 0.075 * len(side_label) + 0.6 + 0.2 * len(lines))
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     return fig, fig.add_subplot()
 
@@ -57,7 +62,7 @@ def _label_head_grid(ax: Axes, layers: int, heads: int, title: str) -> None:
     ax.set_yticks(np.arange(layers), [str(layer + 1) for layer in range(layers)])
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title(title)
+    ax.figure.suptitle(title, fontsize="medium")  # over the whole figure: a small grid is narrower than it
     ax.tick_params(length=0)
 
 
@@ -76,7 +81,7 @@ def rgb_seed_map_figure(z1: np.ndarray, z2: np.ndarray, z3: np.ndarray, title: s
     z = np.stack(grids)  # (3, L, H)
     rgb = np.clip(1.0 - np.moveaxis(z, 0, -1), 0.0, 1.0)  # (L, H, 3)
     layers, heads = rgb.shape[:2]
-    fig, ax = _grid_figure(layers, heads, extra_width=2.4)
+    fig, ax = _grid_figure(layers, heads, extra_width=2.4, title=title)
     ax.imshow(rgb, origin="upper", interpolation="nearest", aspect="equal")
     _label_head_grid(ax, layers, heads, title)
     handles = [Patch(facecolor=c, edgecolor="0.4", label=text) for c, text in _SEED_MAP_LEGEND]
@@ -112,12 +117,13 @@ def grey_map_figure(gates: np.ndarray, title: str, label: str | None = None) -> 
         raise ValueError(f"gates must be (N, layers, heads), got shape {gates.shape}")
     mean = gates.mean(axis=0)  # (L, H): over ALL runs passed, not only the last task's
     layers, heads = mean.shape
-    fig, ax = _grid_figure(layers, heads, extra_width=1.0)
+    label = label or f"mean gate over {len(gates)} runs"
+    fig, ax = _grid_figure(layers, heads, extra_width=1.0, title=title, side_label=label)
     image = ax.imshow(
         mean, cmap="Greys", vmin=0.0, vmax=1.0, origin="upper", interpolation="nearest"
     )
     _label_head_grid(ax, layers, heads, title)
-    fig.colorbar(image, ax=ax, shrink=0.9, label=label or f"mean gate over {len(gates)} runs")
+    fig.colorbar(image, ax=ax, shrink=0.9, label=label)
     return fig
 
 
@@ -264,15 +270,19 @@ def annotated_matrix(
 
 def bars_figure(values: dict[str, tuple[np.ndarray, np.ndarray]], rows: list[str], xlabel: str, title: str) -> Figure:
     """Horizontal bars, one row per name of ``rows`` and one bar per group: ``{group: (mean, std)}``,
-    each ``(len(rows),)``; the error bar is the std. NaN bars are left out."""
+    each ``(len(rows),)``, of values that are never negative (seconds); the error bar is the std,
+    cut at 0. A NaN bar is drawn empty."""
     groups = list(values)
     height = 0.8 / max(len(groups), 1)
-    fig = Figure(figsize=(6.4, max(2.8, 0.3 * len(rows) * max(len(groups), 1) + 1.6)), dpi=DPI, layout="constrained")
+    fig = Figure(figsize=(6.4, max(2.8, 0.12 * len(rows) * max(len(groups), 1) + 0.25 * len(rows) + 1.6)),
+                 dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
     for g, name in enumerate(groups):
         mean, std = (np.asarray(a, dtype=np.float64) for a in values[name])
         y = np.arange(len(rows)) - 0.4 + height * (g + 0.5)
-        ax.barh(y, np.nan_to_num(mean), height=height, xerr=np.nan_to_num(std), label=name, capsize=2)
+        mean, std = np.nan_to_num(mean), np.nan_to_num(std)
+        below = np.minimum(std, mean)  # a time is never negative: the band stops at 0
+        ax.barh(y, mean, height=height, xerr=np.stack([below, std]), label=name, capsize=2)
     ax.set_yticks(np.arange(len(rows)), rows)
     ax.invert_yaxis()  # the first row at the top
     ax.set_xlabel(xlabel)

@@ -36,7 +36,7 @@ from analysis.views.cli.common import (
 )
 from analysis.views.figure_kinds import DPI, FIGURE_KINDS
 from experiments.common.naming import suggest
-from experiments.common.png import FORMATS
+from experiments.common.png import FORMATS as FIGURE_FORMATS
 from experiments.common.sections import ConfigError
 from experiments.common.units import OPEN_THRESHOLD
 
@@ -335,7 +335,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("sweep", help=SWEEP_HELP)
     p.add_argument("--kind", help=f"only figures of this kind: {', '.join(FIGURE_KINDS)} (default: every figure "
                                   "worth drawing for the sweep)")
-    p.add_argument("--format", default="png", choices=FORMATS, help="file format (default: png; pdf or svg for a paper)")
+    p.add_argument("--format", default="png", choices=FIGURE_FORMATS, help="file format (default: png; pdf or svg for a paper)")
     p.add_argument("--dpi", type=float, default=DPI, help=f"resolution (default: {DPI}; e.g. 300 for print)")
     p.add_argument("--out", default="figs", help="folder for the files (default: figs)")
     p.add_argument("--where", help=where_help)
