@@ -179,7 +179,7 @@ def cmd_head(args: argparse.Namespace) -> int:
         return 0
     if args.action == "status":
         out.print(f"local Ray head for HEADSWEEP_HOME={settings.home()}: {state['address']}, dashboard "
-                  f"{state['dashboard']}; {len(state['pids'])} processes, {state['rss_mb']:.0f} MB resident; "
+                  f"{state['dashboard']}; {len(state['pids'])} processes, {state['rss_mb']:.0f} MB resident (summed over them); "
                   "stop it with: headsweep head stop", soft_wrap=True)
         return 0
     running = _running_sweeps()
