@@ -41,8 +41,8 @@ from analysis.questions.agreement.compare import compare_maps
 from analysis.questions.agreement.maps import plan_maps
 from analysis.questions.agreement.result import Agreement
 from analysis.views import curves, figures
-from analysis.views.figure_kinds import FIGURE_KINDS
 from analysis.views.compare_figure import compare_figure
+from analysis.views.figure_kinds import FIGURE_KINDS
 from experiments.common.png import FORMATS, figure_bytes
 from experiments.common.units import OPEN_THRESHOLD
 

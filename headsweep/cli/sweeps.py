@@ -194,9 +194,9 @@ def cmd_head(args: argparse.Namespace) -> int:
 
 def _running_sweeps() -> list[str]:
     """The ids of this home's sweeps whose driver has not ended (none when it has no registry)."""
-    from orchestrator.registry import Registry
-
     from pathlib import Path
+
+    from orchestrator.registry import Registry
 
     url = settings.registry_url()
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
