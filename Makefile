@@ -24,6 +24,7 @@ demo: venv
 	$(VENV)/bin/headsweep results last --group-by pipeline,lambda --metric open_heads
 	$(VENV)/bin/headsweep agreement last --across seed
 	@echo "Look at it: .venv/bin/headsweep ui (MLflow, http://127.0.0.1:5000); .venv/bin/headsweep serve (analysis API)"
+	@echo "The local Ray head is left running for the next submit: .venv/bin/headsweep head status shows it, .venv/bin/headsweep head stop stops it"
 
 # The default run stays under 10 minutes on 2 cores (1121 tests: 8 min 36 s alone on 2026-11-27's slower machine,
 # 4 min 4 s of CPU: most of the wall is Ray workers starting; 1052 tests: 7 min 44 s at load 2.7-3.5 beside the SLURM

@@ -288,3 +288,18 @@ class Sweep:
         result = compare.compare_maps(self._data(), list(maps), filters, across=across, top=top, n_perm=n_perm,
                                       pool=_names(pool))
         return Comparison(result, filters)
+
+    def figure(self, kind: str, where: Where = None, **params: Any) -> Figure:
+        """One figure of ``kind`` (``headsweep figures --kind``: rgb, grey, agreement, curves,
+        compare_maps, pruning, layers, perturbation, ffn_pruning, cost) as a matplotlib Figure;
+        ``params``: the kind's own (``across``, ``metric``, ``x``, ``map_name``, ``maps``, ``n_perm``)."""
+        return figure_plan.figure_of(self._data(), kind, _filters(where) or None, **params)
+
+    def figures(self, kind: str | None = None) -> dict[str, Figure]:
+        """Every figure ``headsweep figures`` draws for the sweep (``kind``: of that kind only), by
+        the file name it writes: ``{"rgb_head_gates-dp-lambda-0.05.png": Figure, ...}``."""
+        if kind is not None:
+            figure_plan.check_kind(kind)
+        data = self._data()
+        return {name: figure_plan.figure_of(data, k, **params)
+                for name, k, params in figure_plan.figure_plan(data) if kind in (None, k)}

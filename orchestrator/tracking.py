@@ -194,8 +194,10 @@ NOTE_TAG = "mlflow.note.content"
 _MAX_LINKED_VALUES = 12  # an axis with more values gets one example link, not one per value
 
 
-def sweep_note(experiment_id: str, sweep_id: str, runs: int, configs: Sequence[Any], keys: Sequence[str]) -> str:
-    """The sweep's parent run's description: links to its runs as MLflow searches, by axis value.
+def sweep_note(experiment_id: str, sweep_id: str, runs: int, configs: Sequence[Any], keys: Sequence[str],
+               description: str = "") -> str:
+    """The sweep's parent run's description: the grid's ``description`` (what the sweep asks), then
+    links to its runs as MLflow searches, by axis value.
 
     MLflow's run page lists a parent's children 10 at a time and its runs table loads 100 runs a
     page (mlflow issues 1896, 17248): at thousands of children the parent page is no way to reach
@@ -206,7 +208,8 @@ def sweep_note(experiment_id: str, sweep_id: str, runs: int, configs: Sequence[A
     from experiments.common.sections import flatten
 
     sweep = f"tags.sweep = '{sweep_id}'"
-    lines = [f"**{runs:,} runs** in this sweep. MLflow lists a parent run's children 10 at a time; "
+    lines = [description.strip(), ""] if description.strip() else []
+    lines += [f"**{runs:,} runs** in this sweep. MLflow lists a parent run's children 10 at a time; "
              "these links search all of them (each opens the runs table: expand the sweep's row).", "",
              f"- [every run of the sweep]({search_link(experiment_id, sweep)})"]
     cell = run_name(configs[0], keys, seed=False)
@@ -225,6 +228,12 @@ def sweep_note(experiment_id: str, sweep_id: str, runs: int, configs: Sequence[A
         more = "" if len(values) <= _MAX_LINKED_VALUES else f" (one of {len(values)} values; search ``{field} = '...'``)"
         lines.append(f"- {key}: {links}{more}")
     return "\n".join(lines)
+
+
+def parent_tags(sweep_id: str, grid_name: str, grid_tags: Mapping[str, str]) -> dict[str, str]:
+    """The sweep's parent run's tags: the grid's ``tags``, then ``sweep`` and ``grid`` (the grid
+    refuses tags of those names, ``orchestrator.driving.grid.RESERVED_TAGS``)."""
+    return {**grid_tags, "sweep": sweep_id, "grid": grid_name}
 
 
 def _quoted(value: Any) -> str:

@@ -28,9 +28,14 @@ DEFAULT_MAP = "heads.gate"
 COMPANIONS = {"heads.gate": "heads.log_alpha"}
 """Binarised map -> its continuous companion, used when the binarised map is constant in a run
 (every gate closed: Pearson is undefined there, the continuous scores still rank the units)."""
-_NOT_CURVE_METRICS = ("loss", "train_loss", "open_heads", "sparsity", "l0_penalty", "expected_open_heads")
+DERIVED = {"heads.pruned_at": "heads.importance"}
+"""A map computed from another of the same run -> that map: head_importance's ``heads.pruned_at`` is the
+order its ``heads.importance`` ranks the heads in (recomputed or not), so comparing the two gives rho
+near 1 by construction; default comparisons (``plan_maps``) leave the derived map out."""
+_NOT_CURVE_METRICS = ("loss", "train_loss", "open_heads", "sparsity", "l0_penalty", "expected_open_heads",
+                      "top_class_share", "loss_vs_uniform", "collapsed")
 """Metrics (on any evaluation set: ``loss/ood``) that are no figure's y: losses and the L0 penalty, head counts
-(the x already), the realised sparsity."""
+(the x already), the realised sparsity, the collapse check's measures and flag (``experiments.common.collapse``)."""
 
 Filters = Mapping[str, Sequence[Any]] | Where
 """Which runs: parsed ``--where`` conditions, or ``{axis: [values]}``."""

@@ -23,6 +23,7 @@ from analysis.data.select import (
 )
 from analysis.data.sweep import CELL_LABELS, SweepData
 from analysis.statistics import intervals
+from experiments.common.collapse import COLLAPSED
 
 
 def aggregate(data: SweepData, group_by: Sequence[str], metric: str, filters: Filters | None = None,
@@ -35,13 +36,16 @@ def aggregate(data: SweepData, group_by: Sequence[str], metric: str, filters: Fi
     finished) are left out of n; a group with none has n = 0 and NaN stats.
     Runs of different methods are never pooled: when the selection has several,
     ``method`` is added to ``group_by`` (a fine-tune stage and the head-gate runs
-    that start from it are different experiments).
+    that start from it are different experiments). Where runs report the collapse check
+    (``experiments.common.collapse``), ``collapsed`` counts each group's collapsed runs: they
+    stay in its n and stats, the count says how many.
     """
     by = [check_axis(a, data) for a in group_by] or ["group_key"]
     sel = select(data, filters)
     if group_by and "method" not in by and len(set(sel.method.tolist())) > 1:
         by.append("method")
     values = check_metric(sel, metric)
+    collapsed = sel.metrics.get(COLLAPSED)
     shown = by if group_by else ["group_key", *CELL_LABELS]
     groups = group_indices(sel, by) if group_by else groups_in_cell_order(sel)
     rows = []
@@ -53,6 +57,8 @@ def aggregate(data: SweepData, group_by: Sequence[str], metric: str, filters: Fi
         row = {axis: py(column(sel, axis)[idx[0]]) for axis in shown}
         row.update(metric=metric, mean=py(agg.mean), std=py(agg.std), n=agg.n,
                    ci_lo=py(agg.ci_lo), ci_hi=py(agg.ci_hi), ci_method=agg.ci_method, runs=len(idx))
+        if collapsed is not None:
+            row["collapsed"] = int(np.nansum(collapsed[idx]))
         rows.append(row)
     return rows
 

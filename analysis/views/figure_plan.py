@@ -7,6 +7,7 @@ the CLI's ``figures``, the service's ``/figures`` and the sweep report all use i
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -40,12 +41,11 @@ from analysis.questions.agreement.compare import compare_maps
 from analysis.questions.agreement.maps import plan_maps
 from analysis.questions.agreement.result import Agreement
 from analysis.views import curves, figures
-from analysis.views.compare_figure import compare_png
+from analysis.views.compare_figure import compare_figure
+from analysis.views.figure_kinds import FIGURE_KINDS
+from experiments.common.png import FORMATS, figure_bytes
 from experiments.common.units import OPEN_THRESHOLD
 
-FIGURE_KINDS = ("rgb", "grey", "agreement", "curves", "compare_maps", "pruning", "layers", "perturbation",
-                "ffn_pruning")
-"""Every kind ``figure`` draws and ``figure_plan`` plans: the CLI's ``figures`` writes them, the service serves them."""
 CELL_AXES = CELL_LABELS
 """The labels that name a cell, seed aside (any other config key of a grid names it too)."""
 CURVE_X = (*SCALE_LABELS, "open_heads")
@@ -55,7 +55,7 @@ def _title(data: SweepData, filters: Filters | None) -> str:
     return f"{data.sweep_id}: {describe(filters)}"
 
 
-def _rgb(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP) -> bytes:
+def _rgb(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP) -> Figure:
     sel, x, _, _ = map_runs(select(data, filters), map_name, switch=False)
     cells = [idx for idx in groups_in_cell_order(sel) if len(idx) >= 3]
     if not cells:
@@ -69,7 +69,7 @@ def _rgb(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP) 
     if map_name == DEFAULT_MAP:  # a head is open or closed as the counts say, never by its shade
         z = (z > OPEN_THRESHOLD).astype(np.float64)
         title += "\n" + _open_counts(sel, idx, z)
-    return figures.rgb_seed_map(z[0], z[1], z[2], title)
+    return figures.rgb_seed_map_figure(z[0], z[1], z[2], title)
 
 
 def _open_counts(sel: SweepData, idx: np.ndarray, is_open: np.ndarray) -> str:
@@ -127,19 +127,19 @@ def _keys_apart(cells: SweepData) -> list[str]:
     return keys + ["group_key"]
 
 
-def _grey(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP) -> bytes:
+def _grey(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP) -> Figure:
     sel, x, _, _ = map_runs(select(data, filters), map_name, switch=False)
     if len(sel) == 0:
         raise QueryError(f"no finished run with map {map_name} in {describe(filters)}")
     if map_name != DEFAULT_MAP:
-        return figures.grey_map(x, f"mean {map_name} over {len(sel)} runs\n{_title(sel, filters)}")
+        return figures.grey_map_figure(x, f"mean {map_name} over {len(sel)} runs\n{_title(sel, filters)}")
     is_open = x > OPEN_THRESHOLD  # the one definition of open, as every count
     counts = is_open.reshape(len(sel), -1).sum(axis=1)
     text = f"heads open (test-time gate > {OPEN_THRESHOLD:g}) in {len(sel)} runs: mean {counts.mean():.1f}"
     expected = sel.metrics.get("expected_open_heads")
     if expected is not None and np.isfinite(expected).all():
         text += f", expected open {expected.mean():.1f}"
-    return figures.grey_map(is_open.astype(np.float64), f"{text}\n{_title(sel, filters)}",
+    return figures.grey_map_figure(is_open.astype(np.float64), f"{text}\n{_title(sel, filters)}",
                             label=f"fraction of {len(sel)} runs with the head open")
 
 
@@ -212,13 +212,13 @@ def curve_points(data: SweepData, metric: str, x: str, filters: Filters | None =
     return curves
 
 
-def _curves(data: SweepData, filters: Filters | None, metric: str | None, x: str | None) -> bytes:
+def _curves(data: SweepData, filters: Filters | None, metric: str | None, x: str | None) -> Figure:
     sel = select(data, filters)
     metric = metric or default_metric(sel)
     x = x or _default_x(sel)
     curves = curve_points(data, metric, x, filters)
     xlabel = {"open_heads": f"open heads (test-time gate > {OPEN_THRESHOLD:g})"}.get(x, x)
-    return figures.metric_curves(curves, xlabel, metric, f"{metric} vs {xlabel}\n{_title(sel, filters)}")
+    return figures.metric_curves_figure(curves, xlabel, metric, f"{metric} vs {xlabel}\n{_title(sel, filters)}")
 
 
 def _default_x(sel: SweepData) -> str:
@@ -228,10 +228,10 @@ def _default_x(sel: SweepData) -> str:
     return "open_heads"
 
 
-def figure(data: SweepData, kind: str, filters: Filters | None = None, across: str = "seed",
-           metric: str | None = None, x: str | None = None, n_perm: int = 1000,
-           max_run_perms: int | None = None, map_name: str = DEFAULT_MAP, maps: list[str] | None = None) -> bytes:
-    """One figure of the selection as PNG bytes.
+def figure_of(data: SweepData, kind: str, filters: Filters | None = None, across: str = "seed",
+              metric: str | None = None, x: str | None = None, n_perm: int = 1000,
+              max_run_perms: int | None = None, map_name: str = DEFAULT_MAP, maps: list[str] | None = None) -> Figure:
+    """One figure of the selection as a matplotlib Figure (``figure`` encodes it).
 
     ``rgb``: He & Choi's map of the one cell with 3 finished seeds that the
     filters select (its 3 lowest seeds; QueryError naming the cells, by what
@@ -248,29 +248,84 @@ def figure(data: SweepData, kind: str, filters: Filters | None = None, across: s
     head_importance's pruning curves of ``metric`` (``analysis.questions.pruning``, drawn by ``curves``), one line per cell.
     FFN neurons (``analysis.questions.neurons``), one line per cell: ``layers``: the best unit per layer of
     ``map_name`` (a neuron map); ``perturbation``: accuracy with noise on the top vs random neurons;
-    ``ffn_pruning``: accuracy before and after keeping only the top neurons.
+    ``ffn_pruning``: accuracy before and after keeping only the top neurons. ``cost``: where the runs'
+    time goes, every ``cost.<part>_s`` timing in one figure (mean seconds per part, per method).
     """
+    check_kind(kind)
     if kind == "rgb":
         return _rgb(data, filters, map_name)
     if kind == "grey":
         return _grey(data, filters, map_name)
     if kind == "agreement":
         result = agreement(data, across, filters, n_perm=n_perm, max_run_perms=max_run_perms, map_name=map_name)
-        return agreement_png(result, filters)
+        return agreement_figure(result, filters)
     if kind == "curves":
         return _curves(data, filters, metric, x)
     if kind == "compare_maps":
-        return compare_png(compare_maps(data, maps or [], filters, n_perm=n_perm, max_run_perms=max_run_perms),
-                           filters)
+        return compare_figure(compare_maps(data, maps or [], filters, n_perm=n_perm, max_run_perms=max_run_perms),
+                              filters)
     if kind == "pruning":
-        return curves.pruning_png(data, filters, metric)
+        return curves.pruning_figure(data, filters, metric)
     if kind == "layers":
-        return curves.layers_png(data, filters, map_name)
+        return curves.layers_figure(data, filters, map_name)
     if kind == "perturbation":
-        return curves.perturbation_png(data, filters)
+        return curves.perturbation_figure(data, filters)
     if kind == "ffn_pruning":
-        return curves.ffn_pruning_png(data, filters)
-    raise QueryError(f"unknown figure '{kind}'{did_you_mean(kind, FIGURE_KINDS)} (one of {', '.join(FIGURE_KINDS)})")
+        return curves.ffn_pruning_figure(data, filters)
+    return _cost(data, filters)
+
+
+def figure(data: SweepData, kind: str, filters: Filters | None = None, fmt: str = "png", dpi: float = figures.DPI,
+           **params: Any) -> bytes:
+    """``figure_of(data, kind, filters, **params)`` encoded as ``fmt`` (png, pdf or svg) at ``dpi``."""
+    if fmt not in FORMATS:
+        raise QueryError(f"unknown format '{fmt}'{did_you_mean(fmt, FORMATS)} (one of {', '.join(FORMATS)})")
+    return figure_bytes(figure_of(data, kind, filters, **params), fmt, dpi)
+
+
+def check_kind(kind: str) -> None:
+    """QueryError naming an unknown figure kind, the nearest one and every kind."""
+    if kind not in FIGURE_KINDS:
+        raise QueryError(f"unknown figure kind '{kind}'{did_you_mean(kind, FIGURE_KINDS)} "
+                         f"(one of {', '.join(FIGURE_KINDS)})")
+
+
+COST_PREFIX = "cost."
+"""The run-cost timings (``experiments.common.costs``): ``cost.<part>_s``, drawn together in one figure."""
+
+
+def cost_parts(data: SweepData, filters: Filters | None = None
+               ) -> tuple[list[str], dict[str, tuple[np.ndarray, np.ndarray]], int, float]:
+    """(the parts, ``{method [pipeline]: (mean, std) seconds per part}``, runs timed, their mean total
+    seconds) of the selection's ``cost.<part>_s`` metrics; ``cost.total_s`` is the total, not a part."""
+    sel = select(data, filters)
+    parts = sorted(m for m in sel.metrics if m.startswith(COST_PREFIX) and m.endswith("_s") and m != "cost.total_s")
+    timed = np.zeros(len(sel), dtype=bool)
+    for name in parts:
+        timed |= ~np.isnan(sel.metrics[name])
+    if not timed.any():
+        raise QueryError(f"no run has cost.<part>_s timings in {describe(filters)}")
+    sel = sel.subset(timed)
+    pipelines = sel.axis("pipeline")
+    groups: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for method, pipeline in sorted({(str(m), str(p)) for m, p in zip(sel.method, pipelines, strict=True)}):
+        idx = (sel.method == method) & (pipelines == pipeline)
+        stack = np.stack([sel.metrics[name][idx] for name in parts], axis=1)  # (runs, parts)
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a part some method never times: NaN, no bar
+            groups[" ".join(p for p in (method, pipeline) if p and p != "nan")] = (
+                np.nanmean(stack, axis=0), np.nan_to_num(np.nanstd(stack, axis=0)))
+    total = sel.metrics.get("cost.total_s")
+    mean_total = float(np.nanmean(total)) if total is not None and (~np.isnan(total)).any() else math.nan
+    return [name.removeprefix(COST_PREFIX).removesuffix("_s") for name in parts], groups, len(sel), mean_total
+
+
+def _cost(data: SweepData, filters: Filters | None) -> Figure:
+    parts, groups, n, total = cost_parts(data, filters)
+    head = f"where a run's time goes: mean seconds per part (cost.<part>_s) over {n} runs"
+    if math.isfinite(total):
+        head += f"; mean total {total:.1f} s per run"
+    return figures.bars_figure(groups, parts, "seconds per run", f"{head}\n{_title(data, filters)}")
 
 
 def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict[str, Any]]]:
@@ -279,8 +334,9 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
     An rgb map per cell with 3 finished seeds (the first ``max_rgb`` cells), a
     grey map of all runs and of each task, an agreement heat map across each
     axis that has 2 values (seed: a cell with 2 seeds), a compare-maps matrix per
-    unit kind with two or more maps that some matched runs share (``maps.plan_maps``),
-    and per task the curves of each metric (not losses or head counts) vs each x that varies.
+    unit kind with two or more maps that some matched runs share (``maps.plan_maps``: a map derived
+    from another, ``select.DERIVED``, left out), per task the curves of each metric (not losses, head
+    counts or timings) vs each x that varies, and one figure of every ``cost.<part>_s`` timing.
     """
     sel = data.subset(data.has_gates)
     plan: list[tuple[str, str, dict[str, Any]]] = []
@@ -322,8 +378,8 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
         xs = [a for a in SCALE_LABELS if np.unique(part.axis(a)[~np.isnan(part.axis(a))]).size >= 2]
         if part.has_gates.any():  # open heads are a head-gating sweep's x, not a mask sweep's
             xs.append("open_heads")
-        for metric in sorted(m for m in part.metrics
-                             if m.split("/")[0] not in _NOT_CURVE_METRICS and not pruning.is_curve_point(m)):
+        for metric in sorted(m for m in part.metrics if m.split("/")[0] not in _NOT_CURVE_METRICS
+                             and not pruning.is_curve_point(m) and not m.startswith(COST_PREFIX)):
             y = part.metrics[metric]
             for x in xs:  # only curves some run can draw (a mask run has no open heads, a finetune no sparsity)
                 xv = _open_heads(part) if x == "open_heads" else part.axis(x)
@@ -334,6 +390,8 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
         for metric, points in sorted(pruning.pruned_metrics(part.metrics).items()):  # head_importance's curves
             if any((~np.isnan(part.metrics[name])).any() for name in points.values()):
                 plan.append((f"pruning_{task}_{metric}", "pruning", {"filters": {"task": [task]}, "metric": metric}))
+    if any(m.startswith(COST_PREFIX) and (~np.isnan(v)).any() for m, v in data.metrics.items()):
+        plan.append(("cost", "cost", {}))  # every timing in one figure, never a curve each
     return [(_safe_name(name) + ".png", kind, params) for name, kind, params in plan]
 
 

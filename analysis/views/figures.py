@@ -20,9 +20,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from analysis.views.figure_kinds import DPI
 from experiments.common.png import figure_png
 
-DPI = 100
 _CELL_INCHES = 0.42  # side of one head's cell
 
 # He & Choi's RGB seed map: head colour = (1 - z1, 1 - z2, 1 - z3). A channel is
@@ -44,9 +44,14 @@ def _png(fig: Figure) -> bytes:
     return figure_png(fig, DPI)
 
 
-def _grid_figure(layers: int, heads: int, extra_width: float = 0.0) -> tuple[Figure, Axes]:
-    width = max(4.0, _CELL_INCHES * heads + 1.6 + extra_width)
-    height = max(2.8, _CELL_INCHES * layers + 1.4)
+def _grid_figure(layers: int, heads: int, extra_width: float = 0.0, title: str = "",
+                 side_label: str = "") -> tuple[Figure, Axes]:
+    """A figure for an L x H grid of cells, wide enough for the legend or colour bar (``extra_width``)
+    and for each line of ``title`` whole (a small model's grid is narrower than its title), tall
+    enough for the colour bar's ``side_label``."""
+    lines = title.splitlines()
+    width = max(4.0, _CELL_INCHES * heads + 1.6 + extra_width, 0.075 * max(map(len, lines), default=0))
+    height = max(2.8, _CELL_INCHES * layers + 1.4, 0.075 * len(side_label) + 0.6 + 0.2 * len(lines))
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     return fig, fig.add_subplot()
 
@@ -57,7 +62,7 @@ def _label_head_grid(ax: Axes, layers: int, heads: int, title: str) -> None:
     ax.set_yticks(np.arange(layers), [str(layer + 1) for layer in range(layers)])
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title(title)
+    ax.figure.suptitle(title, fontsize="medium")  # over the whole figure: a small grid is narrower than it
     ax.tick_params(length=0)
 
 
@@ -68,14 +73,15 @@ def _check_grid(gates: np.ndarray, name: str) -> np.ndarray:
     return gates
 
 
-def _rgb_seed_map_figure(z1: np.ndarray, z2: np.ndarray, z3: np.ndarray, title: str) -> Figure:
+def rgb_seed_map_figure(z1: np.ndarray, z2: np.ndarray, z3: np.ndarray, title: str) -> Figure:
+    """The Figure ``rgb_seed_map`` encodes."""
     grids = [_check_grid(z, f"z{i + 1}") for i, z in enumerate((z1, z2, z3))]
     if len({g.shape for g in grids}) != 1:
         raise ValueError(f"z1, z2, z3 differ in shape: {[g.shape for g in grids]}")
     z = np.stack(grids)  # (3, L, H)
     rgb = np.clip(1.0 - np.moveaxis(z, 0, -1), 0.0, 1.0)  # (L, H, 3)
     layers, heads = rgb.shape[:2]
-    fig, ax = _grid_figure(layers, heads, extra_width=2.4)
+    fig, ax = _grid_figure(layers, heads, extra_width=2.4, title=title)
     ax.imshow(rgb, origin="upper", interpolation="nearest", aspect="equal")
     _label_head_grid(ax, layers, heads, title)
     handles = [Patch(facecolor=c, edgecolor="0.4", label=text) for c, text in _SEED_MAP_LEGEND]
@@ -99,10 +105,11 @@ def rgb_seed_map(z1: np.ndarray, z2: np.ndarray, z3: np.ndarray, title: str) -> 
     = open in two runs (closed in run 1 / 2 / 3); cyan / magenta / yellow =
     open in run 1 / 2 / 3 only. Fractional gates give the tints in between.
     """
-    return _png(_rgb_seed_map_figure(z1, z2, z3, title))
+    return _png(rgb_seed_map_figure(z1, z2, z3, title))
 
 
-def _grey_map_figure(gates: np.ndarray, title: str, label: str | None = None) -> Figure:
+def grey_map_figure(gates: np.ndarray, title: str, label: str | None = None) -> Figure:
+    """The Figure ``grey_map`` encodes."""
     gates = np.asarray(gates, dtype=np.float64)
     if gates.ndim == 2:
         gates = gates[None]
@@ -110,12 +117,13 @@ def _grey_map_figure(gates: np.ndarray, title: str, label: str | None = None) ->
         raise ValueError(f"gates must be (N, layers, heads), got shape {gates.shape}")
     mean = gates.mean(axis=0)  # (L, H): over ALL runs passed, not only the last task's
     layers, heads = mean.shape
-    fig, ax = _grid_figure(layers, heads, extra_width=1.0)
+    label = label or f"mean gate over {len(gates)} runs"
+    fig, ax = _grid_figure(layers, heads, extra_width=1.0, title=title, side_label=label)
     image = ax.imshow(
         mean, cmap="Greys", vmin=0.0, vmax=1.0, origin="upper", interpolation="nearest"
     )
     _label_head_grid(ax, layers, heads, title)
-    fig.colorbar(image, ax=ax, shrink=0.9, label=label or f"mean gate over {len(gates)} runs")
+    fig.colorbar(image, ax=ax, shrink=0.9, label=label)
     return fig
 
 
@@ -126,7 +134,7 @@ def grey_map(gates: np.ndarray, title: str, label: str | None = None) -> bytes:
     (The reference script meant to average all tasks' runs but averaged only
     the last task; this averages exactly the runs passed in.)
     """
-    return _png(_grey_map_figure(gates, title, label))
+    return _png(grey_map_figure(gates, title, label))
 
 
 def agreement_heatmap_figure(
@@ -178,13 +186,14 @@ def agreement_heatmap(
     return _png(agreement_heatmap_figure(matrix, labels, title, col_labels))
 
 
-def _metric_curves_figure(
+def metric_curves_figure(
     x_by_pipeline: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
     xlabel: str,
     ylabel: str,
     title: str,
     dashed: frozenset[str] = frozenset(),
 ) -> Figure:
+    """The Figure ``metric_curves`` encodes."""
     many = len(x_by_pipeline) > 4  # the legend goes below the axes, never over the lines
     fig = Figure(figsize=(6.4, 4.2 + (0.2 * len(x_by_pipeline) if many else 0)), dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
@@ -216,7 +225,7 @@ def metric_curves(
 ) -> bytes:
     """One line per pipeline: ``{name: (x, mean, std)}``, each ``(K,)``; band = mean +- std. A line
     named in ``dashed`` is drawn dashed in the colour of the line before it (its pair)."""
-    return _png(_metric_curves_figure(x_by_pipeline, xlabel, ylabel, title, dashed))
+    return _png(metric_curves_figure(x_by_pipeline, xlabel, ylabel, title, dashed))
 
 
 def annotated_matrix_figure(
@@ -257,3 +266,28 @@ def annotated_matrix(
     with its value and, below it, a short note (``notes[i][j]``, e.g. its p); NaN cells grey, "–".
     Values and notes are written up to 12 labels."""
     return _png(annotated_matrix_figure(matrix, labels, notes, title, colour_label))
+
+
+def bars_figure(values: dict[str, tuple[np.ndarray, np.ndarray]], rows: list[str], xlabel: str, title: str) -> Figure:
+    """Horizontal bars, one row per name of ``rows`` and one bar per group: ``{group: (mean, std)}``,
+    each ``(len(rows),)``, of values that are never negative (seconds); the error bar is the std,
+    cut at 0. A NaN bar is drawn empty."""
+    groups = list(values)
+    height = 0.8 / max(len(groups), 1)
+    fig = Figure(figsize=(6.4, max(2.8, 0.12 * len(rows) * max(len(groups), 1) + 0.25 * len(rows) + 1.6)),
+                 dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    for g, name in enumerate(groups):
+        mean, std = (np.asarray(a, dtype=np.float64) for a in values[name])
+        y = np.arange(len(rows)) - 0.4 + height * (g + 0.5)
+        mean, std = np.nan_to_num(mean), np.nan_to_num(std)
+        below = np.minimum(std, mean)  # a time is never negative: the band stops at 0
+        ax.barh(y, mean, height=height, xerr=np.stack([below, std]), label=name, capsize=2)
+    ax.set_yticks(np.arange(len(rows)), rows)
+    ax.invert_yaxis()  # the first row at the top
+    ax.set_xlabel(xlabel)
+    ax.set_title("\n".join(textwrap.fill(line, 72) for line in title.splitlines()), fontsize="medium")
+    ax.grid(axis="x", alpha=0.3)
+    if len(groups) > 1:
+        ax.legend(title="mean ± std", fontsize="small")
+    return fig

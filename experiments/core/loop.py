@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from experiments.common import collapse
 from experiments.core.context import RunContext
 from experiments.core.precision import autocast
 from experiments.core.seeding import derive_seed
@@ -106,9 +107,18 @@ def evaluate(encoder, decoder, split: Split, task, batch_size: int, device: str,
         labels_all.append(labels.cpu())
     encoder.train(was_training)
     decoder.train(was_training)
-    metrics = task.compute_metrics(torch.cat(logits_all), torch.cat(labels_all))
+    logits, labels = torch.cat(logits_all), torch.cat(labels_all)
+    metrics = task.compute_metrics(logits, labels)
     metrics["loss"] = sum(losses) / len(split)
-    return metrics
+    return metrics | _prediction_spread(logits, labels, metrics["loss"])
+
+
+def _prediction_spread(logits: torch.Tensor, labels: torch.Tensor, loss: float) -> dict[str, float]:
+    """How one-sided the predictions are (``collapse.measure``): the most predicted class's share of
+    the scored positions, and the loss over the uniform guess's ln K."""
+    predicted = logits.argmax(dim=-1)[labels != IGNORE_INDEX]
+    top = int(torch.bincount(predicted).max()) if predicted.numel() else 0
+    return collapse.measure(top, predicted.numel(), loss, logits.shape[-1])
 
 
 def evaluate_all(state: RunState, encoder: nn.Module | None = None) -> dict[str, float]:

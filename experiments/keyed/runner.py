@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.common import collapse
 from experiments.common.costs import active, timed
 from experiments.common.result import RunResult
 from experiments.common.sections import flatten
@@ -41,8 +42,14 @@ def run(cfg: RunConfig, ctx: RunContext | None = None) -> RunResult:
         with timed("train"):
             result = METHODS[cfg.method].run(cfg, ctx)
         result = replace(result, seconds=time.perf_counter() - started)
+        flag = collapse.collapsed(result.metrics)  # one class on dev, or the uniform guess's loss
+        if flag is not None:
+            result = replace(result, metrics=result.metrics | {collapse.COLLAPSED: float(flag)})
         with timed("mlflow"):
-            ctx.tracker.log_metrics({"run_seconds": result.seconds}, result.steps)
+            ctx.tracker.log_metrics({"run_seconds": result.seconds}
+                                    | ({} if flag is None else {collapse.COLLAPSED: float(flag)}), result.steps)
+            if flag is not None:
+                ctx.tracker.set_tags({collapse.COLLAPSED: str(flag).lower()})
         log_maps(ctx.tracker, result, cfg.labels())
         with timed("artifacts"):
             for name, data in result.artifacts.items():

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 from pydantic import Field, field_validator
 
+from experiments.common import collapse
 from experiments.common.result import RunResult, UnitMap
 from experiments.common.sections import Section
 from experiments.components.finetuning import finetune_stage
@@ -126,7 +127,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
             keep &= ~removed
             pruned_at[removed] = pct / 100
         scores = _evaluate_with(state, keep)
-        curve = {name: value for name, value in scores.items() if name.split("/")[0] != "loss"}
+        curve = {name: value for name, value in scores.items()
+                 if name.split("/")[0] not in ("loss", collapse.TOP_CLASS_SHARE, collapse.LOSS_VS_UNIFORM)}
         ctx.tracker.log_metrics({_pruned(name, ""): v for name, v in curve.items()} | {"heads_pruned": float(count)}, pct)
         metrics |= {_pruned(name, f"_{pct}"): value for name, value in curve.items()}
         if t == 0:

@@ -48,7 +48,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from orchestrator.driving import sweeps
 
     if args.dry_run:
-        name, configs, counts = sweeps.plan(args.grid)
+        name, configs, counts = sweeps.plan(args.grid, args.set or [])
         from orchestrator.registry.stages import describe_dag
 
         dag = describe_dag(counts["dag"])
@@ -68,7 +68,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         out.print(table)
         return 0
     submitted = sweeps.submit(args.grid, force=args.force, rerun_failed=args.rerun_failed, track=not args.no_track,
-                              auto_resume=not args.no_auto_resume)
+                              auto_resume=not args.no_auto_resume, sets=args.set or [])
     counts = submitted.counts
     out.print(f"[bold]{submitted.sweep_id}[/bold]: {counts['total']} runs, {counts['new']} new, "
               f"{counts['finished']} already finished, {counts.get('requeued', 0)} requeued")
@@ -103,6 +103,9 @@ def show_status(sweep_id: str) -> None:
 
     out.print(f"[bold]{sweep_id}[/bold] ({sweep['name']}): {sweep['status']}: {_count_text(counts)}")
     out.print(ProgressBar(total=max(total, 1), completed=done, width=60), f"{done}/{total}")
+    collapsed = collapsed_text(registry.sweep_runs(sweep_id))
+    if collapsed:
+        out.print(f"[red]{escape(collapsed)}[/red]", highlight=False)
     for i, line in enumerate(history):  # lost drivers and resumes; the last in red while unanswered
         unanswered = i == len(history) - 1 and sweep["status"] == "failed"
         out.print(f"[red]{escape(line)}[/red]" if unanswered else escape(line), highlight=False)
@@ -133,12 +136,72 @@ def show_status(sweep_id: str) -> None:
         out.print(table)
 
 
+def collapsed_text(runs: dict) -> str | None:
+    """'2 of 6 checked runs collapsed (...): <key> (finetune seed 1), ...' of a sweep's runs
+    (``registry.sweep_runs``), None when none did (``experiments.common.collapse``)."""
+    from experiments.common.collapse import COLLAPSED
+
+    checked = [(i, m[COLLAPSED]) for i, m in enumerate(runs["metrics"]) if COLLAPSED in m]
+    hit = [i for i, flag in checked if flag == 1.0]
+    if not hit:
+        return None
+    names = [f"{runs['run_key'][i]} ({_run_label(runs, i)})" for i in hit[:5]]
+    more = f", ... ({len(hit)} in all)" if len(hit) > 5 else ""
+    return (f"{len(hit)} of {len(checked)} checked runs collapsed (one class on dev, or the uniform guess's loss "
+            f"ln K): {', '.join(names)}{more}; kept in results, counted in their column")
+
+
+def _run_label(runs: dict, i: int) -> str:
+    """'head_gates sp, seed 1': run ``i``'s method, pipeline (when it has one) and seed."""
+    pipeline = runs["pipeline"][i] if "pipeline" in runs else ""
+    return f"{runs['method'][i]}{f' {pipeline}' if pipeline else ''}, seed {runs['seed'][i]}"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     if args.sweep is None:
+        if args.follow:
+            raise ConfigError("status --follow needs a sweep id (or last)")
         return cmd_ls(args)
     _known_sweep(args.sweep)
+    if args.follow:  # re-attach: the progress bar until the sweep ends, then its status
+        return follow(args.sweep)
     show_status(args.sweep)
     return 0
+
+
+def cmd_head(args: argparse.Namespace) -> int:
+    """``headsweep head status|stop``: this HEADSWEEP_HOME's local Ray head, shown or stopped."""
+    from orchestrator.cluster.head import head_status, stop_local_head
+
+    state = head_status()
+    if state is None or not state["alive"]:
+        out.print(f"no local Ray head runs for HEADSWEEP_HOME={settings.home()}")
+        return 0
+    if args.action == "status":
+        out.print(f"local Ray head for HEADSWEEP_HOME={settings.home()}: {state['address']}, dashboard "
+                  f"{state['dashboard']}; {len(state['pids'])} processes, {state['rss_mb']:.0f} MB resident (summed over them); "
+                  "stop it with: headsweep head stop", soft_wrap=True)
+        return 0
+    running = _running_sweeps()
+    if running and not args.force:
+        raise ConfigError(f"sweeps still running on this head: {', '.join(running)}; cancel them first, "
+                          "or stop it anyway with --force")
+    stop_local_head()
+    out.print(f"stopped the local Ray head of HEADSWEEP_HOME={settings.home()} ({len(state['pids'])} processes, "
+              f"{state['rss_mb']:.0f} MB)")
+    return 0
+
+
+def _running_sweeps() -> list[str]:
+    """The ids of this home's sweeps whose driver has not ended (none when it has no registry)."""
+    from pathlib import Path
+
+    from orchestrator.registry import Registry
+
+    url = settings.registry_url()
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return []
+    return [s["id"] for s in Registry(url).list_sweeps() if s["status"] not in SWEEP_DONE]
 
 
 def _known_sweep(sweep_id: str) -> None:
@@ -196,6 +259,9 @@ def register(sub) -> None:
     """``headsweep submit``, ``status``, ``ls``, ``resume`` and ``cancel``."""
     p = sub.add_parser("submit", help="submit a grid as a sweep on Ray")
     p.add_argument("grid", help="grid YAML (see examples/grid_*.yaml)")
+    p.add_argument("--set", action="append", metavar="KEY=V1,V2",
+                   help="override the grid: a list makes KEY an axis of those values (seed=0,1,2), one value sets "
+                        "it for every cell (train.lr=1e-4); repeatable")
     p.add_argument("--dry-run", action="store_true", help="print the expansion: runs, new, already finished")
     p.add_argument("--wait", action="store_true", help="follow the sweep with a progress bar")
     p.add_argument("--force", action="store_true", help="rerun even finished runs")
@@ -208,7 +274,14 @@ def register(sub) -> None:
 
     p = sub.add_parser("status", help="counts, progress, ETA and failures of a sweep (all sweeps without one)")
     p.add_argument("sweep", nargs="?", help=SWEEP_HELP + "; without one, every sweep (as ls)")
+    p.add_argument("--follow", action="store_true",
+                   help="re-attach to a running sweep: its progress bar until it ends (exit 0 if every run finished)")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("head", help="the local Ray head of this HEADSWEEP_HOME: shown or stopped")
+    p.add_argument("action", choices=("status", "stop"), help="status: address, processes, memory; stop: end it")
+    p.add_argument("--force", action="store_true", help="stop it even while sweeps of this home still run")
+    p.set_defaults(func=cmd_head)
 
     p = sub.add_parser("ls", help="sweeps with their progress")
     p.set_defaults(func=cmd_ls)

@@ -226,6 +226,26 @@ def head_pids(home: Path | None = None) -> set[int]:
     return ray_pids(temp_dir(Path(home).resolve() if home else None))
 
 
+def head_status(home: Path | None = None) -> dict | None:
+    """The local head of ``home`` (default: HEADSWEEP_HOME) as recorded (address, dashboard, ...) with
+    ``alive``, its ``pids`` and their resident memory ``rss_mb``; None when this home has none on record."""
+    home = Path(home).resolve() if home else settings.home()
+    state = _recorded(home)
+    if not state or state.get("home") != str(home):
+        return None
+    pids = head_pids(home) if _head_alive(state) else set()
+    return state | {"alive": bool(pids), "pids": sorted(pids), "rss_mb": sum(map(_rss_mb, pids))}
+
+
+def _rss_mb(pid: int) -> float:
+    """Resident memory of process ``pid`` in MB (0 once it is gone)."""
+    try:
+        pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
 def _head_alive(state: dict) -> bool:
     """This home's head runs: its GCS, raylet and dashboard processes are up and listen on the recorded ports."""
     tmp = state.get("temp_dir")
@@ -271,9 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     elif command == "stop":
         print("stopped" if stop_local_head() else "no local head was running", f"(HEADSWEEP_HOME={settings.home()})")
     elif command == "status":
-        state = _recorded()
-        alive = state.get("home") == str(settings.home()) and _head_alive(state)
-        print(json.dumps(state | {"alive": alive}, indent=1) if state else "no local head for this HEADSWEEP_HOME")
+        state = head_status()
+        print(json.dumps(state, indent=1) if state else "no local head for this HEADSWEEP_HOME")
     else:
         print(f"usage: {sys.executable} -m orchestrator.cluster.head start|stop|status|ray-start ARGS", file=sys.stderr)
         return 2

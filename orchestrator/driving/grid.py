@@ -13,8 +13,11 @@ A grid file::
       seed: [0, 1, 2]
     exclude:                    # drop product cells matching every key/value of an entry
       - {task: sst2, lambda: 0.1}
-    include:                    # extra cells merged onto base (dotted or nested keys)
+    include:                    # extra cells merged onto base (dotted or nested keys);
       - {task: ud-pos, seed: 0, train: {lr: 1.0e-4}}
+      - {task: sst2, seed: [0, 1, 2]}   # a list: one cell per value (a product within the entry)
+    description: what the sweep asks   # the sweep's MLflow parent run: its description
+    tags: {paper: stem-cells}          # ... and its tags
     resources: {cpus: 1, gpus: 0.25}
     max_concurrent: 8
     max_failures: 1
@@ -40,16 +43,19 @@ and its axis values.
 
 from __future__ import annotations
 
+import collections.abc
 import itertools
 import json
+import typing
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from experiments.common.naming import suggest
-from experiments.common.sections import DEFAULT_METHOD, ConfigError, flatten, read_yaml
+from experiments.common.sections import DEFAULT_METHOD, ConfigError, flatten, parse_yaml, read_yaml
 from experiments.keyed import config_keys as keys
 from experiments.keyed.config import (
     RunConfig,
@@ -72,6 +78,10 @@ class Resources(BaseModel):
     gpus: float = Field(0.0, ge=0, description="GPUs per trial (fractions allowed, e.g. 0.25).")
 
 
+RESERVED_TAGS = ("sweep", "grid")
+"""Tags headsweep sets on a sweep's MLflow parent run itself (``tracking.parent_tags``); ``mlflow.*`` too."""
+
+
 class GridSpec(BaseModel):
     """A validated grid file; base, axes, include and exclude hold flat grid keys
     (dotted keys, ``task.name`` for ``task``, and short names as written)."""
@@ -86,6 +96,8 @@ class GridSpec(BaseModel):
     resources: Resources = Field(default_factory=Resources, description="Per-trial Ray resources.")
     max_concurrent: int | None = Field(None, gt=0, description="Trials at once; None = as many as fit.")
     max_failures: int = Field(1, ge=0, description="Retries of a failing trial.")
+    description: str = Field("", description="What the sweep asks: its MLflow parent run's description.")
+    tags: dict[str, str] = Field(default_factory=dict, description="Tags of its MLflow parent run.")
 
     def cell_count(self) -> int:
         """Cells of the full product (before exclude and include)."""
@@ -98,13 +110,60 @@ class GridSpec(BaseModel):
 # --------------------------------------------------------------------------- loading
 
 
-def load_grid(path: str | Path) -> GridSpec:
-    """Read and validate a grid file; ConfigError names the file (and the line for bad YAML)."""
+def load_grid(path: str | Path, sets: Sequence[str] = ()) -> GridSpec:
+    """Read and validate a grid file, with ``--set`` overrides (:func:`with_sets`); ConfigError
+    names the file (and the line for bad YAML)."""
     data = read_yaml(path)
     try:
-        return parse_grid(data)
+        return with_sets(parse_grid(data), sets)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
+
+
+def grid_text(path: str | Path, sets: Sequence[str] = ()) -> str:
+    """The grid a sweep records: the file's text, or with ``--set`` the grid they make (YAML that
+    expands to the same runs), headed by the command line's overrides."""
+    text = Path(path).read_text()
+    if not sets:
+        return text
+    spec = load_grid(path, sets).model_dump(exclude_defaults=False)
+    header = f"# {Path(path).name} with " + " ".join(f"--set {item}" for item in sets) + "\n"
+    return header + yaml.safe_dump(spec, sort_keys=False)
+
+
+def with_sets(spec: GridSpec, sets: Sequence[str]) -> GridSpec:
+    """``spec`` with ``--set key=value`` overrides, Hydra's multirun habit: ``key=v1,v2`` (values
+    read as YAML, split at commas outside brackets) makes ``key`` an axis of those values, in place
+    of the axis or base value it had; ``key=v`` sets ``key`` in base (and drops its axis). Keys are
+    a grid's keys (dotted, ``task``, a method's short names); an unknown one fails as in a grid."""
+    base, axes = dict(spec.base), dict(spec.axes)
+    for item in sets:
+        raw_key, sep, raw = item.partition("=")
+        if not sep or not raw_key.strip():
+            raise ConfigError(f"--set expects key=value or key=v1,v2, got '{item}'")
+        values = [parse_yaml(part) for part in _top_level_split(raw)]
+        (key, _), = _grid_keys("--set", {raw_key.strip(): values}).items()
+        base.pop(key, None)
+        axes.pop(key, None)
+        if len(values) == 1:
+            base[key] = values[0]
+        else:
+            axes[key] = values
+    return spec.model_copy(update={"base": base, "axes": axes})
+
+
+def _top_level_split(text: str) -> list[str]:
+    """``"0.1,0.2"`` -> ``["0.1", "0.2"]``; ``"[1, 2],[3]"`` -> ``["[1, 2]", "[3]"]``."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return [*parts, text[start:]]
 
 
 def parse_grid(data: Any) -> GridSpec:
@@ -115,14 +174,53 @@ def parse_grid(data: Any) -> GridSpec:
         spec = GridSpec.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_describe(err)) from None
+    for tag in spec.tags:
+        if tag in RESERVED_TAGS or tag.startswith("mlflow."):
+            raise ConfigError(f"tags.{tag}: headsweep sets this tag itself; name yours otherwise "
+                              f"(reserved: {', '.join(RESERVED_TAGS)}, mlflow.*)")
     base = _grid_keys("base", spec.base)
     axes = _grid_keys("axes", spec.axes)
     for key, values in axes.items():
         if not values:
             raise ConfigError(f"axes.{key}: empty list (an axis needs at least one value)")
-    include = [_grid_keys(f"include[{i}]", entry) for i, entry in enumerate(spec.include)]
+    include = [cell for i, entry in enumerate(spec.include)
+               for cell in _include_cells(i, _grid_keys(f"include[{i}]", entry))]
     exclude = [_grid_keys(f"exclude[{i}]", entry) for i, entry in enumerate(spec.exclude)]
     return spec.model_copy(update={"base": base, "axes": axes, "include": include, "exclude": exclude})
+
+
+def _include_cells(index: int, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """An include entry as its cells: a list under a key that does not take one is one cell per
+    value, two lists their product (``{seed: [0, 1], lambda: [0.1, 0.2]}``: four cells)."""
+    method = entry.get("method", DEFAULT_METHOD)
+    listed = [key for key, value in entry.items() if isinstance(value, list) and not _takes_list(key, method)]
+    for key in listed:
+        if not entry[key]:
+            raise ConfigError(f"include[{index}].{key}: empty list (a list in an include is one cell per value)")
+    cells = []
+    for combo in itertools.product(*(entry[key] for key in listed)):
+        cells.append({**entry, **dict(zip(listed, combo, strict=True))})
+    return cells
+
+
+def _takes_list(key: str, method: Any) -> bool:
+    """Whether the grid key ``key`` (dotted or a short name) of a run of ``method`` takes a list
+    itself (a method list in an include asks the default method's keys)."""
+    method = method if isinstance(method, str) else DEFAULT_METHOD
+    try:
+        model: Any = config_class(method)
+        full = keys.resolve(key, method)
+    except (KeyError, ConfigError):
+        return False
+    annotation: Any = None
+    for part in full.split("."):
+        fields = getattr(model, "model_fields", {})
+        field = next((f for name, f in fields.items() if part in (name, f.alias)), None)
+        if field is None:
+            return False
+        annotation = model = field.annotation
+    kinds = {typing.get_origin(a) or a for a in (annotation, *typing.get_args(annotation))}
+    return bool(kinds & {list, tuple, Sequence, collections.abc.Sequence})
 
 
 def _describe(err: ValidationError) -> str:

@@ -9,6 +9,7 @@ supervisor (``orchestrator.driving.supervisor``), which resumes it if its driver
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from orchestrator.cluster.head import cluster_in_use
 from orchestrator.cluster.jobs import cluster_nodes
 from orchestrator.driving import supervisor
 from orchestrator.driving.driver_job import driver_alive, driver_gone, driver_starting, start_driver
-from orchestrator.driving.grid import check_resources, expand, load_grid
+from orchestrator.driving.grid import GridSpec, check_resources, expand, grid_text, load_grid
 from orchestrator.registry import Registry
 from orchestrator.registry.history import RESUMED, resume_pending
 from orchestrator.status import SWEEP_DONE
@@ -34,9 +35,10 @@ class Submitted:
     supervisor: str | None = None  # the supervisor's Ray Job (None when no driver started)
 
 
-def plan(grid_path: str) -> tuple[str, list, dict[str, int]]:
-    """Validate and expand a grid; count what is new, without writing anything."""
-    spec = load_grid(grid_path)
+def plan(grid_path: str, sets: Sequence[str] = ()) -> tuple[str, list, dict[str, int]]:
+    """Validate and expand a grid (with ``--set`` overrides, ``grid.with_sets``); count what is new,
+    without writing anything."""
+    spec = load_grid(grid_path, sets)
     configs = expand(spec)
     return spec.name, configs, Registry(settings.registry_url()).plan(configs)
 
@@ -57,12 +59,13 @@ def upstreams_without_weights(registry: Registry, configs: list) -> list[str]:
 
 
 def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, track: bool = True,
-           auto_resume: bool = True) -> Submitted:
+           auto_resume: bool = True, sets: Sequence[str] = ()) -> Submitted:
     """Validate, resolve the hub models (``hub.resolve``), check resources against the cluster, register,
     start the driver and the supervisor,
     which records the driver's death and (``auto_resume``: up to ``settings.auto_resumes()``
-    times) resumes the sweep."""
-    spec = load_grid(grid_path)
+    times) resumes the sweep. ``sets``: ``--set`` overrides (``grid.with_sets``); the sweep records
+    the grid they make (``grid.grid_text``)."""
+    spec = load_grid(grid_path, sets)
     configs = expand(spec)
     hub.resolve(configs)  # hub models into the cache the trials read, or one line naming what cannot be had
     where = cluster_in_use()
@@ -70,27 +73,35 @@ def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, t
     check_resources(resources, cluster_nodes(where["dashboard"]))
     registry = Registry(settings.registry_url())
     sweep_id, counts = registry.create_sweep(
-        spec.name, Path(grid_path).read_text(), configs, resources,
+        spec.name, grid_text(grid_path, sets), configs, resources,
         spec.max_concurrent, spec.max_failures, force=force, rerun_failed=rerun_failed,
         rerun=upstreams_without_weights(registry, configs),
     )
     auto_resumes = settings.auto_resumes() if auto_resume else 0
     registry.set_sweep(sweep_id, auto_resumes=auto_resumes)
     if track:
-        from orchestrator import tracking
-
-        mlflow = tracking.client()
-        experiment_id = tracking.ensure_experiment(mlflow, spec.name)
-        parent = tracking.start_run(mlflow, experiment_id, sweep_id, tags={"sweep": sweep_id, "grid": Path(grid_path).name})
-        registry.set_sweep(sweep_id, mlflow_experiment_id=experiment_id, mlflow_parent_run_id=parent)
-        dag = registry.sweep_dag(sweep_id)  # the DAG at a glance in the parent run's parameters
-        tracking.MlflowTracker(mlflow, parent).log_params({
-            "runs": counts["total"], "cells": len(configs), "upstream_runs": dag["upstream"],
-            "runs_with_stages": dag["dependants"]})
-        keys = tracking.name_keys(registry.sweep_runs(sweep_id)["config"])  # as the driver names the children
-        mlflow.set_tag(parent, tracking.NOTE_TAG, tracking.sweep_note(experiment_id, sweep_id, counts["total"], configs, keys))
+        track_sweep(registry, sweep_id, spec, Path(grid_path).name, configs, counts["total"])
     driver = start_driver(registry, sweep_id, where, track)
     return Submitted(sweep_id, counts, driver, supervisor.ensure(where) if driver else None)
+
+
+def track_sweep(registry: Registry, sweep_id: str, spec: GridSpec, grid_name: str, configs: list, runs: int) -> str:
+    """The sweep's MLflow parent run (returned): the grid's tags and ``description`` (the run's
+    description, above the links to its children, ``tracking.sweep_note``), the DAG at a glance
+    in its parameters; recorded in the registry."""
+    from orchestrator import tracking
+
+    mlflow = tracking.client()
+    experiment_id = tracking.ensure_experiment(mlflow, spec.name)
+    parent = tracking.start_run(mlflow, experiment_id, sweep_id, tags=tracking.parent_tags(sweep_id, grid_name, spec.tags))
+    registry.set_sweep(sweep_id, mlflow_experiment_id=experiment_id, mlflow_parent_run_id=parent)
+    dag = registry.sweep_dag(sweep_id)
+    tracking.MlflowTracker(mlflow, parent).log_params({
+        "runs": runs, "cells": len(configs), "upstream_runs": dag["upstream"], "runs_with_stages": dag["dependants"]})
+    keys = tracking.name_keys(registry.sweep_runs(sweep_id)["config"])  # as the driver names the children
+    mlflow.set_tag(parent, tracking.NOTE_TAG, tracking.sweep_note(experiment_id, sweep_id, runs, configs, keys,
+                                                                  spec.description))
+    return parent
 
 
 def resume(sweep_id: str, track: bool = True, by: str | None = None) -> str | None:

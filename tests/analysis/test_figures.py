@@ -57,13 +57,13 @@ def _seed_runs(layers=6, heads=12):
 def test_rgb_seed_map_png_and_size():
     z = _seed_runs()
     png = figures.rgb_seed_map(z[0], z[1], z[2], "three seeds")
-    image, _ = _render(figures._rgb_seed_map_figure(z[0], z[1], z[2], "three seeds"))
+    image, _ = _render(figures.rgb_seed_map_figure(z[0], z[1], z[2], "three seeds"))
     assert _decode(png).shape == image.shape
 
 
 def test_rgb_seed_map_cell_colours_follow_the_gates():
     z = _seed_runs()
-    image, ax = _render(figures._rgb_seed_map_figure(z[0], z[1], z[2], "three seeds"))
+    image, ax = _render(figures.rgb_seed_map_figure(z[0], z[1], z[2], "three seeds"))
     for head, pattern in PATTERNS.items():
         expected = 1.0 - np.array(pattern, dtype=float)
         np.testing.assert_allclose(
@@ -76,7 +76,7 @@ def test_rgb_seed_map_cell_colours_follow_the_gates():
 
 def test_rgb_seed_map_layer_one_is_the_top_row():
     z = _seed_runs()
-    image, ax = _render(figures._rgb_seed_map_figure(z[0], z[1], z[2], "t"))
+    image, ax = _render(figures.rgb_seed_map_figure(z[0], z[1], z[2], "t"))
     _, y_layer1 = ax.transData.transform((0, 0))
     _, y_last = ax.transData.transform((0, 5))
     assert y_layer1 > y_last  # display y grows upwards: layer 1 is drawn above layer 6
@@ -87,7 +87,7 @@ def test_rgb_seed_map_layer_one_is_the_top_row():
 
 def test_rgb_seed_map_legend_names_the_colours_correctly():
     z = _seed_runs()
-    fig = figures._rgb_seed_map_figure(z[0], z[1], z[2], "t")
+    fig = figures.rgb_seed_map_figure(z[0], z[1], z[2], "t")
     legend = fig.axes[0].get_legend()
     entries = {
         text.get_text(): tuple(handle.get_facecolor()[:3])
@@ -113,7 +113,7 @@ def test_grey_map_averages_all_runs():
     gates = np.zeros((4, 6, 12))
     gates[:, 0, 0] = 1.0  # open in every run: black
     gates[:2, 1, 1] = 1.0  # open in half the runs: mid grey (a last-run-only mean would be white)
-    image, ax = _render(figures._grey_map_figure(gates, "all tasks"))
+    image, ax = _render(figures.grey_map_figure(gates, "all tasks"))
     assert _pixel(image, ax, 0, 0).max() < 0.1
     assert _pixel(image, ax, 5, 11).min() > 0.95
     expected = colormaps["Greys"](0.5)[:3]
@@ -168,7 +168,7 @@ def test_metric_curves_one_line_and_band_per_pipeline():
         "ft_then_prune": (x, 0.9 - 0.3 * x, 0.02 + 0 * x),
         "prune_only": (x, 0.8 - 0.2 * x, 0.05 + 0 * x),
     }
-    fig = figures._metric_curves_figure(curves, "sparsity", "accuracy", "accuracy vs sparsity")
+    fig = figures.metric_curves_figure(curves, "sparsity", "accuracy", "accuracy vs sparsity")
     ax = fig.axes[0]
     assert [line.get_label() for line in ax.get_lines()] == list(curves)
     assert len(ax.collections) == 2  # the std bands

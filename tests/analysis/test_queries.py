@@ -387,7 +387,7 @@ def test_rgb_figure_colours_follow_the_three_seeds(data, sweep):
     z = _cell_runs(sweep, TAG, "sp", 0.1)
     # the same figure built directly gives the layout (where each cell is) of the PNG
     counts = ", ".join(str(int(n)) for n in z.reshape(3, -1).sum(axis=1))  # binary gates: open = 1
-    fig = figures._rgb_seed_map_figure(z[0], z[1], z[2], f"{TAG} / sp / minilm-l6: seeds 0, 1, 2\n"
+    fig = figures.rgb_seed_map_figure(z[0], z[1], z[2], f"{TAG} / sp / minilm-l6: seeds 0, 1, 2\n"
                                                          f"heads open (test-time gate > 0.001): {counts}")
     reference = _decode(figures._png(fig))
     image = _decode(png)
@@ -447,7 +447,7 @@ def test_curves_points_per_pipeline(data):
 
 
 @pytest.mark.parametrize(("kind", "kwargs", "message"), [
-    ("rbg", {}, "unknown figure 'rbg'; did you mean 'rgb'"),
+    ("rbg", {}, "unknown figure kind 'rbg'; did you mean 'rgb'"),
     ("curves", {"metric": "f1"}, "unknown metric 'f1'"),
     ("curves", {"x": "sparsity"}, "no finished run has both accuracy and sparsity"),
     ("curves", {"x": "heads"}, "unknown x 'heads'"),

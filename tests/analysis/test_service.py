@@ -409,13 +409,17 @@ def every_kind_sweep(tmp_path_factory):
         for cfg in gates:
             alpha = profile + rng.normal(scale=0.5, size=profile.shape) - 10 * cfg.section.lambda_
             assert registry.claim(cfg.run_key, "w") is not None
-            assert registry.finish(cfg.run_key, {"accuracy": 0.8 - cfg.section.lambda_, "open_heads": float((alpha > 0).sum())},
+            costs = {"cost.train_s": 2.0 + rng.random(), "cost.load_model_s": 0.5, "cost.total_s": 3.0}  # one cost figure
+            assert registry.finish(cfg.run_key, {"accuracy": 0.8 - cfg.section.lambda_, "open_heads": float((alpha > 0).sum()),
+                                                 **costs},
                                    maps={"heads.gate": (alpha > 0).astype(np.float32), "heads.log_alpha": alpha})
         for cfg in importance:
             curve = {f"accuracy_pruned_{p}": 0.8 - 0.003 * p - 0.01 * cfg.seed for p in (0, 50, 100)}
             assert registry.claim(cfg.run_key, "w") is not None
-            assert registry.finish(cfg.run_key, {"accuracy": 0.8, **curve}, maps={
-                "heads.importance": profile + rng.normal(scale=0.5, size=profile.shape)})
+            importance = profile + rng.normal(scale=0.5, size=profile.shape)
+            order = importance.ravel().argsort().argsort().reshape(importance.shape) / importance.size
+            assert registry.finish(cfg.run_key, {"accuracy": 0.8, **curve}, maps={  # pruned_at: derived from importance
+                "heads.importance": importance, "heads.pruned_at": order.astype(np.float32)})
         for cfg in skill:  # skill neurons: a neuron map, the perturbation and FFN pruning's accuracy
             metrics = {"accuracy": 0.8, "accuracy_noise_top_0.1": 0.7, "accuracy_noise_random_0.1": 0.79,
                        "pruned_accuracy": 0.6, "pruned_kept_fraction": 0.02}
@@ -456,3 +460,41 @@ def test_the_service_offers_every_figure_the_cli_writes(every_kind_sweep, tmp_pa
         assert client.get(f"/sweeps/{sweep_id}/figures?task={CLS}").status_code == 400  # the whole sweep's plan
         compared = client.get(f"/sweeps/{sweep_id}/figures/compare_maps.png", params={"maps": "heads.importance"})
         assert compared.status_code == 400 and "give two or more maps" in compared.json()["detail"]
+
+
+def test_figures_of_one_kind_as_pdf_and_svg_and_what_the_default_plan_leaves_out(every_kind_sweep, tmp_path, capsys):
+    """`figures --kind K --format pdf|svg --dpi N` writes that kind only; an unknown kind is one line naming
+    the nearest; the plan has one cost figure (never a curve of a cost.* timing) and compares
+    heads.importance without heads.pruned_at, its own ranking; the Python API returns the same as Figures."""
+    from matplotlib.figure import Figure
+
+    import headsweep
+    from analysis.data.loading import open_sweep
+    from analysis.views import figure_plan
+    from headsweep.cli import main
+    from orchestrator.registry.reader import RegistryReader
+
+    url, sweep_id = every_kind_sweep
+    assert main(["figures", sweep_id, "--kind", "cost", "--format", "pdf", "--dpi", "300",
+                 "--out", str(tmp_path / "pdf"), "--db", url]) == 0
+    (pdf,) = (tmp_path / "pdf").iterdir()
+    assert pdf.name == "cost.pdf" and pdf.read_bytes()[:5] == b"%PDF-"
+    assert main(["figures", sweep_id, "--kind", "compare_maps", "--format", "svg", "--out", str(tmp_path / "svg"),
+                 "--db", url]) == 0
+    (svg,) = (tmp_path / "svg").iterdir()
+    assert svg.name == "compare_maps_heads.svg" and b"<svg" in svg.read_bytes()[:400]
+    capsys.readouterr()
+    assert main(["figures", sweep_id, "--kind", "rbg", "--db", url]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "headsweep: error: unknown figure kind 'rbg'; did you mean 'rgb'? (one of "
+        + ", ".join(figure_plan.FIGURE_KINDS) + ")"]
+
+    plan = figure_plan.figure_plan(open_sweep(RegistryReader(url), sweep_id))
+    assert [name for name, kind, _ in plan if kind == "cost"] == ["cost.png"]
+    assert not [name for name, kind, _ in plan if kind == "curves" and "cost" in name]
+    assert [sorted(params["maps"]) for _, kind, params in plan if kind == "compare_maps"] == [
+        ["heads.importance", "heads.log_alpha"]]
+    sweep = headsweep.sweep(sweep_id, db=url)
+    assert isinstance(sweep.figure("cost"), Figure)
+    drawn = sweep.figures("compare_maps")
+    assert list(drawn) == ["compare_maps_heads.png"] and all(isinstance(f, Figure) for f in drawn.values())

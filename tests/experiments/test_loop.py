@@ -95,7 +95,7 @@ def test_default_evaluation_scores_the_task_on_dev_in_eval_mode():
     state = _state()
     state.train()
     metrics = train_steps(state, RunContext(), 1, lambda s, b: {"loss": 0.0})
-    assert set(metrics) == {"accuracy", "loss", "train_loss"}
+    assert set(metrics) == {"accuracy", "loss", "train_loss", "top_class_share", "loss_vs_uniform"}
     assert metrics == evaluate_all(state) | {"train_loss": 0.0}
     assert state.encoder.training and state.decoder.training  # modes restored after evaluating
 

@@ -63,3 +63,30 @@ def test_cancel_of_an_unknown_sweep_is_one_line(registry, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"did you mean '{sweep_id}'?" in err[0]
     assert registry.sweep_counts(sweep_id) == {"pending": 1} and not registry.get_sweep(sweep_id)["cancel_requested"]
+
+
+def test_status_follow_re_attaches_until_the_sweep_ends(registry, capsys):
+    """`status --follow` on a sweep that another process finishes meanwhile: the progress bar until
+    it ends, then its status; exit 0 as every run finished (1 otherwise)."""
+    import threading
+    import time
+
+    sweep_id, keys = _sweep(registry, [0, 1])
+    registry.set_sweep(sweep_id, status="running")
+
+    def finish_later():
+        for key in keys:
+            time.sleep(1.0)
+            assert registry.claim(key, "w") and registry.finish(key, {"accuracy": 0.5})
+        registry.set_sweep(sweep_id, status="finished")
+
+    worker = threading.Thread(target=finish_later)
+    worker.start()
+    try:
+        assert headsweep(["status", sweep_id, "--follow"]) == 0
+    finally:
+        worker.join()
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{sweep_id} (cancel): finished: 2 of 2 runs finished" in out
+    assert headsweep(["status", "--follow"]) == 2
+    assert "status --follow needs a sweep id" in capsys.readouterr().err

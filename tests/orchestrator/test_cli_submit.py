@@ -119,3 +119,15 @@ def test_paper_recipe_validates_offline_with_its_hub_model(paper, home, shared_d
     out = " ".join(capsys.readouterr().out.split())
     assert f"{runs} runs, {runs} new, 0 already finished" in out
     assert all(model in out for model in models) and "minilm-l6" not in out
+
+
+def test_dry_run_with_set_counts_the_grid_they_make(tmp_path, home, capsys):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({**GOOD, "axes": {"seed": [0, 1]}}))
+    assert headsweep(["submit", str(grid), "--dry-run", "--set", "seed=0,1,2", "--set", "lambda=0.01,0.1"]) == 0
+    assert "6 runs, 6 new, 0 already finished" in capsys.readouterr().out
+    assert headsweep(["submit", str(grid), "--dry-run", "--set", "seed=3"]) == 0
+    assert "1 runs, 1 new, 0 already finished" in capsys.readouterr().out
+    assert headsweep(["submit", str(grid), "--dry-run", "--set", "lamda=0.1,0.2"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"headsweep: error: {grid}: --set: unknown key 'lamda'; did you mean 'lambda'?")

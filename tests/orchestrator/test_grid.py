@@ -407,3 +407,61 @@ def test_every_example_grid_expands(name, shared_data):
     keyed, edges = with_upstreams(expand(spec))
     stageless = ("grid_demo.yaml", "grid_skill_neurons.yaml", "grid_multitask.yaml")  # grids whose runs start from no other run
     assert keyed and dag_summary(keyed, edges)["upstream"] >= (name not in stageless)
+
+
+# --------------------------------------------------------------------------- --set, list-valued includes
+
+
+def test_set_with_a_list_makes_an_axis_and_one_value_overrides():
+    spec = _spec(base={"train": {"max_steps": 3}}, axes={"seed": [0, 1], "lambda": [0.1]})
+    assert len(expand(spec)) == 2
+    wider = grid.with_sets(spec, ["lambda=0.1,0.2,0.3", "seed=0,1,2"])
+    assert wider.axes == {"seed": [0, 1, 2], "lambda": [0.1, 0.2, 0.3]} and len(expand(wider)) == 9
+    narrowed = grid.with_sets(spec, ["seed=4", "train.lr=1e-4"])  # one value: base, its axis gone
+    configs = expand(narrowed)
+    assert "seed" not in narrowed.axes and len(configs) == 1
+    assert (configs[0].seed, configs[0].train.lr, configs[0].train.max_steps) == (4, 1e-4, 3)
+    lists = grid.with_sets(_spec(), ["task.labels=[a, b],[c, d]"])  # commas inside brackets stay in a value
+    assert lists.axes == {"task.labels": [["a", "b"], ["c", "d"]]}
+
+
+@pytest.mark.parametrize(("item", "expected"), [
+    ("lamda=0.1,0.2", "--set: unknown key 'lamda'; did you mean 'lambda'?"),
+    ("lambda", "--set expects key=value or key=v1,v2, got 'lambda'"),
+])
+def test_set_with_a_bad_key_fails_as_a_grid_does(item, expected):
+    assert _error(grid.with_sets, _spec(), [item]) == expected
+
+
+def test_include_lists_expand_as_a_product_within_the_entry():
+    spec = _spec(base={"train": {"max_steps": 3}}, axes={"seed": [0]},
+                 include=[{"task": "synthetic-tag", "seed": [0, 1, 2]},
+                          {"seed": [5, 6], "lambda": [0.2, 0.3]},
+                          {"seed": 9, "task.labels": ["neg", "pos"]}])  # a key that takes a list keeps it
+    assert len(spec.include) == 3 + 4 + 1
+    configs = expand(spec)
+    assert len(configs) == 1 + 3 + 4 + 1
+    assert sorted((c.seed, c.section.lambda_) for c in configs if c.seed in (5, 6)) == [
+        (5, 0.2), (5, 0.3), (6, 0.2), (6, 0.3)]
+    assert tuple(next(c for c in configs if c.seed == 9).task.labels) == ("neg", "pos")
+    with pytest.raises(ConfigError, match=r"include\[0\]\.seed: empty list"):
+        _spec(include=[{"seed": []}])
+
+
+def test_grid_text_with_sets_expands_to_the_same_runs(tmp_path):
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "base": {"train": {"max_steps": 3}}, "axes": {"seed": [0]},
+                                    "description": "does lambda matter?", "tags": {"paper": "x"}}))
+    assert grid.grid_text(path) == path.read_text()
+    sets = ["lambda=0.1,0.2", "seed=0,1"]
+    text = grid.grid_text(path, sets)
+    assert text.startswith("# g.yaml with --set lambda=0.1,0.2 --set seed=0,1\n")
+    again = tmp_path / "again.yaml"
+    again.write_text(text)
+    assert [c.run_key for c in expand(load_grid(again))] == [c.run_key for c in expand(load_grid(path, sets))]
+    assert len(expand(load_grid(again))) == 4 and load_grid(again).description == "does lambda matter?"
+
+
+def test_tags_headsweep_sets_itself_are_refused():
+    with pytest.raises(ConfigError, match="tags.sweep: headsweep sets this tag itself"):
+        _spec(tags={"sweep": "x"})

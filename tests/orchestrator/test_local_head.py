@@ -223,3 +223,37 @@ def test_a_sweep_submitted_from_checkout_b_runs_b_code_on_a_head(head_a, tmp_pat
     children = [r for r in client.search_runs([experiment.experiment_id]) if "run_key" in r.data.tags]
     assert len(children) == 1
     assert children[0].data.tags["git_commit"].endswith(f"src:{hash_b}"), children[0].data.tags["git_commit"]
+
+
+def test_headsweep_head_shows_the_head_and_stops_it_once_no_sweep_runs(head_a, monkeypatch, capsys):
+    """``headsweep head status|stop`` (last in this module: it stops head_a). A sweep of the home still
+    running: stop refuses, one line; cancelled, stop ends every process of the head."""
+    from experiments.keyed.config import parse_config
+    from headsweep.cli import main as headsweep
+    from orchestrator import settings
+    from orchestrator.registry import Registry
+
+    monkeypatch.setenv("HEADSWEEP_HOME", str(head_a["home"]))
+    for name in ("HEADSWEEP_DB", "HEADSWEEP_RAY_DASHBOARD", "RAY_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    pids = head_pids(head_a["home"])
+    assert pids
+    assert headsweep(["head", "status"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"{head_a['address']}, dashboard {head_a['dashboard']}; {len(pids)} processes" in shown
+    assert "stop it with: headsweep head stop" in shown
+    with Registry(settings.registry_url()) as registry:
+        cfg = parse_config({"model": "tiny-bert", "task": {"name": "synthetic-cls"}})
+        sweep_id, _ = registry.create_sweep("running", "name: running\n", [cfg], {"cpus": 1.0}, None, 1)
+        registry.set_sweep(sweep_id, status="running")
+        assert headsweep(["head", "stop"]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"headsweep: error: sweeps still running on this head: {sweep_id}; cancel them first, "
+            "or stop it anyway with --force")
+        assert head_pids(head_a["home"]) == pids
+        registry.set_sweep(sweep_id, status="cancelled")
+    assert headsweep(["head", "stop"]) == 0
+    assert "stopped the local Ray head" in capsys.readouterr().out
+    assert head_pids(head_a["home"]) == set()
+    assert headsweep(["head", "status"]) == 0
+    assert "no local Ray head runs" in capsys.readouterr().out

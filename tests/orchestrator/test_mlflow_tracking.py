@@ -137,3 +137,28 @@ def test_sweep_note_links_every_axis_value_as_a_search_that_finds_the_runs(tmp_p
     assert found == {"every run of the sweep": 13, "0": 4, "1": 4, "2": 4, "dp": 6, "sp": 6, "0.05": 6, "0.2": 6,
                      "`tags.cell = 'head_gates-dp-lambda=0.05'`": 3}, note
     assert note.startswith("**12 runs**") and f"#/experiments/{experiment_id}/runs?" in note
+
+
+def test_a_grids_description_and_tags_reach_the_sweeps_parent_run(tmp_path, monkeypatch):
+    """``submit``'s MLflow part (``sweeps.track_sweep``) on a real registry and MLflow store: the
+    grid's tags on the parent run beside headsweep's own, its description first in the run's note."""
+    from orchestrator import settings
+    from orchestrator.driving.grid import expand, parse_grid
+    from orchestrator.driving.sweeps import track_sweep
+    from orchestrator.registry import Registry
+
+    monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
+    for name in ("HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    spec = parse_grid({"name": "described", "base": {"model": "tiny-bert"}, "axes": {"seed": [0, 1]},
+                       "description": "Do seeds keep the same heads at lambda 0.1?",
+                       "tags": {"paper": "stem-cells", "owner": "ana"}})
+    configs = expand(spec)
+    registry = Registry(settings.registry_url())
+    sweep_id, counts = registry.create_sweep(spec.name, "", configs, {"cpus": 1}, None, 1)
+    parent = track_sweep(registry, sweep_id, spec, "grid.yaml", configs, counts["total"])
+    run = tracking.client().get_run(parent)
+    assert {k: v for k, v in run.data.tags.items() if not k.startswith(("mlflow.", "headsweep."))} == {
+        "paper": "stem-cells", "owner": "ana", "sweep": sweep_id, "grid": "grid.yaml"}
+    assert run.data.tags[tracking.NOTE_TAG].startswith("Do seeds keep the same heads at lambda 0.1?\n\n**2 runs**")
+    assert registry.get_sweep(sweep_id)["mlflow_parent_run_id"] == parent and run.data.params["runs"] == "2"

@@ -37,6 +37,8 @@ from analysis.views.cli.common import (
     write_json,
     write_rows,
 )
+from analysis.views.figure_kinds import DPI, FIGURE_KINDS
+from experiments.common.png import FORMATS as FIGURE_FORMATS
 from experiments.common.units import OPEN_THRESHOLD
 
 FORMATS = ("table", "csv", "parquet", "json")
@@ -115,7 +117,7 @@ def cmd_results(args: argparse.Namespace) -> int:
 def _results_table(rows: list[dict[str, Any]], title: str) -> Table:
     """Group columns that vary, then mean, std, n, the 95 % CI and runs (and the mean expected open heads
     beside open heads); constant columns in the caption."""
-    stats_columns = ("mean", "std", "n", "ci_lo", "ci_hi", "ci_method", "runs", "metric", "expected_open")
+    stats_columns = ("mean", "std", "n", "ci_lo", "ci_hi", "ci_method", "runs", "metric", "expected_open", "collapsed")
     groups = [k for k in rows[0] if k not in (*stats_columns, "group_key")] if rows else []  # key: csv/json
     constant = [k for k in groups if len(rows) > 1 and len({str(r[k]) for r in rows}) == 1]
     caption = "  ".join(f"{k}: {_fmt(rows[0][k])}" for k in constant)
@@ -124,17 +126,23 @@ def _results_table(rows: list[dict[str, Any]], title: str) -> Table:
     if expected:
         caption += (f"\nopen: test-time gate > {OPEN_THRESHOLD:g}; expected open (mean): sum over heads of "
                     "P(gate > 0) in training, what the L0 penalty counts")
+    collapsed = any(row.get("collapsed") for row in rows)  # shown where some run collapsed
+    if collapsed:
+        caption += ("\ncollapsed: runs that predict one class on dev (or whose loss is the uniform guess's "
+                    "ln K); counted in n and the mean, not left out")
     table = Table(title=title, caption=caption.strip(), box=box.SIMPLE, pad_edge=False)
     shown = [k for k in groups if k not in constant]
     for column in shown:
         table.add_column(column, no_wrap=True)
-    for column in ("mean", "std", "n", "95% CI", "runs", *(("expected open",) if expected else ())):
+    for column in ("mean", "std", "n", "95% CI", "runs", *(("expected open",) if expected else ()),
+                   *(("collapsed",) if collapsed else ())):
         table.add_column(column, justify="right", no_wrap=column == "95% CI")
     for row in rows:
         ci = f"[{_fmt(row['ci_lo'])}, {_fmt(row['ci_hi'])}] {row['ci_method']}"
         table.add_row(*(_fmt(row[k]) for k in shown),
                       _fmt(row["mean"]), _fmt2(row["std"]), str(row["n"]), ci, str(row["runs"]),
-                      *((_fmt(row["expected_open"]),) if expected else ()))
+                      *((_fmt(row["expected_open"]),) if expected else ()),
+                      *((f"[red]{row['collapsed']}[/red]" if row["collapsed"] else "0",) if collapsed else ()))
     return table
 
 
@@ -276,18 +284,23 @@ def _fmt2(value: float | None) -> str:
 
 @bad_input_is_config_error
 def cmd_figures(args: argparse.Namespace) -> int:
-    """Every figure of the sweep as PNG files under --out; prints their paths."""
+    """The sweep's figures (``figure_plan``; ``--kind``: of that kind only) as files under --out, in
+    --format at --dpi; prints their paths."""
     from analysis.data import select
     from analysis.views import figure_plan
 
+    if args.kind:
+        figure_plan.check_kind(args.kind)
     data, where = load(args)
     data = select.select(data, where)
+    plan = [entry for entry in figure_plan.figure_plan(data) if args.kind in (None, entry[1])]
+    if args.kind and not plan:  # a kind the default plan leaves out: drawn once with its defaults
+        plan = [(f"{args.kind}.png", args.kind, {})]
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
-    plan = figure_plan.figure_plan(data)
     for name, kind, params in plan:
-        path = folder / name
-        path.write_bytes(figure_plan.figure(data, kind, **params))
+        path = folder / Path(name).with_suffix(f".{args.format}")
+        path.write_bytes(figure_plan.figure(data, kind, fmt=args.format, dpi=args.dpi, **params))
         out.print(str(path))
     if not plan:
         out.print(f"{args.sweep}: no finished runs yet, no figures")
@@ -379,9 +392,13 @@ def register(subparsers: argparse._SubParsersAction, artifact_uris=None) -> None
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_iou)
 
-    p = subparsers.add_parser("figures", help="every figure of a sweep as PNG files")
+    p = subparsers.add_parser("figures", help="the figures of a sweep as PNG, PDF or SVG files")
     p.add_argument("sweep", help=SWEEP_HELP)
-    p.add_argument("--out", default="figs", help="folder for the PNG files (default: figs)")
+    p.add_argument("--kind", help=f"only figures of this kind: {', '.join(FIGURE_KINDS)} (default: every figure "
+                                  "worth drawing for the sweep)")
+    p.add_argument("--format", default="png", choices=FIGURE_FORMATS, help="file format (default: png; pdf or svg for a paper)")
+    p.add_argument("--dpi", type=float, default=DPI, help=f"resolution (default: {DPI}; e.g. 300 for print)")
+    p.add_argument("--out", default="figs", help="folder for the files (default: figs)")
     p.add_argument("--where", help=where_help)
     p.add_argument("--db", help=db_help)
     p.set_defaults(func=cmd_figures)
