@@ -31,7 +31,8 @@ VOCABULARY = {
     "spearman": ("spearman", ("/sweeps/{sweep_id}/spearman",), "Sweep.spearman"),
     "iou": ("iou", ("/sweeps/{sweep_id}/iou", "/sweeps/{sweep_id}/mask-iou"), "Sweep.iou"),
     "transfer": ("transfer", ("/sweeps/{sweep_id}/transfer",), "Sweep.transfer"),
-    "figures": ("figures", ("/sweeps/{sweep_id}/figures", "/sweeps/{sweep_id}/figures/{kind}.png"), None),
+    "figures": ("figures", ("/sweeps/{sweep_id}/figures",), "Sweep.figures"),
+    "figure": (None, ("/sweeps/{sweep_id}/figures/{kind}.png",), "Sweep.figure"),
     "map": (None, None, "Sweep.map"),
     "sweeps": ("ls", ("/sweeps",), None),
     "sweep": ("status", ("/sweeps/{sweep_id}",), "sweep"),
@@ -39,7 +40,7 @@ VOCABULARY = {
     "serve": ("serve", None, None),
 }
 WHY_NOT = {
-    ("figures", "python"): "each answer draws its own figure: Sweep.agreement(...).figure(), compare_maps(...).figure()",
+    ("figure", "cli"): "`headsweep figures --kind K` writes that kind's figures as files (`figures`)",
     ("map", "cli"): "a (runs, layers, units) array is for code: the CLI prints answers about maps, not maps",
     ("map", "http"): "as for the CLI; the service answers questions about maps and draws them",
     ("sweeps", "python"): "a notebook opens one sweep (headsweep.sweep('last')); `headsweep ls` lists them",
@@ -55,7 +56,7 @@ OUTPUT_ONLY = {"cli": {"sweep", "format", "out", "png", "db", "func", "artifact_
                "http": {"sweep_id", "offset", "limit"}, "python": {"self"}}
 """Parameters of one surface only: where the answer goes (CLI: --format, --out, --png; HTTP: a page of
 the runs), which registry (CLI --db; Python headsweep.sweep(db=...)), which sweep (every surface)."""
-LENIENT = {"submit", "sweep", "figures"}
+LENIENT = {"submit", "sweep", "figures", "figure"}
 """Operations whose surfaces share some parameters only (submit's --dry-run, --rerun-failed are the
 command's; figures' kinds and formats are drawn per kind): only their shared parameters' defaults must
 agree. Every other operation has one parameter list."""
