@@ -183,6 +183,10 @@ def test_gpu_packing_half_a_gpu_per_run_gives_8_concurrent(home):
     assert peak_per_gpu == 2, f"{peak_per_gpu} runs at once on one GPU"
 
 
+CLI_SWEEP_S = 900
+"""pytest's limit for a sweep submitted through the CLI and interrupted: above the sum of its waits'
+guards (380 s measured at load 15-33 for the SIGKILLed driver's), so a guard names what hung."""
+
 SLOW_GRID = {
     "name": "detached",
     "base": {
@@ -232,6 +236,7 @@ def _supervisor_looked(registry: Registry, dashboard: str) -> None:
 
 
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
+@pytest.mark.timeout(CLI_SWEEP_S)
 def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ray_cluster, tmp_path, monkeypatch):
     """Submitted with --no-auto-resume: the sweep stays failed, with the supervisor watching the
     registry, until it is resumed by hand."""
@@ -290,6 +295,7 @@ def _driver_pid(sweep_id: str) -> int:
 
 
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
+@pytest.mark.timeout(CLI_SWEEP_S)
 def test_a_sigkilled_driver_is_resumed_by_the_supervisor(home, ray_cluster, tmp_path):
     grid_file = tmp_path / "grid.yaml"
     grid_file.write_text(yaml.safe_dump(SLOW_GRID))
@@ -348,6 +354,7 @@ def test_a_sigkilled_driver_is_resumed_by_the_supervisor(home, ray_cluster, tmp_
 
 
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
+@pytest.mark.timeout(CLI_SWEEP_S)
 def test_a_sigkilled_worker_is_rerun_and_every_run_finishes_exactly_once(home, ray_cluster, tmp_path):
     """A detached sweep (MLflow on, the supervisor watching): one trial's worker process is SIGKILLed
     mid-run (what the kernel's OOM killer does). Tune retries the trial (max_failures 1); its new
