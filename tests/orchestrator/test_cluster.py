@@ -263,9 +263,10 @@ def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ra
     assert f"{sweep_id} (detached): failed" in told and f"headsweep resume {sweep_id}" in told, told
     assert registry.get_sweep(sweep_id)["status"] == "failed"
     # the driver was stopped with runs in flight: the registry counted them when it recorded the loss
+    # (a trial's worker that outlived its driver by a moment may have finished one since)
     (lost,) = registry.events(sweep_id)
     left = _running(registry, sweep_id)
-    assert lost["kind"] == "driver_lost" and lost["detail"]["orphaned"] == len(left) >= 1, (lost, left)
+    assert lost["kind"] == "driver_lost" and lost["detail"]["orphaned"] >= len(left) >= 1, (lost, left)
     _supervisor_looked(registry, ray_cluster["dashboard"])  # it looks every second: it left this sweep alone
     assert supervisor.running(ray_cluster["dashboard"]) == [watching] and supervisor.watching()
     assert registry.get_sweep(sweep_id)["status"] == "failed"
