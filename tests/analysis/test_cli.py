@@ -190,13 +190,13 @@ def test_figures_writes_every_png(sweep, tmp_path, capsys):
     assert rgb.shape[:2] == (392, 904)
 
 
-def _load(port: int, sweep_id: str, stop: threading.Event, answered: list[int], seconds: float = 120.0) -> None:
+def _load(port: int, sweep_id: str, stop: threading.Event, answered: list[int]) -> None:
     """One client of the load: agreement queries the service cannot answer from its cache (a new
-    n_perm each time, so each is computed in the replica) and sweep lists, back to back, for at most
-    ``seconds``; counts the answers, and ends quietly once the service is gone."""
-    deadline = time.monotonic() + seconds
+    n_perm each time, so each is computed in the replica) and sweep lists, back to back, until
+    ``stop`` (never by a clock of its own); counts the answers, and ends quietly once the service
+    is gone."""
     with httpx.Client(timeout=30) as client:
-        while not stop.is_set() and time.monotonic() < deadline:
+        while not stop.is_set():
             n_perm = 200 + (time.monotonic_ns() // 1000) % 1800
             try:
                 for url in (f"/sweeps/{sweep_id}/agreement?across=seed&n_perm={n_perm}", "/sweeps"):
@@ -209,6 +209,7 @@ def _load(port: int, sweep_id: str, stop: threading.Event, answered: list[int], 
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 @pytest.mark.ray
 @pytest.mark.parametrize("clients", [0, 4], ids=["idle", "under-load"])
+@pytest.mark.timeout(900)  # above its own guards: 300 s to come up, 300 s for the first answers, 30 s to exit
 def test_serve_blocks_until_ctrl_c(sweep, clients, tmp_path):
     """`headsweep serve` ends within 10 s of Ctrl-C, idle and with requests in flight (4 clients)."""
     with socket.socket() as s:
@@ -249,9 +250,12 @@ def test_serve_blocks_until_ctrl_c(sweep, clients, tmp_path):
                    for _ in range(clients)]
         for thread in threads:
             thread.start()
-        deadline = time.monotonic() + 120
-        while clients and len(answered) < clients:  # requests answered (4 of 8 in 120 s at load ~5), more in flight
-            assert time.monotonic() < deadline and all(t.is_alive() for t in threads), answered
+        # requests answered, more in flight (4 of 8 came in 120 s at load ~5): the guard only tells a
+        # hang; the clients go on until the test stops them, so the load is on at Ctrl-C however long this took
+        deadline = time.monotonic() + 300
+        while clients and len(answered) < clients:
+            assert all(t.is_alive() for t in threads), f"a client died; answers so far: {answered}"
+            assert time.monotonic() < deadline, f"waited 300 s for {clients} answers; got {answered}"
             time.sleep(0.2)
         assert set(answered) <= {200}, answered
         process.send_signal(signal.SIGINT)
@@ -266,7 +270,7 @@ def test_serve_blocks_until_ctrl_c(sweep, clients, tmp_path):
             pytest.fail(f"serve still running 30 s after Ctrl-C; its log: {log.read_text()[-3000:]}")
         exited_after_s = time.monotonic() - interrupted
         assert code == 0, log.read_text()[-3000:]
-        assert all(t.is_alive() for t in threads)  # the load was still on when it stopped
+        assert all(t.is_alive() for t in threads)  # the load was still on when it stopped (they end only on stop)
         with pytest.raises(httpx.TransportError):  # nothing answers on the port any more
             httpx.get(f"http://127.0.0.1:{port}/sweeps", timeout=5)
         print(f"\nserve ({clients} clients, {len(answered)} answers): exited {exited_after_s:.1f} s after Ctrl-C")

@@ -131,9 +131,15 @@ def test_a_wave_s_actor_cache_is_the_driver_s_and_tune_s_after_it():
     assert tune_controller._ObjectCache is before
 
 
-def _deaf_run(cfg, ctx) -> RunResult:
-    time.sleep(120)  # never looks at the cancel flag: only the driver's own poll can end it
+def _deaf_run(cfg, ctx, ended: str) -> RunResult:
+    """Never looks at the cancel flag: only the driver's own poll can end it. One that ends by itself
+    (after ``DEAF_S``) leaves a file in ``ended``."""
+    time.sleep(DEAF_S)
+    open(os.path.join(ended, cfg.run_key), "w").close()
     return _slow_run(cfg, ctx)
+
+
+DEAF_S = 200.0
 
 
 def test_a_cancel_the_driver_sees_first_leaves_no_run_running(local_ray, tmp_path, monkeypatch):
@@ -141,19 +147,24 @@ def test_a_cancel_the_driver_sees_first_leaves_no_run_running(local_ray, tmp_pat
     (a loaded machine: 2 of 4 runs were left "running" in a cancelled sweep). Trials that never poll
     make the driver's poll win every time: the wave's runs are cancelled by the driver itself."""
     url, registry, sweep_id = _sweep(tmp_path, monkeypatch, seeds=3, max_concurrent=2)
+    seen: dict = {}
 
-    def cancel_once_two_run() -> None:
-        deadline = time.monotonic() + 100
-        while registry.sweep_counts(sweep_id).get("running", 0) < 2 and time.monotonic() < deadline:
+    def cancel_once_two_run() -> None:  # the guard only tells a hang: the test then fails on ``seen``
+        deadline = time.monotonic() + DEAF_S
+        while (counts := registry.sweep_counts(sweep_id)).get("running", 0) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
+        seen["at_cancel"] = counts
         registry.cancel_sweep(sweep_id)
 
+    ended = tmp_path / "ended"
+    ended.mkdir()
     canceller = threading.Thread(target=cancel_once_two_run)
     canceller.start()
-    started = time.monotonic()
-    counts = execute_sweep(sweep_id, registry_url=url, track=False, run_fn=_deaf_run)
+    counts = execute_sweep(sweep_id, registry_url=url, track=False,
+                           run_fn=functools.partial(_deaf_run, ended=str(ended)))
     canceller.join()
-    assert time.monotonic() - started < 110, "the runs ended by themselves: the cancel never reached them"
+    assert seen["at_cancel"].get("running") == 2, f"cancelled before two runs ran: {seen}"
+    assert not list(ended.iterdir()), "the runs ended by themselves: the cancel never reached them"
     assert counts == {"cancelled": 3}  # two held by the ended trials, one pending
     assert registry.get_sweep(sweep_id)["status"] == "cancelled"
 
