@@ -1,11 +1,17 @@
 """One way for every ``bench_*.py`` to report a figure, and ``make bench``'s runner.
 
 A bench script prints one JSON line per figure through :func:`emit`: the measured fields, the
-``target`` (text a person reads, e.g. ``"<= 15 ms"``), ``met`` (computed here from the measured
+``target`` (text a person reads, e.g. ``"<= 1.5 x"``), ``met`` (computed here from the measured
 value, never typed in) and the machine's 1-minute load average (these machines are shared: read
-absolute times next to it). A line with no target says why in its ``note`` and carries
-``"target": null, "met": null``. The script ends with :func:`finish`, which exits 1 naming the
-figures that missed their targets.
+absolute times next to it). A target is always on a ratio against a peer measured side by side in
+the same run (``ratio``, ``speedup`` or a field ending in ``_ratio``: :data:`RATIO_FIELDS`), never
+on an absolute time, which moves with the machine; absolute times ride along as information.
+Correctness checks are asserts (the script fails). A line with no target says why in its ``note``
+and carries ``"target": null, "met": null``. The script ends with :func:`finish`, which exits 1
+naming the figures that missed their targets.
+
+:func:`side_by_side` is the one way to time a figure against its peer: repetitions interleaved
+(A, B, A, B, ...) so that the machine's noise hits both alike, compared by medians.
 
     BENCH_TIGHTEN=FIGURE[,FIGURE...]   makes those figures' targets unmeetable, to see a miss
 
@@ -24,11 +30,21 @@ import operator
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 _COMPARE = {"<": operator.lt, "<=": operator.le, ">=": operator.ge}
 _missed: list[str] = []
+
+
+def is_ratio(field: str) -> bool:
+    """Whether a field may carry a target: a ratio of two things measured side by side."""
+    return field in ("ratio", "speedup") or field.endswith("_ratio")
+
+
+RATIO_FIELDS = "'ratio', 'speedup' or a name ending in '_ratio'"
 
 
 @dataclass(frozen=True)
@@ -92,6 +108,9 @@ def emit(bench: str, figure: str, *, target: Target | None, measured: str | None
     else:
         if measured not in fields:
             raise ValueError(f"{bench}.{figure}: measured={measured!r} is not one of its fields")
+        if not is_ratio(measured):
+            raise ValueError(f"{bench}.{figure}: measured={measured!r} is not a ratio; a target is on "
+                             f"{RATIO_FIELDS} against a peer (absolute times go in without a target)")
         if figure in _tightened() or f"{bench}.{figure}" in _tightened():
             target = target.tightened()
             row["tightened"] = "BENCH_TIGHTEN"
@@ -104,6 +123,21 @@ def emit(bench: str, figure: str, *, target: Target | None, measured: str | None
     row["load_1m"] = round(os.getloadavg()[0], 2)
     print(json.dumps(row), flush=True)
     return row
+
+
+def side_by_side(steps: dict[str, Callable[[], object]], reps: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds of ``reps`` calls of each step, the steps called in turn (A, B, C, A, B, C, ...) after
+    ``warmup`` rounds, so a change in the machine's load hits each alike."""
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(reps):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return times
 
 
 def finish() -> None:
