@@ -14,6 +14,8 @@ naming the figures that missed their targets.
 (A, B, A, B, ...) so that the machine's noise hits both alike, compared by medians.
 
     BENCH_TIGHTEN=FIGURE[,FIGURE...]   makes those figures' targets unmeetable, to see a miss
+    BENCH_SCALE=0.1                     shrinks every size read through :func:`scaled` (a quick check
+                                        that the scripts run; ratios at a small size say less)
 
 Run as a script (``make bench``), it runs every ``bench_*.py`` next to it, one after the other,
 goes on past a failing one, and exits 1 at the end listing every missed figure of every script
@@ -123,6 +125,14 @@ def emit(bench: str, figure: str, *, target: Target | None, measured: str | None
     row["load_1m"] = round(os.getloadavg()[0], 2)
     print(json.dumps(row), flush=True)
     return row
+
+
+def scaled(n: int, least: int = 1) -> int:
+    """``n`` times ``BENCH_SCALE`` (default 1), at least ``least``."""
+    factor = float(os.environ.get("BENCH_SCALE", "1"))
+    if not factor > 0:
+        raise ValueError(f"BENCH_SCALE={factor}: a positive factor, e.g. BENCH_SCALE=0.1")
+    return max(least, round(n * factor))
 
 
 def side_by_side(steps: dict[str, Callable[[], object]], reps: int, warmup: int = 1) -> dict[str, list[float]]:
