@@ -150,6 +150,32 @@ def side_by_side(steps: dict[str, Callable[[], object]], reps: int, warmup: int 
     return times
 
 
+def ratio_interval(times_a: list[float], times_b: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """(median, 2.5 %, 97.5 %) of the paired ratios ``a_i / b_i`` of interleaved repetitions: the
+    median and its 95 % bootstrap interval (2,000 resamples)."""
+    import numpy as np
+
+    ratios = np.asarray(times_a) / np.asarray(times_b)
+    resampled = np.random.default_rng(seed).choice(ratios, (2000, len(ratios)))
+    low, high = np.percentile(np.median(resampled, axis=1), [2.5, 97.5])
+    return float(np.median(ratios)), float(low), float(high)
+
+
+def resolved(step_a: Callable[[], object], step_b: Callable[[], object], half_width: float,
+             least: int = 10, most: int = 60) -> tuple[list[float], list[float]]:
+    """Interleaved repetitions of A and B until the 95 % interval of their median ratio is within
+    ``half_width`` of it (at least ``least``, at most ``most`` pairs): enough to resolve an effect
+    of that size. Returns the seconds of each."""
+    times = side_by_side({"a": step_a, "b": step_b}, least)
+    while len(times["a"]) < most:
+        ratio, low, high = ratio_interval(times["a"], times["b"])
+        if max(ratio - low, high - ratio) <= half_width * ratio:
+            break
+        more = side_by_side({"a": step_a, "b": step_b}, 5, warmup=0)
+        times = {name: times[name] + more[name] for name in times}
+    return times["a"], times["b"]
+
+
 def finish() -> None:
     """Exit 1 naming the figures that missed their targets; return when every one was met."""
     if _missed:

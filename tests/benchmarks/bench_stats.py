@@ -131,7 +131,6 @@ def references(rng: np.random.Generator) -> None:
     assert diff < 1e-5, f"pearson_matrix differs from numpy.corrcoef by {diff:.3g}"
     _versus(f"pearson_{len(x)}x144", lambda: pearson.pearson_matrix(x), lambda: np.corrcoef(x), 1.0,
             reps=3, max_abs_diff=diff, dtype="float32 vs numpy's float64")
-    del x
 
     n = scaled(1_000, 50)
     a, b = _gates(rng, n), _gates(rng, n)
@@ -155,10 +154,10 @@ def references(rng: np.random.Generator) -> None:
                  "fits 3 OLS per cell, ours one batched Pearson")
 
     maps_a, maps_b = rng.random((scaled(1_000, 20), P)), rng.random((scaled(1_000, 20), P))  # no ties
-    diff = float(np.abs(rbo.rbo_maps(maps_a, maps_b) - [plain_rbo(u, v) for u, v in zip(maps_a, maps_b)]).max())
+    diff = float(np.abs(rbo.rbo_maps(maps_a, maps_b) - [plain_rbo(u, v) for u, v in zip(maps_a, maps_b, strict=True)]).max())
     assert diff < 1e-9, f"rbo_maps differs from the plain RBO_ext by {diff:.3g}"
     _versus("rbo_pairs", lambda: rbo.rbo_maps(maps_a, maps_b),
-            lambda: [plain_rbo(u, v) for u, v in zip(maps_a, maps_b)], 10.0, pairs=len(maps_a),
+            lambda: [plain_rbo(u, v) for u, v in zip(maps_a, maps_b, strict=True)], 10.0, pairs=len(maps_a),
             max_abs_diff=diff)
 
 
