@@ -176,6 +176,22 @@ def resolved(step_a: Callable[[], object], step_b: Callable[[], object], half_wi
     return times["a"], times["b"]
 
 
+def start_ray(tries: int = 3, **kwargs: object) -> None:
+    """``ray.init(**kwargs)``, tried again when the node does not come up: Ray waits a fixed 30 s
+    for its raylet, which a loaded 2-core machine can miss (each try's failure is printed)."""
+    import ray
+
+    for attempt in range(1, tries + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as error:  # noqa: BLE001 - Ray raises a bare Exception for this
+            ray.shutdown()
+            print(f"ray.init try {attempt} of {tries} failed: {error}", file=sys.stderr, flush=True)
+            if attempt == tries:
+                raise
+
+
 def finish() -> None:
     """Exit 1 naming the figures that missed their targets; return when every one was met."""
     if _missed:

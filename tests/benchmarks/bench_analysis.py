@@ -53,7 +53,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import at_most, emit, finish, scaled  # noqa: E402
+from _bench import at_most, emit, finish, scaled, start_ray  # noqa: E402
 from pg_schema import pg_schema  # noqa: E402
 
 from analysis.data.loading import clear_cache, load_sweep  # noqa: E402
@@ -293,7 +293,7 @@ def bench_http(url: str, sweep_id: str, requests_per_client: int, rounds: int = 
 
     from analysis.views.service.serve import serve_app
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    start_ray(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     server, alone = _uvicorn(url)
     try:
         bases = {"serve": serve_app(url, "127.0.0.1", _free_port()), "uvicorn": alone}

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 import sqlalchemy as sa
-from _bench import at_least, at_most, emit, finish, scaled
+from _bench import at_least, at_most, emit, finish, scaled, start_ray
 
 CONCURRENT = 2
 
@@ -128,11 +128,10 @@ def one_sweep(n: int, home: str, run_fn=trivial_run) -> dict[str, float]:
 
 def _child(n: int) -> None:
     """A fresh driver process: run one sweep, print its peak RSS (MB)."""
-    import ray
 
     home = tempfile.mkdtemp()
     os.environ["HEADSWEEP_HOME"] = home
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_ray(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     one_sweep(n, home)
     with open("/proc/self/status") as status:
         rss_kb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
@@ -167,7 +166,7 @@ def _ours(n: int, run_fn=trivial_run) -> dict[str, float]:
 def overhead(args) -> None:
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_ray(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     _ours(20), bare_tune(20, tune_trainable), ray_tasks(20)  # warm Ray's worker pool and the imports
     ours, tune, tasks = [], [], []
     for _ in range(args.repeats):

@@ -27,7 +27,7 @@ import statistics
 import tempfile
 import time
 
-from _bench import at_most, emit, finish, scaled
+from _bench import at_most, emit, finish, scaled, start_ray
 
 TINY_GRID = {
     "name": "bench-run-cost",
@@ -120,7 +120,7 @@ def sweep_vs_loop(args) -> None:
     experiment_id = tracking.ensure_experiment(mlflow, spec.name)
     registry.set_sweep(sweep_id, mlflow_experiment_id=experiment_id,
                        mlflow_parent_run_id=tracking.start_run(mlflow, experiment_id, sweep_id))
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+    start_ray(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"HEADSWEEP_HOME": os.environ["HEADSWEEP_HOME"]}})
     try:
         started = time.perf_counter()
