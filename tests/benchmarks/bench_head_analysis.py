@@ -64,6 +64,16 @@ def _seconds(fn) -> tuple[float, float]:
     return round(time.perf_counter() - wall, 2), round(time.process_time() - cpu, 2)
 
 
+def ablation(state, common: dict) -> float:
+    """Time the one-at-a-time ablation (informational); return its CPU seconds."""
+    wall, cpu = _seconds(lambda: ablation_deltas(state, state.data.dev))
+    evaluations = state.num_layers * state.num_heads + state.num_layers + 1
+    emit("head_analysis", "ablation", target=None, seconds=wall, cpu_seconds=cpu, evaluations=evaluations,
+         per_evaluation_cpu_s=round(cpu / evaluations, 3),
+         note=f"informational: {evaluations} evaluations of {EXAMPLES} dev examples, measured whole", **common)
+    return cpu
+
+
 def bare_backward(state) -> None:
     """Forward + backward of the task loss over the first EXAMPLES training examples, the weights
     frozen: the gradient flows from the loss back to the embeddings' output, as the importance's
@@ -79,6 +89,7 @@ def bare_backward(state) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-ablation", action="store_true", help="skip the ablation (minutes)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = parse_config(CONFIG)
@@ -88,11 +99,7 @@ def main() -> None:
               "threads": torch.get_num_threads()}
 
     state.train(False)
-    ablation, ablation_cpu = _seconds(lambda: ablation_deltas(state, state.data.dev))
-    evaluations = num_layers * num_heads + num_layers + 1
-    emit("head_analysis", "ablation", target=None, seconds=ablation, cpu_seconds=ablation_cpu,
-         evaluations=evaluations, per_evaluation_cpu_s=round(ablation_cpu / evaluations, 3),
-         note=f"informational: {evaluations} evaluations of {EXAMPLES} dev examples, measured whole", **common)
+    ablation_cpu = None if args.no_ablation else ablation(state, common)
 
     keep = torch.ones(num_layers, num_heads, dtype=torch.bool)
     for module in state.modules().values():
@@ -125,8 +132,9 @@ def main() -> None:
          steps=len(range(0, len(train), BATCH)), note="informational: the unit the ratios divide by", **common)
     emit("head_analysis", "importance_over_epoch", target=None, ratio=round(importance_cpu / finetune_cpu, 3),
          note="informational: CPU time, the same training examples; cheaper by construction", **common)
-    emit("head_analysis", "ablation_over_epoch", target=None, ratio=round(ablation_cpu / finetune_cpu, 2),
-         note="informational: CPU time; grows with the dev set", **common)
+    if ablation_cpu is not None:
+        emit("head_analysis", "ablation_over_epoch", target=None, ratio=round(ablation_cpu / finetune_cpu, 2),
+             note="informational: CPU time; grows with the dev set", **common)
     finish()
 
 
