@@ -293,6 +293,8 @@ def bench_http(url: str, sweep_id: str, requests_per_client: int, rounds: int = 
 
     from analysis.views.service.serve import serve_app
 
+    for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
+        os.environ.setdefault(name, "60")  # as serve_app sets for a Ray it starts: Serve's 5 s is short under load
     start_ray(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     server, alone = _uvicorn(url)
     try:
