@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,24 @@ def test_every_bench_line_goes_through_emit(script):
 
 def test_the_benchmarks_are_all_found():
     assert len(SCRIPTS) >= 8, [s.name for s in SCRIPTS]
+
+
+def test_the_ratio_interval_is_of_the_paired_ratios():
+    bench = _helper()
+    assert bench.ratio_interval([2.0, 4.0, 6.0], [1.0, 2.0, 3.0]) == (2.0, 2.0, 2.0)
+    ratio, low, high = bench.ratio_interval([1.0, 1.2, 0.9, 1.1, 1.3, 1.0], [1.0] * 6)
+    assert low <= ratio <= high and high - low > 0.05  # noisy pairs: an interval too wide to resolve 5 %
+
+
+def test_resolved_repeats_until_the_interval_is_narrow_or_the_cap():
+    bench = _helper()
+    calls = {"a": 0, "b": 0}
+
+    def count(name):  # ~1 ms each, so that the ratios of a loaded machine stay within a few x
+        calls[name] += 1
+        time.sleep(0.001)
+
+    a, b = bench.resolved(lambda: count("a"), lambda: count("b"), half_width=10.0, least=4, most=20)
+    assert len(a) == len(b) == 4 and calls == {"a": 5, "b": 5}  # one warm-up pair, then 4: wide enough
+    a, b = bench.resolved(lambda: count("a"), lambda: count("b"), half_width=0.0, least=4, most=14)
+    assert len(a) == len(b) == 14  # never narrow enough: stops at the cap, in steps of 5 after the first 4
