@@ -25,13 +25,16 @@ a 6 x 1536 ``neurons.predictivity`` map (random floats: ~370 MB).
   runs each): every pairwise rho, the mean-vector rho with a 1,000-permutation
   null, and top-20 % overlap; best of 2 after a first call ("cold_seconds")
 - ``aggregate_10000``: ``results.aggregate`` by task and pipeline (uncached)
-- ``http_aggregate_*``: the same aggregate through HTTP on Ray Serve (127.0.0.1):
-  the first request (loads the sweep and answers), then 20 concurrent clients
-  (threads with httpx, a bounded number of requests each) once it is cached
+- ``http_aggregate_serve_vs_uvicorn``: the same aggregate through HTTP (127.0.0.1) from Ray Serve
+  (``serve_app``: proxy + 1 replica) and from the same FastAPI app under uvicorn alone (its own
+  process): the first request each (loads the sweep), then 20 concurrent client threads in bursts
+  alternating between the two once cached. Target: Serve's p99 at most 4x uvicorn's. A failed
+  request (a status other than 200, an exception) keeps its latency and fails the script.
 
-"seconds" is one measured run unless said otherwise. Every line carries its target, whether it was
-met and the 1-minute load average (``_bench.emit``): the machine is shared, read timings next to it.
-The script exits 1 when a target was missed. Not a pytest test.
+"seconds" is one measured run unless said otherwise: information beside the 1-minute load average
+(``_bench.emit``), no target (no peer is measured beside them). The script exits 1 when the HTTP
+ratio missed its target or a check failed. ``BENCH_SCALE`` shrinks the sweeps (50 seeds per cell at
+full size). Not a pytest test.
 """
 
 from __future__ import annotations
