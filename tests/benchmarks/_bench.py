@@ -1,13 +1,21 @@
 """One way for every ``bench_*.py`` to report a figure, and ``make bench``'s runner.
 
 A bench script prints one JSON line per figure through :func:`emit`: the measured fields, the
-``target`` (text a person reads, e.g. ``"<= 15 ms"``), ``met`` (computed here from the measured
+``target`` (text a person reads, e.g. ``"<= 1.5 x"``), ``met`` (computed here from the measured
 value, never typed in) and the machine's 1-minute load average (these machines are shared: read
-absolute times next to it). A line with no target says why in its ``note`` and carries
-``"target": null, "met": null``. The script ends with :func:`finish`, which exits 1 naming the
-figures that missed their targets.
+absolute times next to it). A target is always on a ratio against a peer measured side by side in
+the same run (``ratio``, ``speedup`` or a field ending in ``_ratio``: :data:`RATIO_FIELDS`), never
+on an absolute time, which moves with the machine; absolute times ride along as information.
+Correctness checks are asserts (the script fails). A line with no target says why in its ``note``
+and carries ``"target": null, "met": null``. The script ends with :func:`finish`, which exits 1
+naming the figures that missed their targets.
+
+:func:`side_by_side` is the one way to time a figure against its peer: repetitions interleaved
+(A, B, A, B, ...) so that the machine's noise hits both alike, compared by medians.
 
     BENCH_TIGHTEN=FIGURE[,FIGURE...]   makes those figures' targets unmeetable, to see a miss
+    BENCH_SCALE=0.1                     shrinks every size read through :func:`scaled` (a quick check
+                                        that the scripts run; ratios at a small size say less)
 
 Run as a script (``make bench``), it runs every ``bench_*.py`` next to it, one after the other,
 goes on past a failing one, and exits 1 at the end listing every missed figure of every script
@@ -24,11 +32,21 @@ import operator
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 _COMPARE = {"<": operator.lt, "<=": operator.le, ">=": operator.ge}
 _missed: list[str] = []
+
+
+def is_ratio(field: str) -> bool:
+    """Whether a field may carry a target: a ratio of two things measured side by side."""
+    return field in ("ratio", "speedup") or field.endswith("_ratio")
+
+
+RATIO_FIELDS = "'ratio', 'speedup' or a name ending in '_ratio'"
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,9 @@ def emit(bench: str, figure: str, *, target: Target | None, measured: str | None
     else:
         if measured not in fields:
             raise ValueError(f"{bench}.{figure}: measured={measured!r} is not one of its fields")
+        if not is_ratio(measured):
+            raise ValueError(f"{bench}.{figure}: measured={measured!r} is not a ratio; a target is on "
+                             f"{RATIO_FIELDS} against a peer (absolute times go in without a target)")
         if figure in _tightened() or f"{bench}.{figure}" in _tightened():
             target = target.tightened()
             row["tightened"] = "BENCH_TIGHTEN"
@@ -104,6 +125,71 @@ def emit(bench: str, figure: str, *, target: Target | None, measured: str | None
     row["load_1m"] = round(os.getloadavg()[0], 2)
     print(json.dumps(row), flush=True)
     return row
+
+
+def scaled(n: int, least: int = 1) -> int:
+    """``n`` times ``BENCH_SCALE`` (default 1), at least ``least``."""
+    factor = float(os.environ.get("BENCH_SCALE", "1"))
+    if not factor > 0:
+        raise ValueError(f"BENCH_SCALE={factor}: a positive factor, e.g. BENCH_SCALE=0.1")
+    return max(least, round(n * factor))
+
+
+def side_by_side(steps: dict[str, Callable[[], object]], reps: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds of ``reps`` calls of each step, the steps called in turn (A, B, C, A, B, C, ...) after
+    ``warmup`` rounds, so a change in the machine's load hits each alike."""
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(reps):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def ratio_interval(times_a: list[float], times_b: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """(median, 2.5 %, 97.5 %) of the paired ratios ``a_i / b_i`` of interleaved repetitions: the
+    median and its 95 % bootstrap interval (2,000 resamples)."""
+    import numpy as np
+
+    ratios = np.asarray(times_a) / np.asarray(times_b)
+    resampled = np.random.default_rng(seed).choice(ratios, (2000, len(ratios)))
+    low, high = np.percentile(np.median(resampled, axis=1), [2.5, 97.5])
+    return float(np.median(ratios)), float(low), float(high)
+
+
+def resolved(step_a: Callable[[], object], step_b: Callable[[], object], half_width: float,
+             least: int = 10, most: int = 60) -> tuple[list[float], list[float]]:
+    """Interleaved repetitions of A and B until the 95 % interval of their median ratio is within
+    ``half_width`` of it (at least ``least``, at most ``most`` pairs): enough to resolve an effect
+    of that size. Returns the seconds of each."""
+    times = side_by_side({"a": step_a, "b": step_b}, least)
+    while len(times["a"]) < most:
+        ratio, low, high = ratio_interval(times["a"], times["b"])
+        if max(ratio - low, high - ratio) <= half_width * ratio:
+            break
+        more = side_by_side({"a": step_a, "b": step_b}, 5, warmup=0)
+        times = {name: times[name] + more[name] for name in times}
+    return times["a"], times["b"]
+
+
+def start_ray(tries: int = 3, **kwargs: object) -> None:
+    """``ray.init(**kwargs)``, tried again when the node does not come up: Ray waits a fixed 30 s
+    for its raylet, which a loaded 2-core machine can miss (each try's failure is printed)."""
+    import ray
+
+    for attempt in range(1, tries + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as error:  # noqa: BLE001 - Ray raises a bare Exception for this
+            ray.shutdown()
+            print(f"ray.init try {attempt} of {tries} failed: {error}", file=sys.stderr, flush=True)
+            if attempt == tries:
+                raise
 
 
 def finish() -> None:

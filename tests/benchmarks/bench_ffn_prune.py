@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import copy
 import os
-import statistics
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 from _bench import at_least, emit, finish  # noqa: E402
+from bench_heads import BATCH, THREADS, TOKENS, _batch, _interleaved, _ms  # noqa: E402  (one batch and timing)
 
 from experiments.interventions.ffn_prune import (  # noqa: E402
     mask_ffn,
@@ -43,42 +42,9 @@ from experiments.interventions.ffn_prune import (  # noqa: E402
 )
 from experiments.models import load_backbone  # noqa: E402
 
-THREADS = 2
-BATCH, TOKENS = 32, 64
 FRACTION = 0.02
 REPS = 15
 SLICED_TOLERANCE = 1e-4
-
-
-def _batch(generator: torch.Generator) -> dict[str, torch.Tensor]:
-    input_ids = torch.randint(1000, 30000, (BATCH, TOKENS), generator=generator)
-    input_ids[:, 0] = 101  # [CLS]
-    return {
-        "input_ids": input_ids,
-        "attention_mask": torch.ones(BATCH, TOKENS, dtype=torch.long),
-        "token_type_ids": torch.zeros(BATCH, TOKENS, dtype=torch.long),
-    }
-
-
-def _timed(step) -> float:
-    start = time.perf_counter()
-    step()
-    return (time.perf_counter() - start) * 1000.0
-
-
-def _interleaved(step_a, step_b, reps: int, warmup: int = 1) -> tuple[list[float], list[float]]:
-    """Milliseconds of ``reps`` calls of each step, alternating A and B after ``warmup`` pairs."""
-    for _ in range(warmup):
-        step_a(), step_b()
-    times_a, times_b = [], []
-    for _ in range(reps):
-        times_a.append(_timed(step_a))
-        times_b.append(_timed(step_b))
-    return times_a, times_b
-
-
-def _ms(times: list[float]) -> float:
-    return round(statistics.median(times), 1)
 
 
 def _params(model) -> int:

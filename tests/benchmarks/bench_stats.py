@@ -1,22 +1,27 @@
-"""Timings of analysis.statistics and analysis.statistics.nulls at sweep scale; one JSON line per figure.
+"""analysis.statistics against its reference implementations, side by side; one JSON line per figure.
 
-    .venv/bin/python tests/benchmarks/bench_stats.py
+    .venv/bin/python tests/benchmarks/bench_stats.py        (BENCH_SCALE=0.1 for a quick run)
 
-"seconds" is the best of the repeats after a first call; "cold_seconds" is
-that first call, which also pays for the first touch of the ~400 MB result
-(on this VM first-touch page faults cost more than the matmul itself).
+Each statistic is timed beside the implementation a user would reach for instead, in the same
+process, repetitions interleaved (``_bench.side_by_side``), medians compared, and checked equal to
+it (the script fails otherwise). The targets are speed-ups over the reference:
 
-``agreement_seed_2004runs_x1000perm_*``: ``across_runs.agreement(across="seed", n_perm=1000)`` on a
-synthetic sweep of 668 cells x 3 seeds (2,004 runs) of tiny-bert's 2 x 4 and MiniLM's 6 x 12 head
-maps: the question the HTTP service answers up to ``app.MAX_RUN_PERMS`` runs x permutations.
-Every line carries its target, whether it was met and the 1-minute load
-average (``_bench.emit``); ours must equal scipy's Spearman to 1e-6, or the
-script fails. Not a pytest test: it allocates ~1 GB and takes tens of seconds.
+- ``pearson_10000x144``: ``pearson.pearson_matrix`` (float32) vs ``numpy.corrcoef`` (float64).
+- ``spearman_between_1000x1000``: ``spearman.spearman_between`` vs ``scipy.stats.spearmanr(axis=1)``
+  on the same 1,000 + 1,000 runs (scipy computes the whole (2,000)^2 matrix; ours the 1,000^2 block).
+- ``stem_cell_fit``: ``stem_cell.stem_cell`` over cells of 3 runs vs statsmodels
+  ``OLS(...).fit().rsquared_adj`` per response run (the paper fits with statsmodels).
+- ``rbo_pairs``: ``rbo.rbo_maps`` vs a plain RBO_ext (Webber et al. eq. 32, Python sets) per pair,
+  on maps without ties (where the two definitions agree).
+
+Informational (no peer): the permutation nulls, ``agreement`` across seed of 2,004 runs x 1,000
+permutations (what the service answers up to ``app.MAX_RUN_PERMS``), a bootstrap interval.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -24,7 +29,8 @@ from types import MappingProxyType
 
 import numpy as np
 import scipy.stats
-from _bench import at_most, below, emit, finish
+import statsmodels.api as sm
+from _bench import at_least, emit, finish, scaled, side_by_side
 
 from analysis.data.sweep import SweepData, from_runs
 from analysis.questions.agreement import across_runs
@@ -33,8 +39,7 @@ from analysis.statistics import nulls as permutations
 from analysis.views.service.app import MAX_RUN_PERMS
 
 P = 144  # 6 layers x 12 heads (MiniLM)
-SCIPY_LIMIT_S = 30.0
-SCIPY_TOLERANCE = 1e-6  # both in float64: equal but for rounding
+REPS = 5
 
 
 def _time(fn: Callable[[], object], repeats: int = 3) -> tuple[float, float]:
@@ -46,10 +51,6 @@ def _time(fn: Callable[[], object], repeats: int = 3) -> tuple[float, float]:
         times.append(time.perf_counter() - start)
         del result
     return min(times[1:]), times[0]
-
-
-def _emit(figure: str, seconds: float, target, **extra) -> None:
-    emit("stats", figure, target=target, measured="seconds" if target else None, seconds=seconds, **extra)
 
 
 def _gates(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -90,55 +91,78 @@ def _sweep(rng: np.random.Generator, n_cells: int, seeds: int, layers: int, head
         {"heads.gate": (np.asarray(gates, np.float32), np.ones(n, bool))}))
 
 
-def main() -> None:
-    rng = np.random.default_rng(0)
+def _emit(figure: str, seconds: float, **extra) -> None:
+    emit("stats", figure, target=None, seconds=seconds, **extra)
 
-    x = _gates(rng, 10_000)
-    warm, cold = _time(lambda: pearson.pearson_matrix(x))
-    _emit("pearson_10000x144", warm, below(1, "s"), cold_seconds=cold, dtype="float32")
-    warm, cold = _time(lambda: pearson.pearson_matrix(x, dtype=np.float64), repeats=2)
-    _emit("pearson_10000x144_float64", warm, below(1, "s"), cold_seconds=cold)
 
-    a, b = _gates(rng, 5_000), _gates(rng, 5_000)
-    ours, cold = _time(lambda: spearman.spearman_between(a, b))
-    _emit("spearman_between_5000x5000", ours, below(1, "s"), cold_seconds=cold, dtype="float32")
-    warm, cold = _time(lambda: spearman.spearman_rows(a.mean(axis=0)[None], b.mean(axis=0)[None]))
-    _emit("spearman_groups_5000_vs_5000", warm, below(1, "s"), cold_seconds=cold)
+def _versus(figure: str, ours: Callable[[], object], reference: Callable[[], object], target: float,
+            reps: int = REPS, **extra) -> None:
+    """Time ours beside the reference, interleaved, and emit the speed-up of the medians."""
+    times = side_by_side({"ours": ours, "reference": reference}, reps)
+    ours_s, reference_s = statistics.median(times["ours"]), statistics.median(times["reference"])
+    emit("stats", figure, target=at_least(target, "x"), measured="speedup", speedup=reference_s / ours_s,
+         ours_s=ours_s, reference_s=reference_s, reps=reps, **extra)
 
-    # scipy computes the full (Na + Nb)^2 matrix; time it small first and only run the
-    # full size if the quadratic extrapolation stays under the limit.
-    probe = 1_000
-    start = time.perf_counter()
-    full_probe = scipy.stats.spearmanr(a[:probe], b[:probe], axis=1).statistic
-    probe_s = time.perf_counter() - start
-    ours_probe = spearman.spearman_between(a[:probe], b[:probe], dtype=np.float64)
-    max_diff = float(np.nanmax(np.abs(ours_probe - full_probe[:probe, probe:])))
-    assert max_diff < SCIPY_TOLERANCE, f"ours differs from scipy.stats.spearmanr by {max_diff:.3g}"
-    predicted = probe_s * (len(a) / probe) ** 2
-    if predicted < SCIPY_LIMIT_S:
-        start = time.perf_counter()
-        scipy.stats.spearmanr(a, b, axis=1)
-        scipy_s = time.perf_counter() - start
-        _emit(
-            "scipy_spearmanr_5000_vs_5000",
-            scipy_s,
-            None,
-            ratio_vs_ours=scipy_s / ours,
-            max_abs_diff_at_1000=max_diff,
-            note="informational: scipy's time, for scale (its values are checked equal to ours)",
-        )
-    else:
-        ours_probe_s, _ = _time(lambda: spearman.spearman_between(a[:probe], b[:probe]))
-        _emit(
-            "scipy_spearmanr_1000_vs_1000",
-            probe_s,
-            None,
-            note=f"informational: scipy's time, for scale (its values are checked equal to ours); full 5000 "
-            f"vs 5000 predicted {predicted:.0f} s > {SCIPY_LIMIT_S:.0f} s: measured on 2,000 runs (1,000 per group)",
-            ratio_vs_ours=probe_s / ours_probe_s,
-            max_abs_diff=max_diff,
-        )
 
+def _ols_r(runs: np.ndarray) -> np.ndarray:
+    """statsmodels' multiple correlation of each run on the others: sqrt(max(R2_adj, 0))."""
+    out = []
+    for i in range(len(runs)):
+        design = sm.add_constant(np.delete(runs, i, axis=0).T)
+        out.append(np.sqrt(max(sm.OLS(runs[i], design).fit().rsquared_adj, 0.0)))
+    return np.array(out)
+
+
+def plain_rbo(a: np.ndarray, b: np.ndarray, p: float = rbo.PERSISTENCE) -> float:
+    """Webber et al.'s RBO_ext of two maps without ties, their eq. 32 read off with sets."""
+    s, t = np.argsort(-a), np.argsort(-b)
+    k, seen_s, seen_t, total = len(s), set(), set(), 0.0
+    for d in range(1, k + 1):
+        seen_s.add(s[d - 1])
+        seen_t.add(t[d - 1])
+        total += len(seen_s & seen_t) / d * p**d
+    return len(seen_s & seen_t) / k * p**k + (1 - p) / p * total
+
+
+def references(rng: np.random.Generator) -> None:
+    """The figures with a reference implementation: equal values, then the speed-up."""
+    x = _gates(rng, scaled(10_000, 200))
+    diff = float(np.abs(pearson.pearson_matrix(x) - np.corrcoef(x)).max())
+    assert diff < 1e-5, f"pearson_matrix differs from numpy.corrcoef by {diff:.3g}"
+    _versus(f"pearson_{len(x)}x144", lambda: pearson.pearson_matrix(x), lambda: np.corrcoef(x), 1.0,
+            reps=3, max_abs_diff=diff, dtype="float32 vs numpy's float64")
+
+    n = scaled(1_000, 50)
+    a, b = _gates(rng, n), _gates(rng, n)
+    full = scipy.stats.spearmanr(a, b, axis=1).statistic
+    diff = float(np.nanmax(np.abs(spearman.spearman_between(a, b, dtype=np.float64) - full[:n, n:])))
+    assert diff < 1e-6, f"spearman_between differs from scipy.stats.spearmanr by {diff:.3g}"
+    _versus(f"spearman_between_{n}x{n}", lambda: spearman.spearman_between(a, b),
+            lambda: scipy.stats.spearmanr(a, b, axis=1), 10.0, max_abs_diff_float64=diff)
+
+    triples = rng.normal(size=(scaled(300, 10), 3, P)) + rng.normal(size=(1, 1, P))  # related runs
+    runs, cells = triples.reshape(-1, P), [np.arange(i, i + 3) for i in range(0, 3 * len(triples), 3)]
+
+    def by_statsmodels() -> float:
+        return float(np.mean([_ols_r(t).mean() for t in triples]))
+
+    diff = abs(stem_cell.stem_cell(runs, cells) - by_statsmodels())
+    assert diff < 1e-9, f"stem_cell differs from statsmodels OLS by {diff:.3g}"
+    _versus("stem_cell_fit", lambda: stem_cell.stem_cell(runs, cells), by_statsmodels, 10.0,
+            cells=len(triples), max_abs_diff=diff,
+            note="mean over cells of each triple's sqrt(R2_adj), each run the response once: statsmodels "
+                 "fits 3 OLS per cell, ours one batched Pearson")
+
+    maps_a, maps_b = rng.random((scaled(1_000, 20), P)), rng.random((scaled(1_000, 20), P))  # no ties
+    diff = float(np.abs(rbo.rbo_maps(maps_a, maps_b) - [plain_rbo(u, v) for u, v in zip(maps_a, maps_b, strict=True)]).max())
+    assert diff < 1e-9, f"rbo_maps differs from the plain RBO_ext by {diff:.3g}"
+    _versus("rbo_pairs", lambda: rbo.rbo_maps(maps_a, maps_b),
+            lambda: [plain_rbo(u, v) for u, v in zip(maps_a, maps_b, strict=True)], 10.0, pairs=len(maps_a),
+            max_abs_diff=diff)
+
+
+def informational(rng: np.random.Generator) -> None:
+    """What the nulls and the service's agreement cost: no reference implementation to set beside."""
     z = (rng.random((3, 6, 12)) < 0.5).astype(np.float64)
     for name, fn in (
         ("stem_cell", stem_cell.stem_cell),
@@ -148,27 +172,32 @@ def main() -> None:
         warm, cold = _time(
             lambda fn=fn: permutations.permutation_null(fn, z, 1000, np.random.default_rng(1)), repeats=2
         )
-        _emit(f"permutation_null_1000x3x144_{name}", warm, below(1, "s"), cold_seconds=cold)
+        _emit(f"permutation_null_1000x3x144_{name}", warm, cold_seconds=cold, note="informational: no peer")
 
-    # the stem cell null of a whole sweep: 1,000 cells x 3 seeds, every cell in one batched Pearson
-    x = (rng.random((3_000, 6, 12)) < 0.5).astype(np.float64)
-    cells = [np.arange(i, i + 3) for i in range(0, 3_000, 3)]
+    cells_n = scaled(1_000, 10)
+    x = (rng.random((3 * cells_n, 6, 12)) < 0.5).astype(np.float64)
+    cells = [np.arange(i, i + 3) for i in range(0, 3 * cells_n, 3)]
     warm, cold = _time(lambda: permutations.both_nulls(lambda z: stem_cell.stem_cell(z, cells), x, 100,
                                                 np.random.default_rng(3)), repeats=2)
-    _emit("stem_cell_both_nulls_100perm_1000cells_x3x144", warm, None, cold_seconds=cold,
+    _emit(f"stem_cell_both_nulls_100perm_{cells_n}cells_x3x144", warm, cold_seconds=cold,
           per_permutation_ms=1000 * warm / 200, note="informational: what a whole sweep's stem cell nulls cost")
 
-    # what the service answers: agreement across seed of 2,004 runs with both nulls at 1,000 permutations
     for model, (layers, heads) in (("tiny_bert_2x4", (2, 4)), ("minilm_6x12", (6, 12))):
-        data = _sweep(rng, 668, 3, layers, heads)
+        data = _sweep(rng, scaled(668, 10), 3, layers, heads)
         warm, cold = _time(lambda data=data: across_runs.agreement(data, "seed", n_perm=1000), repeats=2)
-        _emit(f"agreement_seed_2004runs_x1000perm_{model}", warm, at_most(5, "s"), cold_seconds=cold,
-              runs_x_perms=len(data) * 1000, answered_by_service=len(data) * 1000 <= MAX_RUN_PERMS)
+        _emit(f"agreement_seed_{len(data)}runs_x1000perm_{model}", warm, cold_seconds=cold,
+              runs_x_perms=len(data) * 1000, answered_by_service=len(data) * 1000 <= MAX_RUN_PERMS,
+              note="informational: both nulls, every statistic; no peer computes this question")
 
     values = rng.random(1_000)
     warm, cold = _time(lambda: intervals.aggregate(values, np.random.default_rng(2), n_boot=1000))
-    _emit("aggregate_bootstrap_1000x1000", warm, None, cold_seconds=cold,
-          note="informational: a bootstrap CI of 1,000 values")
+    _emit("aggregate_bootstrap_1000x1000", warm, cold_seconds=cold, note="informational: a bootstrap CI")
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    references(rng)
+    informational(rng)
     finish()
 
 
