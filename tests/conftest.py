@@ -102,7 +102,8 @@ def pytest_sessionfinish(session, exitstatus):
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter:
-        reporter.write_line(f"LEFTOVERS: {report}", red=True, bold=True)
+        reporter.line("")
+        reporter.line(f"LEFTOVERS: {report}", red=True, bold=True)
     else:
         print(f"LEFTOVERS: {report}", file=sys.stderr)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
