@@ -33,6 +33,7 @@ def closed_heads_accuracy(cfg, weights: dict) -> float:
         handle.remove()
 
 
+@pytest.mark.timeout(1800)  # minutes on 2 idle cores; more beside other work
 def test_sst2_dp_gates_keep_accuracy_with_fewer_heads():
     """MiniLM, SST-2, 3,000 training phrases, one epoch, DP gates: dev accuracy >= 0.80, and above
     the same model's with every head closed; at most the measured seeds' open heads plus a margin.

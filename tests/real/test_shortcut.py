@@ -9,6 +9,7 @@ from experiments.tasks import synthetic_shortcut as TASK
 pytestmark = pytest.mark.real
 
 
+@pytest.mark.timeout(1800)  # ~2.5 min on 2 idle cores; more beside other work
 def test_full_fine_tuning_learns_the_shortcut():
     """MiniLM, plain fine-tuning (cross-entropy), 300 steps of 32: the model takes the shortcut
     (>= 15 points lost out of distribution) and learns some of the real rule beside it (above
