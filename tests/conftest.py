@@ -27,19 +27,86 @@ for _name in ("HEADSWEEP_RAY_DASHBOARD", "HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI
 SESSION_HOME = tempfile.mkdtemp(prefix="headsweep-test-home-")
 os.environ["HEADSWEEP_HOME"] = SESSION_HOME
 
+# What this session starts carries this mark in its environment (every process a test starts with
+# os.environ, and theirs: Ray heads and workers, servers, daemons on test hosts), so the session-end
+# check below finds its own leftovers, never another session's or anyone else's processes. A nested
+# pytest gets a mark of its own.
+import uuid  # noqa: E402
 
-def pytest_sessionfinish(session, exitstatus):
-    from orchestrator.cluster.head import stop_local_head
+SESSION_MARK = f"HEADSWEEP_TEST_SESSION={os.getpid()}-{uuid.uuid4().hex[:12]}"
+os.environ["HEADSWEEP_TEST_SESSION"] = SESSION_MARK.split("=", 1)[1]
 
-    stop_local_head(home=SESSION_HOME)  # a local head some test's CLI started in the session home
-    shutil.rmtree(SESSION_HOME, ignore_errors=True)
-
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' helpers (pg_server, hosts, ray_nodes) by name
+import hosts  # noqa: E402
+import pg_server  # noqa: E402
+
+LEFTOVER_GRACE_S = 30.0
+"""How long the session-end check waits for processes that are still exiting (a head stopped a moment ago)."""
+
+
+def _marked(pid: int) -> bool:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return SESSION_MARK.encode() in environ
+
+
+def session_leftovers() -> dict[int, str]:
+    """pid -> command line of what this session started and left running: a Ray process (a head's or a
+    node's daemons, a worker), a server (anything listening on a TCP port), or any process that
+    outlives pytest (no longer its descendant). Children of pytest that end with it (a multiprocessing
+    helper) are not leftovers."""
+    from orchestrator.cluster.processes import listening_sockets, process_tree, processes
+
+    table = processes()
+    ours = {pid for pid in table if pid != os.getpid() and _marked(pid)}
+    listening = {pid for _, _, pid in listening_sockets(ours)}
+    in_session = process_tree({os.getpid()}, table)
+    return {pid: table[pid][1] for pid in sorted(ours)
+            if "/ray/" in table[pid][1] or table[pid][1].startswith("ray::") or pid in listening
+            or pid not in in_session}
+
+
+@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down (pytest's own sessionfinish)
+def pytest_sessionfinish(session, exitstatus):
+    """Stop the session home's local head, then fail the session on anything else a test left running
+    (:func:`session_leftovers`, after a grace for what is still exiting) or a test host's network
+    namespace (tests/hosts.py): each is named, then stopped or deleted (they are this session's)."""
+    import subprocess
+    import time
+
+    from orchestrator.cluster.head import stop_local_head
+    from orchestrator.cluster.processes import kill_pids
+
+    stop_local_head(home=SESSION_HOME)  # a local head some test's CLI started in the session home
+    shutil.rmtree(SESSION_HOME, ignore_errors=True)
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (left := session_leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    namespaces = hosts.leftovers() if shutil.which("ip") else []
+    if not left and not namespaces:
+        return
+    lines = [f"pid {pid}: {cmdline[:160]}" for pid, cmdline in left.items()]
+    lines += [f"network namespace {name}" for name in namespaces]
+    report = f"this session left {len(lines)} thing(s) running (stopped now):\n  " + "\n  ".join(lines)
+    kill_pids(lambda: set(session_leftovers()))
+    for name in namespaces:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter:
+        reporter.line("")
+        reporter.line(f"LEFTOVERS: {report}", red=True, bold=True)
+    else:
+        print(f"LEFTOVERS: {report}", file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
@@ -57,25 +124,28 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
+@pytest.fixture(scope="session")
+def pg_url():
+    """The SQLAlchemy URL of a PostgreSQL server's admin database, where the postgres tests create
+    their own databases or schemas: ``HEADSWEEP_TEST_PG_URL``'s server when set (e.g. the machine's,
+    postgresql://postgres@127.0.0.1:5432/test, trust auth), else a private one this session starts
+    (tests/pg_server.py: initdb + pg_ctl, a free loopback port) and removes at its end."""
+    configured = os.environ.get("HEADSWEEP_TEST_PG_URL")
+    if configured:
+        yield pg_server.database_url(configured)
+        return
+    with pg_server.PrivatePostgres() as server:
+        yield server.url
 
 
 @pytest.fixture
-def fresh_pg_database(request):
-    """A new, empty PostgreSQL database on 127.0.0.1:5432; dropped afterwards. Yields its SQLAlchemy URL.
+def fresh_pg_database(request, pg_url):
+    """A new, empty PostgreSQL database on the ``pg_url`` server; dropped afterwards. Yields its SQLAlchemy URL.
     Only for tests marked ``postgres`` (``-m "not postgres"`` must leave out every test that needs it)."""
-    import uuid
-
-    import psycopg
-
     assert request.node.get_closest_marker("postgres"), f"{request.node.nodeid} uses PostgreSQL: mark it postgres"
-
-    name = f"hs_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    url = pg_server.create_database(pg_url)
+    yield url
+    pg_server.drop_database(pg_url, url)
 
 
 def _run_chain(cfg, tracker=None):

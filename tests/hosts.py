@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pg_server  # tests/pg_server.py: the PostgreSQL server binaries, initdb as every test server runs it
+
 from orchestrator.cluster.processes import kill_pids
 
 # A host's first process, under `unshare`: its hostname, its /tmp (its own, bound from the base), the
@@ -323,16 +325,8 @@ def start_postgres(hosts: Hosts, name: str, password: str, databases: tuple[str,
     """A private PostgreSQL on host ``name`` as cluster.yaml sets the head's up: listening on its
     loopback and cluster address, password logins (scram) for ``user`` from the cluster's subnet only;
     its data in the host's local /tmp. Returns the server's address:port."""
-    import glob
-
-    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
-    if not bins:
-        raise RuntimeError("no PostgreSQL server binaries (initdb, pg_ctl): install Debian's postgresql (.ci/run does)")
-    pg = os.path.dirname(bins[-1])
-    owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     data, address = "/tmp/pgdata", hosts.address(name)
-    done = hosts.run(name, [*owner, f"{pg}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync",
-                            "-E", "UTF8"], timeout=120)
+    done = hosts.run(name, pg_server.initdb(data), timeout=120)
     if done.returncode:
         raise RuntimeError(f"initdb: {done.stderr[-1500:]}")
     conf = hosts.hosts[name].tmp / "pgdata"
@@ -342,13 +336,13 @@ def start_postgres(hosts: Hosts, name: str, password: str, databases: tuple[str,
     (conf / "pg_hba.conf").write_text(
         "local all postgres trust\nhost all postgres 127.0.0.1/32 trust\n"
         f"host all {user} {hosts.subnet}.0/24 scram-sha-256\n")
-    done = hosts.run(name, [*owner, f"{pg}/pg_ctl", "-D", data, "-l", "/tmp/pg.log", "-w", "-t", "60", "start"],
+    done = hosts.run(name, pg_server.command("pg_ctl", "-D", data, "-l", "/tmp/pg.log", "-w", "-t", "60", "start"),
                      timeout=90)
     if done.returncode:
         raise RuntimeError(f"pg_ctl start: {done.stderr[-1500:]}\n{(hosts.hosts[name].tmp / 'pg.log').read_text()[-1500:]}")
     script = [f"CREATE USER {user} PASSWORD '{password}'"] + [f"CREATE DATABASE {db} OWNER {user}" for db in databases]
     for statement in script:
-        done = hosts.run(name, [f"{pg}/psql", "-h", "127.0.0.1", "-U", "postgres", "-c", statement], timeout=60)
+        done = hosts.run(name, [f"{pg_server.bin_dir()}/psql", "-h", "127.0.0.1", "-U", "postgres", "-c", statement], timeout=60)
         if done.returncode:
             raise RuntimeError(f"psql {statement.split(' PASSWORD')[0]}: {done.stderr[-500:]}")
     return f"{address}:5432"

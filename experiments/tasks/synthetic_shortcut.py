@@ -53,7 +53,7 @@ a word of synthetic-cls's vocabulary, no sentiment)."""
 MAX_COUNT, MARGIN = 3, 1
 """Harder than synthetic-cls (majority up to 4, any smaller minority): 1 to 3 words of the
 majority polarity outnumber the other by exactly one, so the real rule takes longer to learn
-than the marker (measured on MiniLM: tests/experiments/test_shortcut.py, the real test)."""
+than the marker (measured on MiniLM: tests/real/test_shortcut.py)."""
 SHORTCUT_RATE = 0.9
 """Fraction of each class's train and dev examples whose marker agrees with the label."""
 OOD_RATE = 0.5

@@ -4,8 +4,11 @@ schemathesis fuzz of its OpenAPI document against the ASGI app (no 5xx, ever).""
 
 from __future__ import annotations
 
+import io
+import itertools
 import re
 import socket
+from collections import Counter
 
 import httpx
 import numpy as np
@@ -24,7 +27,16 @@ from experiments.common.result import UnitMap
 from orchestrator.registry import Registry
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+DRAWN_SHARE = 0.15
+"""Of a figure's pixels, the share that is not white (test_figures_are_pngs)."""
 CLS, TAG = "synthetic-cls", "synthetic-tag"
+
+
+def _pixels(png: bytes) -> np.ndarray:
+    """(height, width, 3) uint8 RGB of a PNG."""
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
 
 
 def _free_port() -> int:
@@ -170,6 +182,25 @@ def test_aggregate_equals_the_query(served):
     assert [r["ci_hi"] for r in body["rows"]] == pytest.approx([r["ci_hi"] for r in rows])
 
 
+def _stem_cell_fits(sweep) -> tuple[float, float]:
+    """He & Choi's stem cell statistic of ``sweep``'s seeds 0-2, from its gates by statsmodels' OLS
+    (the paper's tool): each cell's ``sqrt(max(adjusted R^2, 0))`` of one seed's gates on the other
+    two's, averaged over cells. (ours: the mean over the three choices of response, the paper's: seed 2
+    as the response)."""
+    import statsmodels.api as sm
+
+    def fit(response: np.ndarray, others: list[np.ndarray]) -> float:
+        r2_adj = sm.OLS(response, sm.add_constant(np.column_stack(others))).fit().rsquared_adj
+        return max(r2_adj, 0.0) ** 0.5
+
+    ours, paper = [], []
+    for cell in sorted({key[:3] for key in sweep.gates}):
+        z = [sweep.gates[(*cell, seed)].ravel() for seed in (0, 1, 2)]
+        ours.append(np.mean([fit(z[i], z[:i] + z[i + 1:]) for i in range(3)]))
+        paper.append(fit(z[2], z[:2]))
+    return float(np.mean(ours)), float(np.mean(paper))
+
+
 @pytest.mark.ray
 def test_agreement_and_spearman(served):
     client, sweep = served
@@ -179,8 +210,11 @@ def test_agreement_and_spearman(served):
     for null in seed["stem_cell"]["nulls"]:  # both nulls, each saying which it is
         assert null["observed"] > null["band_hi"] and null["p_text"] == "p < 0.02"
     assert [n["null"] for n in seed["stem_cell"]["nulls"]] == ["within_layers", "all_units"]
-    paper = seed["stem_cell_paper"]  # the paper's single fit, beside ours
-    assert paper["observed"] != pytest.approx(seed["stem_cell"]["observed"]) and "the paper's" in paper["pooled"]
+    paper = seed["stem_cell_paper"]  # the paper's single fit, beside ours: each the value its definition gives
+    ours_fit, paper_fit = _stem_cell_fits(sweep)
+    assert paper_fit != pytest.approx(ours_fit, abs=1e-3)  # the sweep tells them apart (0.824 vs 0.826)
+    assert seed["stem_cell"]["observed"] == pytest.approx(ours_fit, abs=1e-9)
+    assert paper["observed"] == pytest.approx(paper_fit, abs=1e-9) and "the paper's" in paper["pooled"]
     assert paper["nulls"][0]["observed"] > paper["nulls"][0]["band_hi"]
     task = client.get(f"/sweeps/{sweep.sweep_id}/agreement?across=task&n_perm=50").json()
     within = task["mean_offdiag"]["nulls"][0]
@@ -193,15 +227,45 @@ def test_agreement_and_spearman(served):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize(("kind", "params"), [
-    ("rgb", {"task": TAG, "pipeline": "sp", "lambda": "0.1"}), ("grey", {}), ("agreement", {"across": "task", "n_perm": 20}),
-    ("curves", {"task": CLS, "metric": "accuracy", "x": "lambda"}),
+@pytest.mark.parametrize(("kind", "params", "coloured"), [
+    ("rgb", {"task": TAG, "pipeline": "sp", "lambda": "0.1"}, 0.03), ("grey", {}, 0.0),
+    ("agreement", {"across": "task", "n_perm": 20}, 0.05),
+    ("curves", {"task": CLS, "metric": "accuracy", "x": "lambda"}, 0.005),
 ])
-def test_figures_are_pngs(served, kind, params):
+def test_figures_are_pngs(served, kind, params, coloured):
+    """Each a picture with its data drawn: at least DRAWN_SHARE of its pixels not white, and at least
+    ``coloured`` of them coloured (not a grey; a heatmap's cells, curves' lines). Measured 2026-11-28:
+    drawn 0.61 (grey) 0.34 (agreement) 0.29 (rgb) 0.26 (curves), coloured 0.088 (rgb) 0.144 (agreement)
+    0.012 (curves); with the data left out (images all NaN, curves without points: title, axes, legend
+    and colour bar stay), drawn 0.055-0.061 but 0.34 (agreement: NaN cells are grey), coloured
+    0.003 (rgb) 0.011 (agreement: its colour bar) 0 (curves)."""
     client, sweep = served
     response = client.get(f"/sweeps/{sweep.sweep_id}/figures/{kind}.png", params=params)
     assert response.status_code == 200 and response.headers["content-type"] == "image/png"
-    assert response.content[:8] == PNG_MAGIC and len(response.content) > 5000
+    assert response.content[:8] == PNG_MAGIC
+    pixels = _pixels(response.content).astype(int)
+    assert (pixels < 245).any(axis=2).mean() > DRAWN_SHARE, kind
+    assert (pixels.max(axis=2) - pixels.min(axis=2) > 60).mean() >= coloured, kind
+
+
+@pytest.mark.ray
+def test_the_rgb_figure_colours_each_head_by_the_seeds_that_keep_it(served):
+    """He & Choi's RGB map: head colour (1 - z1, 1 - z2, 1 - z3) of seeds 1-3, so a head open in some
+    seeds only is one of six pure colours; each colour's share of those pixels is its share of those
+    heads in the cell's gates (each head is a cell of the same size; a legend patch is a few pixels)."""
+    client, sweep = served
+    cell = (TAG, "sp", 0.1)
+    response = client.get(f"/sweeps/{sweep.sweep_id}/figures/rgb.png",
+                          params={"task": cell[0], "pipeline": cell[1], "lambda": str(cell[2])})
+    assert response.status_code == 200, response.text
+    gates = np.stack([sweep.gates[(*cell, seed)].ravel() for seed in (0, 1, 2)], axis=1)  # (heads, seeds)
+    heads = Counter(tuple(int(255 * (1 - g)) for g in head) for head in gates)
+    colours = [c for c in itertools.product((0, 255), repeat=3) if len(set(c)) == 2]  # neither black nor white
+    assert sum(heads[c] for c in colours) >= 6, heads  # the sweep has heads open in some seeds only
+    drawn = Counter(map(tuple, _pixels(response.content).reshape(-1, 3).tolist()))
+    shares = np.array([drawn[c] for c in colours]) / sum(drawn[c] for c in colours)
+    expected = np.array([heads[c] for c in colours]) / sum(heads[c] for c in colours)
+    assert shares == pytest.approx(expected, abs=0.02), dict(zip(colours, shares.round(3), strict=True))
 
 
 @pytest.mark.ray

@@ -1,10 +1,9 @@
 """synthetic-shortcut: a generated task with a planted marker word that agrees with the label
-in train and dev but not in the `ood` evaluation set; and (real, not in the default run) full
-fine-tuning of MiniLM learns the shortcut."""
+in train and dev but not in the `ood` evaluation set. That full fine-tuning of MiniLM learns the
+shortcut is the real lane's (tests/real/test_shortcut.py, `make real`)."""
 
 import types
 
-import pytest
 import torch
 
 from experiments.tasks import get_task, synthetic_cls, synthetic_shortcut
@@ -82,20 +81,3 @@ def test_synthetic_cls_data_is_unchanged_by_the_shared_helpers():
                      "its script very director not great awful its really rather story",
                      "annoying not annoying really overall cast very but beautiful and good"]
 
-
-@pytest.mark.real
-def test_full_fine_tuning_learns_the_shortcut():
-    """MiniLM, plain fine-tuning (cross-entropy), 300 steps of 32: the model takes the shortcut
-    (>= 15 points lost out of distribution) and learns some of the real rule beside it (above
-    the marker's 90 % in distribution, above chance out of it). ~2.5 min on 2 CPUs;
-    `pytest -m real -s tests/experiments/test_shortcut.py` prints the numbers."""
-    from experiments import parse_config, run
-
-    torch.set_num_threads(2)
-    cfg = parse_config({"method": "finetune", "model": "minilm-l6", "task": {"name": "synthetic-shortcut"},
-                        "train": {"max_steps": 300, "eval_every": 100}})
-    metrics = run(cfg).metrics
-    print(f"\nsynthetic-shortcut, finetune: accuracy {metrics['accuracy']:.4f} (ID), "
-          f"accuracy/ood {metrics['accuracy/ood']:.4f}")
-    assert metrics["accuracy"] > TASK.SHORTCUT_RATE
-    assert 0.55 <= metrics["accuracy/ood"] <= metrics["accuracy"] - 0.15

@@ -5,22 +5,15 @@ left RUNNING. The server is a private one this test starts (initdb + pg_ctl, its
 folder, loopback only) and restarts: the machine's own PostgreSQL on 5432 is shared and never
 touched. The retry policy itself is unit-tested in test_retry.py."""
 
-import glob
 import logging
 import os
-import pwd
-import shutil
-import socket
-import subprocess
-import tempfile
 import threading
 import time
-import uuid
 
-import psycopg
 import pytest
 import ray
 import yaml
+from pg_server import PrivatePostgres  # tests/pg_server.py (tests/ is on sys.path: conftest.py)
 
 from experiments.common.result import RunResult
 from experiments.keyed.runner import run as real_run
@@ -32,68 +25,15 @@ from orchestrator.registry.db import now
 
 pytestmark = pytest.mark.ray
 
-_BINS = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
-PG_BIN = os.path.dirname(_BINS[-1]) if _BINS else os.path.dirname(shutil.which("pg_ctl") or "")
 DOWN_S = 8.0
 """How long the server stays stopped; with its stop and start, the outage is about 9-10 s."""
 
 
-class PrivatePostgres:
-    """A PostgreSQL server of this test's own: a data folder, a free loopback port, trust auth.
-
-    As root, the server runs as the ``postgres`` user (it refuses to run as root), so its folder
-    is made outside pytest's root-only temp tree and given to that user."""
-
-    def __init__(self) -> None:
-        self.folder = tempfile.mkdtemp(prefix="headsweep-pg-")
-        self.owner = "postgres" if os.geteuid() == 0 else None
-        if self.owner:
-            shutil.chown(self.folder, self.owner, pwd.getpwnam(self.owner).pw_gid)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.data = os.path.join(self.folder, "data")
-        self._pg("initdb", "-D", self.data, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
-
-    def _pg(self, tool: str, *args: str) -> None:
-        command = [os.path.join(PG_BIN, tool), *args]
-        if self.owner:
-            command = ["runuser", "-u", self.owner, "--", *command]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, f"{tool}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
-
-    def start(self) -> None:
-        self._pg("pg_ctl", "-D", self.data, "-l", os.path.join(self.folder, "server.log"), "-w", "-t", "60",
-                 "-o", f"-h 127.0.0.1 -p {self.port} -k {self.folder}", "start")
-
-    def stop(self, mode: str = "fast") -> None:
-        """``fast``: every session is terminated at once (what a restart does to the workers)."""
-        self._pg("pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "60", "stop")
-
-    def create_database(self) -> str:
-        """A new database; its SQLAlchemy URL."""
-        name = f"hs_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{self.port}/postgres", autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
-
-    def remove(self) -> None:
-        if os.path.exists(os.path.join(self.data, "postmaster.pid")):
-            self.stop("immediate")
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
 @pytest.fixture
 def private_pg():
-    # a failure, not a skip: CI without them would pass without this test (.ci/run installs them)
-    assert os.path.exists(os.path.join(PG_BIN, "initdb")), (
-        "no PostgreSQL server binaries (initdb, pg_ctl): install Debian's postgresql (.ci/run does)")
-    server = PrivatePostgres()
-    try:
-        server.start()
+    # no binaries: a failure, not a skip (CI without them would pass without this test; .ci/run installs them)
+    with PrivatePostgres() as server:
         yield server
-    finally:
-        server.remove()
 
 
 @pytest.fixture

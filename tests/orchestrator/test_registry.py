@@ -3,14 +3,13 @@
 Lifecycle, sweeps, the read model (run columns, maps by name), and migrations (including
 a registry made at revision 0001, with gates/scores columns, upgraded to unit maps).
 
-PostgreSQL must be reachable at 127.0.0.1:5432 (``HEADSWEEP_TEST_PG`` overrides
-the URL): when it is not, the PostgreSQL cases fail rather than skip.
+PostgreSQL: the session's server (tests/conftest.py's ``pg_url``: a private one, or
+``HEADSWEEP_TEST_PG_URL``'s); when it cannot start, the PostgreSQL cases fail rather than skip.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import os
 import pickle
 import sqlite3
 import threading
@@ -32,7 +31,6 @@ from orchestrator.registry import results as registry_results
 from orchestrator.registry.schema import VERSION_TABLE, Base
 
 ROOT = Path(__file__).resolve().parents[2]
-PG_URL = os.environ.get("HEADSWEEP_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 GATES = np.arange(72, dtype=np.float32).reshape(6, 12) / 72
 
 
@@ -58,12 +56,13 @@ def registry_url(request, tmp_path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'registry.db'}"
         return
+    pg_url = request.getfixturevalue("pg_url")
     schema = f"hs_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(PG_URL)
+    admin = sa.create_engine(pg_url)
     with admin.begin() as connection:  # fails (not skips) when PostgreSQL is unreachable
         connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
     try:
-        yield sa.make_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
+        yield sa.make_url(pg_url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
             hide_password=False
         )
     finally:
@@ -564,8 +563,8 @@ def test_other_backends_are_refused():
 
 
 @pytest.mark.postgres
-def test_plain_postgresql_urls_use_psycopg():
-    engine = registry_db.make_engine(PG_URL.replace("postgresql+psycopg://", "postgresql://"))
+def test_plain_postgresql_urls_use_psycopg(pg_url):
+    engine = registry_db.make_engine(pg_url.replace("postgresql+psycopg://", "postgresql://"))
     assert engine.dialect.driver == "psycopg"
     engine.dispose()
 

@@ -24,9 +24,20 @@ def _headsweep_json(*args: str, env: dict[str, str]) -> object:
     return json.loads(done.stdout)
 
 
+@pytest.fixture
+def demo_home(tmp_path):
+    """The demo's HEADSWEEP_HOME; the local Ray head `make demo` leaves running in it is stopped after, pass or fail."""
+    from orchestrator.cluster.head import head_pids, stop_local_head
+
+    home = tmp_path / "home"
+    yield home
+    stop_local_head(home=home)
+    assert not head_pids(home), "the demo's Ray head outlived its stop"
+
+
 @pytest.mark.timeout(1800)
-def test_demo_runs_and_gives_its_quoted_numbers(tmp_path):
-    env = {**os.environ, "HEADSWEEP_HOME": str(tmp_path / "home")}
+def test_demo_runs_and_gives_its_quoted_numbers(demo_home):
+    env = {**os.environ, "HEADSWEEP_HOME": str(demo_home)}
     done = subprocess.run(["make", "demo"], capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "15 of 15 runs finished" in " ".join(done.stdout.split()) + " ".join(done.stderr.split())
