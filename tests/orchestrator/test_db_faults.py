@@ -10,6 +10,7 @@ import os
 import threading
 import time
 
+import psycopg
 import pytest
 import ray
 import yaml
