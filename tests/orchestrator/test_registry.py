@@ -371,7 +371,8 @@ def test_orphans_are_listed_and_reset(registry, registry_url):
     registry.set_mlflow_run(dead, "mlflow-dead")
     _age_heartbeat(registry_url, dead, 600)
     assert [o["run_key"] for o in registry.orphans(sweep_id, stale_after_s=60)] == [dead]
-    assert registry.reset_orphans(sweep_id, stale_after_s=60) == [{"run_key": dead, "mlflow_run_id": "mlflow-dead"}]
+    assert registry.reset_orphans(sweep_id, stale_after_s=60) == [
+        {"run_key": dead, "mlflow_run_id": "mlflow-dead", "worker": "w:2"}]  # the worker that held it: where it ran
     run = registry.get_run(dead)
     assert (run["status"], run["error"], run["worker"]) == ("pending", ORPHAN_ERROR, None)
     assert registry.get_run(alive)["status"] == "running"
