@@ -35,9 +35,11 @@ demo: venv
 # fuzzing, mask/transfer sweeps through the CLI, the Python API's submit, pip keeping the user's torch, and a
 # real single-node SLURM: finish, scancel + resubmit, time-limit requeue; 29 tests: 27 min 21 s alone on
 # 2026-11-28's machine), and the multi-host tests (tests/orchestrator/test_multihost.py: hosts as network
-# namespaces; SLURM over 3 compute hosts, finish and scancel + resubmit; Ray with token auth and its ports;
-# the registry on PostgreSQL and MLflow over HTTP across hosts; hub ids without a network; 5 tests, about
-# 13 min alone on 2026-11-28's machine) run in CI after it (.ci/run).
+# namespaces, each its own PIDs and hostname; SLURM over 3 compute hosts: finish, a time-limit requeue then
+# scancel then resubmit, a host's network cut mid-sweep; Ray with token auth and its ports; the registry on
+# PostgreSQL and MLflow over HTTP across hosts; hub ids without a network; cluster-onprem.yaml through
+# `ray up` over sshd; 7 tests: 21 min 19 s on 2026-11-28's machine at load 5-9, beside `make test`) run in
+# CI after it (.ci/run). `python tests/hosts.py` deletes what a killed multi-host run left.
 test: venv
 	$(PY) -m pytest
 

@@ -475,9 +475,11 @@ def test_cluster_onprem_yaml_through_ray_up_runs_a_sweep_then_ray_down(cluster, 
                            cwd=str(home), timeout=600)
         assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
         sweep_id = re.search(r"(sw-\S+):", done.stdout).group(1)
-        final = json.loads(cluster.run("login", [sys.executable, "-c", STATE, sweep_id, services["db"]],
-                                       env=env | {"PGPASSWORD": DB_PASSWORD}, cwd=str(ROOT), timeout=60)
-                           .stdout.strip().splitlines()[-1])
+        read = cluster.run("login", [sys.executable, "-c", STATE, sweep_id, services["db"]],
+                           env=_user_env(cluster, cluster.shared / "home-login", PGPASSWORD=DB_PASSWORD), cwd=str(ROOT),
+                           timeout=60)
+        assert read.returncode == 0, (sweep_id, done.stdout[-2000:], read.stderr[-2000:])
+        final = json.loads(read.stdout.strip().splitlines()[-1])
         assert sorted((status, attempts) for status, _, attempts in final.values()) == [("finished", 1)] * 6, final
         ran_on = sorted({host for _, host, _ in final.values()})
         assert set(ran_on) <= {"ctl", *COMPUTES} and len(set(ran_on) & set(COMPUTES)) >= 2, final
