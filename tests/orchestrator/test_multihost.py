@@ -474,7 +474,8 @@ def test_cluster_onprem_yaml_through_ray_up_runs_a_sweep_then_ray_down(cluster, 
         done = cluster.run("login", [ray, "exec", str(launcher), "headsweep submit ~/grid.yaml --wait"], env=env,
                            cwd=str(home), timeout=600)
         assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-        sweep_id = re.search(r"(sw-\S+):", done.stdout).group(1)
+        said = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)  # through ssh -tt: rich's colours
+        sweep_id = re.search(r"(sw-\S+):", said).group(1)
         read = cluster.run("login", [sys.executable, "-c", STATE, sweep_id, services["db"]],
                            env=_user_env(cluster, cluster.shared / "home-login", PGPASSWORD=DB_PASSWORD), cwd=str(ROOT),
                            timeout=60)
