@@ -128,10 +128,9 @@ def build_app(registry_url: str, artifact_uris: run_table.ArtifactUris | None = 
         limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
     ) -> Response:
         check_params(request, "offset", "limit")
-        grid = state.registry.get_sweep(sweep_id)["grid"]
 
-        def compute(data: SweepData) -> Response:
-            table = run_table.run_table(data, filters, grid, artifact_uris)
+        def compute(data: SweepData) -> Response:  # the sweep is known by now (404 else): its grid
+            table = run_table.run_table(data, filters, state.registry.get_sweep(sweep_id)["grid"], artifact_uris)
             return as_json(RunsPage(sweep=sweep_id, total=len(table.rows), offset=offset, limit=limit,
                                     columns=table.columns, runs=table.rows[offset:offset + limit]))
 
