@@ -98,9 +98,11 @@ def _rounded(value: object) -> object:
 
 
 def emit(bench: str, figure: str, *, target: Target | None, measured: str | None = None,
-         note: str | None = None, **fields: object) -> dict:
+         note: str | None = None, check: bool = False, **fields: object) -> dict:
     """Print (and return) the figure's JSON line. ``measured`` names the field of ``fields`` that
-    ``target`` is checked against; a figure without a target must say why in ``note``."""
+    ``target`` is checked against: a ratio, or with ``check`` a correctness check (a count or a flag
+    that must hold, a share of an ideal computed in the same run), never an absolute time; a figure
+    without a target must say why in ``note``."""
     row: dict[str, object] = {"bench": bench, "figure": figure}
     row.update({k: _rounded(v) for k, v in fields.items()})
     if target is None:
@@ -110,7 +112,7 @@ def emit(bench: str, figure: str, *, target: Target | None, measured: str | None
     else:
         if measured not in fields:
             raise ValueError(f"{bench}.{figure}: measured={measured!r} is not one of its fields")
-        if not is_ratio(measured):
+        if not (check or is_ratio(measured)):
             raise ValueError(f"{bench}.{figure}: measured={measured!r} is not a ratio; a target is on "
                              f"{RATIO_FIELDS} against a peer (absolute times go in without a target)")
         if figure in _tightened() or f"{bench}.{figure}" in _tightened():

@@ -380,7 +380,7 @@ def report(args, registry, sweep_id, records, followed, status, worker, fits, ca
             "max_concurrent": cap, "load_before": [round(x, 2) for x in load_before]}
 
     peak, peaks = peak_per_gpu(runs)
-    emit(BENCH, "max_concurrent_per_gpu", target=at_most(PER_GPU), measured="peak", peak=peak,
+    emit(BENCH, "max_concurrent_per_gpu", target=at_most(PER_GPU), check=True, measured="peak", peak=peak,
          gpus_at_peak=sum(p == peak for p in peaks.values()), peak_overall=peak_overall(runs), **size,
          note="the most trials inside their method at once on one logical GPU (node, CUDA_VISIBLE_DEVICES)")
 
@@ -392,7 +392,7 @@ def report(args, registry, sweep_id, records, followed, status, worker, fits, ca
     unended_elsewhere = [a for a in runs if a["end"] is None and a["node"] != lost_node]
     missing = [key for key, a in finisher.items() if a is None]
     once = counts == {"finished": args.trials} and not missing and not extra and not unended_elsewhere
-    emit(BENCH, "every_trial_once", target=at_least(1), measured="once", once=int(once), counts=counts,
+    emit(BENCH, "every_trial_once", target=at_least(1), check=True, measured="once", once=int(once), counts=counts,
          finisher_not_recorded=len(missing), completed_twice=len(extra), attempts_without_end_off_the_lost_node=len(unended_elsewhere),
          attempts=len(runs), **size)
 
@@ -400,7 +400,7 @@ def report(args, registry, sweep_id, records, followed, status, worker, fits, ca
     # max_concurrent / 4 GPUs at a time can hold them all, and which ones is Ray's choice
     used = {(a["node"], a["gpus"]) for a in runs}
     reachable = min(args.nodes * args.gpus_per_node, -(-cap // PER_GPU))
-    emit(BENCH, "gpus_used", target=at_least(reachable), measured="used", used=len(used),
+    emit(BENCH, "gpus_used", target=at_least(reachable), check=True, measured="used", used=len(used),
          nodes_used=len({a["node"] for a in runs}), **size,
          note="target: every GPU when max_concurrent >= 4 x GPUs; under a lower cap, the fewest GPUs that hold "
               "max_concurrent trials (Ray packs quarter GPUs 4 to a GPU)")
@@ -462,7 +462,7 @@ def check_lost_node(registry, sweep_id, runs, registry_runs, finisher, lost, sta
                                else "Tune retried it" in status)
     ok = bool(killed) and elsewhere == killed and twice <= on_node and said and nodes_named == {lost_node[:8]}
     detected = min((_unix(e["at"]) for e in lost_events), default=None)
-    emit(BENCH, "lost_node", target=at_least(1), measured="ok", ok=int(ok), node=lost_node[:8],
+    emit(BENCH, "lost_node", target=at_least(1), check=True, measured="ok", ok=int(ok), node=lost_node[:8],
          killed_processes=lost["pids"], attempts_killed=len(killed), rerun_elsewhere=len(elsewhere),
          worker_lost_events=len(lost_events), orphaned=len(named) - len({e["detail"]["run_key"] for e in lost_events}),
          runs_with_2_attempts=len(twice), status_names_it=said,

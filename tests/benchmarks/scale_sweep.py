@@ -367,6 +367,7 @@ def figure(name: str, value, unit: str, context: dict, target=None, note: str | 
     """Print the figure's JSON line (the benchmarks' one way, ``_bench.emit``: target, met, load)
     and return it."""
     return emit("scale_sweep", name, target=target, measured="value", note=note or (None if target else INFORMATIONAL),
+                check=target is not None,  # the one target: throughput, a share of the ideal measured in the run
                 value=value, unit=unit, **context, **extra)
 
 

@@ -489,8 +489,12 @@ def test_cluster_onprem_yaml_through_ray_up_runs_a_sweep_then_ray_down(cluster, 
         _until(lambda: not [pid for pid in cluster.pids("ctl") if _is_ray(pid)], 60,
                lambda: "Ray left on the head after `ray down`")
         start = time.monotonic()
-        _until(lambda: not [pid for name in COMPUTES for pid in cluster.pids(name) if _is_ray(pid)], 180,
-               lambda: "the workers' Ray outlived the head by 180 s after `ray down`")
+        def left_on_workers() -> list[str]:
+            return [f"{name}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:150]
+                    for name in COMPUTES for pid in cluster.pids(name) if _is_ray(pid)]
+
+        _until(lambda: not left_on_workers(), 180,
+               lambda: "the workers' Ray outlived the head by 180 s after `ray down`:\n" + "\n".join(left_on_workers()))
         print(f"\nray up {up_s:.0f} s; 3 workers joined {joined_s:.0f} s later; sweep of 6 runs on {ran_on}; "
               f"ray down {down_s:.0f} s; workers' Ray gone {time.monotonic() - start:.0f} s after")
     finally:
