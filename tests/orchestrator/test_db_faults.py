@@ -14,7 +14,6 @@ import psycopg
 import pytest
 import ray
 import yaml
-from pg_server import PrivatePostgres  # tests/pg_server.py (tests/ is on sys.path: conftest.py)
 
 from experiments.common.result import RunResult
 from experiments.keyed.runner import run as real_run
@@ -33,6 +32,9 @@ DOWN_S = 8.0
 @pytest.fixture
 def private_pg():
     # no binaries: a failure, not a skip (CI without them would pass without this test; .ci/run installs them)
+    # imported here: Ray's trial workers import this module (its run function) without tests/ on their path
+    from pg_server import PrivatePostgres  # tests/pg_server.py (tests/ is on sys.path: conftest.py)
+
     with PrivatePostgres() as server:
         yield server
 
@@ -103,7 +105,7 @@ def _mid_run(registry: Registry, sweep_id: str) -> tuple[dict, list[str]]:
     return registry.sweep_counts(sweep_id), [r["run_key"] for r in runs if r["status"] == "running" and r["mlflow_run_id"]]
 
 
-def _refused(server: PrivatePostgres) -> bool:
+def _refused(server) -> bool:
     """Whether the server refuses a connection (it is down)."""
     try:
         psycopg.connect(f"postgresql://postgres@127.0.0.1:{server.port}/postgres", connect_timeout=5).close()
@@ -112,7 +114,7 @@ def _refused(server: PrivatePostgres) -> bool:
     return False
 
 
-def _restart_mid_sweep(server: PrivatePostgres, registry: Registry, sweep_id: str, seen: dict) -> None:
+def _restart_mid_sweep(server, registry: Registry, sweep_id: str, seen: dict) -> None:
     """Once two runs finished and two more are running with their MLflow runs: stop the server,
     see it refuse a connection, wait, start it again."""
     try:
