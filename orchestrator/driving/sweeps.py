@@ -114,10 +114,10 @@ def resume(sweep_id: str, track: bool = True, by: str | None = None) -> str | No
     if driver_alive(sweep):
         raise ConfigError(f"sweep {sweep_id} is still running (driver {sweep['driver']}); cancel it first")
     registry.set_sweep(sweep_id, cancel_requested=False)
-    unfinished = set(registry.unfinished(sweep_id))
     runs = registry.sweep_runs(sweep_id)
-    # its hub models into this host's cache again (a resume elsewhere, or after the cache was cleaned)
-    hub.resolve([config for key, config in zip(runs["run_key"], runs["config"], strict=True) if key in unfinished])
+    # its unfinished runs' hub models into this host's cache again (a resume elsewhere, or after a cache clean)
+    hub.resolve([config for status, config in zip(runs["status"], runs["config"], strict=True)
+                 if status not in ("finished", "cancelled")])
     where = cluster_in_use()
     driver = start_driver(registry, sweep_id, where, track=track)
     registry.add_event(sweep_id, RESUMED, {"driver": driver, "auto": False} | ({"by": by} if by else {}))

@@ -211,6 +211,12 @@ def test_requeue_at_the_time_limit_then_scancel_then_the_same_command_finish_eve
 # --------------------------------------------------------------------------- Ray with token auth
 
 
+# how many Ray nodes are alive, asked of a dashboard with the cluster's token
+ALIVE = ("import json, sys, urllib.request as u; "
+         "r = u.Request(sys.argv[1] + '/nodes?view=summary', headers={'Authorization': 'Bearer ' + sys.argv[2]}); "
+         "print(sum(n['raylet']['state'] == 'ALIVE' for n in json.load(u.urlopen(r, timeout=5))['data']['summary']))")
+
+
 @pytest.fixture
 def ray_on_hosts(cluster):
     """Ray as README starts it: a head on ctl, a worker with 2 logical GPUs on each compute host,
@@ -238,13 +244,10 @@ def ray_on_hosts(cluster):
         started.append(cluster.popen(name, [*RAY_START, "--block", f"--node-ip-address={cluster.address(name)}",
                                             f"--address={head}:{README_PORTS['gcs']}", "--num-cpus=2", "--num-gpus=2",
                                             *ports], env=env, cwd="/tmp"))
-    nodes = ("import json, sys, urllib.request as u; "
-             "r = u.Request(sys.argv[1] + '/nodes?view=summary', headers={'Authorization': 'Bearer ' + sys.argv[2]}); "
-             "print(sum(n['raylet']['state'] == 'ALIVE' for n in json.load(u.urlopen(r, timeout=5))['data']['summary']))")
     dashboard = f"http://{head}:{README_PORTS['dashboard']}"
 
     def joined() -> bool:
-        shown = cluster.run("login", [sys.executable, "-c", nodes, dashboard, token], timeout=30).stdout.strip()
+        shown = cluster.run("login", [sys.executable, "-c", ALIVE, dashboard, token], timeout=30).stdout.strip()
         return shown == "4"
 
     try:
@@ -418,10 +421,6 @@ def test_a_hub_model_and_a_dataset_by_name_run_on_hosts_without_a_network(cluste
 
 
 # --------------------------------------------------------------------------- cluster-onprem.yaml through `ray up`
-
-ALIVE = ("import json, sys, urllib.request as u; "
-         "r = u.Request(sys.argv[1] + '/nodes?view=summary', headers={'Authorization': 'Bearer ' + sys.argv[2]}); "
-         "print(sum(n['raylet']['state'] == 'ALIVE' for n in json.load(u.urlopen(r, timeout=5))['data']['summary']))")
 
 
 @pytest.mark.timeout(1200)
