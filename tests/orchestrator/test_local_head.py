@@ -4,6 +4,7 @@ submitted it, whoever started the head."""
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -240,7 +241,10 @@ def test_headsweep_head_shows_the_head_and_stops_it_once_no_sweep_runs(head_a, m
     assert pids
     assert headsweep(["head", "status"]) == 0
     shown = " ".join(capsys.readouterr().out.split())
-    assert f"{head_a['address']}, dashboard {head_a['dashboard']}; {len(pids)} processes" in shown
+    # Ray starts and ends idle workers on its own, so the count is the command's, read at its moment
+    counted = re.search(rf"{re.escape(head_a['address'])}, dashboard {re.escape(head_a['dashboard'])}; (\d+) processes",
+                        shown)
+    assert counted and int(counted.group(1)) >= 3, shown  # GCS, raylet, dashboard at least
     assert "stop it with: headsweep head stop" in shown
     with Registry(settings.registry_url()) as registry:
         cfg = parse_config({"model": "tiny-bert", "task": {"name": "synthetic-cls"}})
@@ -250,7 +254,7 @@ def test_headsweep_head_shows_the_head_and_stops_it_once_no_sweep_runs(head_a, m
         assert capsys.readouterr().err.strip() == (
             f"headsweep: error: sweeps still running on this head: {sweep_id}; cancel them first, "
             "or stop it anyway with --force")
-        assert head_pids(head_a["home"]) == pids
+        assert pids & head_pids(head_a["home"]) and (head_a["home"] / "ray.json").exists()  # the same head, still up
         registry.set_sweep(sweep_id, status="cancelled")
     assert headsweep(["head", "stop"]) == 0
     assert "stopped the local Ray head" in capsys.readouterr().out
