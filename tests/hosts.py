@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pg_server  # tests/pg_server.py: the PostgreSQL server binaries, initdb as every test server runs it
+from waiting import until  # tests/waiting.py
 
 from orchestrator.cluster.processes import kill_pids
 
@@ -287,7 +288,7 @@ def start_slurm(hosts: Hosts, controller: str, computes: list[str], cpus: int, g
     hosts.popen(controller, ["munged", "--foreground", "--force", f"--socket={munge}/socket",
                              f"--key-file={munge}/key", f"--pid-file={munge}/pid", f"--seed-file={munge}/seed",
                              f"--log-file={munge}/log"], **quiet)
-    _until(lambda: (munge / "socket").exists(), 30, "munged did not start")
+    until(lambda: (munge / "socket").exists(), 30, "munged did not start")
     hosts.popen(controller, ["slurmctld", "-D", "-f", str(conf)], **quiet)
     for name in computes:
         (base / "spool" / name).mkdir()
@@ -297,16 +298,8 @@ def start_slurm(hosts: Hosts, controller: str, computes: list[str], cpus: int, g
         shown = hosts.run(controller, ["sinfo", "-h", "-N", "-o", "%N %t"], env=env, timeout=30).stdout.split()
         return shown.count("idle") == len(computes)
 
-    _until(idle, 90, lambda: "the nodes did not come up:\n" + logs_tail(base / "log"))
+    until(idle, 90, lambda: "the nodes did not come up:\n" + logs_tail(base / "log"))
     return env
-
-
-def _until(condition, timeout: float, message) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(message() if callable(message) else message)
-        time.sleep(0.5)
 
 
 def logs_tail(folder: Path, lines: int = 15) -> str:
@@ -365,7 +358,7 @@ def start_mlflow_server(hosts: Hosts, name: str, backend: str, env: dict[str, st
     def healthy() -> bool:
         return hosts.run(name, [sys.executable, "-c", probe], timeout=30).stdout.strip() == "200"
 
-    _until(healthy, 300, lambda: f"mlflow server did not start:\n{(hosts.base / f'mlflow-{name}.log').read_text()[-2000:]}")
+    until(healthy, 300, lambda: f"mlflow server did not start:\n{(hosts.base / f'mlflow-{name}.log').read_text()[-2000:]}")
     return url
 
 
@@ -389,7 +382,7 @@ def start_sshd(hosts: Hosts, names: list[str]) -> Path:
         hosts.popen(name, ["/usr/sbin/sshd", "-D", "-e", "-f", str(ssh / "sshd_config")],
                     stdout=open(hosts.base / f"sshd-{name}.log", "wb"), stderr=subprocess.STDOUT)
     for name in names:
-        _until(lambda name=name: any(port == 22 for _, port, _ in hosts.listening(name)), 30,
+        until(lambda name=name: any(port == 22 for _, port, _ in hosts.listening(name)), 30,
                lambda name=name: f"sshd did not start on {name}:\n{(hosts.base / f'sshd-{name}.log').read_text()}")
     return ssh / "user"
 

@@ -55,7 +55,10 @@ def finished_sweep(tmp_path_factory):
     experiment_id = tracking.ensure_experiment(mlflow, "e2e")
     parent = tracking.start_run(mlflow, experiment_id, sweep_id)
     registry.set_sweep(sweep_id, mlflow_experiment_id=experiment_id, mlflow_parent_run_id=parent)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # imported here: Ray's workers import this module without tests/ on their path
+    from local_ray import start_local_ray
+
+    start_local_ray()
     try:
         assert execute_sweep(sweep_id, registry_url=url) == {"finished": 6}
         yield {"home": home, "sweep": sweep_id, "url": url, "parent": parent}

@@ -89,8 +89,10 @@ def served(tmp_path_factory, sweep_builder, served_store):
     sweep = sweep_builder(tmp_path_factory.mktemp("served"))
     with pytest.MonkeyPatch.context() as env:  # Ray's processes keep it, the Serve replica's included
         env.setenv("HEADSWEEP_CHECKPOINTS", served_store)
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        # imported here: Ray's workers import this module without tests/ on their path
+        from local_ray import start_local_ray
+
+        start_local_ray(configure_logging=False)
     try:
         url = serve_app(sweep.url, "127.0.0.1", _free_port())
         with httpx.Client(base_url=url, timeout=60) as client:

@@ -31,6 +31,7 @@ from orchestrator.registry import db as registry_db
 pytestmark = pytest.mark.ray
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray_nodes  # noqa: E402  (tests/ray_nodes.py: simulated worker nodes on this machine)
+from waiting import until  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -209,11 +210,10 @@ def _cli(*args, timeout=600):
 def _until(what: str, probe, done, limit_s: float = 180, every_s: float = 0.5):
     """``probe()`` again until ``done(seen)``; the last ``seen``. ``limit_s`` only tells a hang from a
     loaded machine: past it the test fails naming what it awaited and what it saw."""
-    deadline = time.monotonic() + limit_s
-    while not done(seen := probe()):
-        assert time.monotonic() < deadline, f"waited {limit_s:g} s for {what}; saw {seen}"
-        time.sleep(every_s)
-    return seen
+    last = []
+    until(lambda: done(last.append(probe()) or last[-1]), limit_s,
+          lambda: f"waited {limit_s:g} s for {what}; saw {last[-1]}", every_s)
+    return last[-1]
 
 
 def _running(registry: Registry, sweep_id: str) -> list[str]:

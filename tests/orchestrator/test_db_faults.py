@@ -41,7 +41,10 @@ def private_pg():
 
 @pytest.fixture
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # imported here: Ray's workers import this module without tests/ on their path
+    from local_ray import start_local_ray
+
+    start_local_ray()
     yield
     ray.shutdown()
 

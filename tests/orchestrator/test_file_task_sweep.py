@@ -62,7 +62,10 @@ def test_a_csv_task_and_a_pair_task_with_an_ood_set_run_through_a_sweep(home):
     parent = tracking.start_run(mlflow, experiment_id, sweep_id)
     registry.set_sweep(sweep_id, mlflow_experiment_id=experiment_id, mlflow_parent_run_id=parent)
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # imported here: Ray's workers import this module without tests/ on their path
+    from local_ray import start_local_ray
+
+    start_local_ray()
     try:
         assert execute_sweep(sweep_id, registry_url=url) == {"finished": 4}
     finally:
@@ -144,7 +147,10 @@ def test_two_headerless_tsv_tasks_named_by_id_compared_across_task(home, capsys)
     url = f"sqlite:///{home}/registry.db"
     registry = Registry(url)
     sweep_id, _ = registry.create_sweep(spec.name, yaml.safe_dump(grid), cells, {"cpus": 1}, 2, 0)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # imported here: Ray's workers import this module without tests/ on their path
+    from local_ray import start_local_ray
+
+    start_local_ray()
     try:
         assert execute_sweep(sweep_id, registry_url=url, track=False) == {"finished": 4}
     finally:

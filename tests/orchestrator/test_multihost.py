@@ -33,6 +33,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hosts  # noqa: E402  (tests/hosts.py: hosts as network namespaces)
 from hub_caches import DATASET_ID, MODEL_ID, dataset_cache, hub_cache  # noqa: E402
+from waiting import until  # noqa: E402
 
 from orchestrator.cluster.processes import kill_pids  # noqa: E402
 from orchestrator.registry import Registry  # noqa: E402
@@ -94,17 +95,9 @@ def _job_state(cluster, job_id: str) -> str:
     return found.group(1) if found else "?"
 
 
-def _until(condition, timeout: float, message) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(message() if callable(message) else message)
-        time.sleep(1)
-
-
 def _wait_job(cluster, job_id: str, log, timeout: float = 480) -> str:
     ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY")
-    _until(lambda: _job_state(cluster, job_id) in ended, timeout,
+    until(lambda: _job_state(cluster, job_id) in ended, timeout,
            lambda: f"job {job_id} did not end in {timeout} s:\n{log()[-3000:]}")
     return _job_state(cluster, job_id)
 
@@ -172,7 +165,7 @@ def test_requeue_at_the_time_limit_then_scancel_then_the_same_command_finish_eve
     start = time.monotonic()
     job_id, folder = _submit_slurm(cluster, env, grid, "--requeue")
     log = lambda job=job_id: (folder / f"slurm-{job}.out").read_text(errors="replace")  # noqa: E731
-    _until(lambda: (folder / "sweep").exists(), 240, lambda: log()[-3000:])
+    until(lambda: (folder / "sweep").exists(), 240, lambda: log()[-3000:])
     sweep_id = (folder / "sweep").read_text().strip()
     registry = Registry(f"sqlite:///{home}/registry.db")
 
@@ -180,15 +173,15 @@ def test_requeue_at_the_time_limit_then_scancel_then_the_same_command_finish_eve
         counts = registry.sweep_counts(sweep_id)
         return counts.get("finished", 0) >= at_least and counts.get("running", 0) >= 1
 
-    _until(lambda: finished_and_running(1), 300, lambda: log()[-3000:])
+    until(lambda: finished_and_running(1), 300, lambda: log()[-3000:])
     slurm = cluster.slurm_env
     assert cluster.run("login", ["scancel", "--batch", "--signal=USR1", job_id], env=slurm).returncode == 0
-    _until(lambda: "Restarts=1" in cluster.run("login", ["scontrol", "-o", "show", "job", job_id], env=slurm).stdout
+    until(lambda: "Restarts=1" in cluster.run("login", ["scontrol", "-o", "show", "job", job_id], env=slurm).stdout
            and _job_state(cluster, job_id) == "PENDING", 180, lambda: log()[-3000:])
     requeued = (registry.sweep_counts(sweep_id), time.monotonic() - start)
     cluster.run("login", ["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=slurm)  # SLURM holds it ~2 min
     finished_before = requeued[0].get("finished", 0)
-    _until(lambda: _job_state(cluster, job_id) == "RUNNING" and finished_and_running(finished_before + 1), 400,
+    until(lambda: _job_state(cluster, job_id) == "RUNNING" and finished_and_running(finished_before + 1), 400,
            lambda: log()[-3000:])
     assert cluster.run("login", ["scancel", job_id], env=slurm).returncode == 0
     assert _wait_job(cluster, job_id, log) == "CANCELLED"
@@ -251,7 +244,7 @@ def ray_on_hosts(cluster):
         return shown == "4"
 
     try:
-        _until(joined, 120, "the Ray nodes did not join")
+        until(joined, 120, "the Ray nodes did not join")
         yield {"env": env, "dashboard": dashboard, "address": f"{head}:{README_PORTS['gcs']}", "token": token}
     finally:
         for name in ("ctl", *COMPUTES):
@@ -469,7 +462,7 @@ def test_cluster_onprem_yaml_through_ray_up_runs_a_sweep_then_ray_down(cluster, 
         up, up_s = launcher_run("up", "-y", "--no-config-cache", timeout=600)
         assert up.returncode == 0, (up.stdout[-3000:], up.stderr[-3000:])
         start = time.monotonic()
-        _until(lambda: alive() == 4, 300, lambda: f"{alive()} of 4 nodes alive; the head's autoscaler said:\n"
+        until(lambda: alive() == 4, 300, lambda: f"{alive()} of 4 nodes alive; the head's autoscaler said:\n"
                + cluster.run("ctl", ["sh", "-c", "tail -30 /tmp/ray/session_latest/logs/monitor.*"]).stdout)
         joined_s = time.monotonic() - start
         done = cluster.run("login", [ray, "exec", str(launcher), "headsweep submit ~/grid.yaml --wait"], env=env,
@@ -487,7 +480,7 @@ def test_cluster_onprem_yaml_through_ray_up_runs_a_sweep_then_ray_down(cluster, 
         assert set(ran_on) <= {"ctl", *COMPUTES} and len(set(ran_on) & set(COMPUTES)) >= 2, final
         down, down_s = launcher_run("down", "-y", timeout=300)
         assert down.returncode == 0, (down.stdout[-3000:], down.stderr[-3000:])
-        _until(lambda: not [pid for pid in cluster.pids("ctl") if _is_ray(pid)], 60,
+        until(lambda: not [pid for pid in cluster.pids("ctl") if _is_ray(pid)], 60,
                lambda: "Ray left on the head after `ray down`")
         start = time.monotonic()
         def left_on_workers() -> list[str]:  # Ray 2.60 leaves each node's log monitor (the next `ray stop` ends it)
@@ -495,7 +488,7 @@ def test_cluster_onprem_yaml_through_ray_up_runs_a_sweep_then_ray_down(cluster, 
                      for name in COMPUTES for pid in cluster.pids(name) if _is_ray(pid)]
             return [line for line in found if "ray/_private/log_monitor.py" not in line]
 
-        _until(lambda: not left_on_workers(), 180,
+        until(lambda: not left_on_workers(), 180,
                lambda: "the workers' Ray outlived the head by 180 s after `ray down`:\n" + "\n".join(left_on_workers()))
         print(f"\nray up {up_s:.0f} s; 3 workers joined {joined_s:.0f} s later; sweep of 6 runs on {ran_on}; "
               f"ray down {down_s:.0f} s; workers' Ray gone {time.monotonic() - start:.0f} s after")
@@ -533,7 +526,7 @@ def test_a_worker_host_cut_off_mid_sweep_its_runs_rerun_on_the_others(cluster, s
                     PGPASSWORD=DB_PASSWORD)
     job_id, folder = _submit_slurm(cluster, env, grid)
     log = lambda: (folder / f"slurm-{job_id}.out").read_text(errors="replace")  # noqa: E731
-    _until(lambda: (folder / "sweep").exists(), 240, lambda: log()[-3000:])
+    until(lambda: (folder / "sweep").exists(), 240, lambda: log()[-3000:])
     sweep_id = (folder / "sweep").read_text().strip()
     head = re.search(r"Ray: 3 node\(s\), head (\S+):", log()).group(1)
     victim = next(name for name in reversed(COMPUTES) if cluster.address(name) != head)
@@ -549,11 +542,11 @@ def test_a_worker_host_cut_off_mid_sweep_its_runs_rerun_on_the_others(cluster, s
         cut[:] = [key for key, (status, host, _) in state().items() if status == "running" and host == victim]
         return bool(cut)
 
-    _until(running_on_victim, 300, lambda: log()[-3000:])
+    until(running_on_victim, 300, lambda: log()[-3000:])
     start = time.monotonic()
     cluster.cut(victim)
     try:
-        _until(lambda: all(state().get(key, ["", victim])[1] not in ("", victim) for key in cut), 400,
+        until(lambda: all(state().get(key, ["", victim])[1] not in ("", victim) for key in cut), 400,
                lambda: f"the cut host's runs did not move: {state()}\n{log()[-3000:]}")
         moved_s = time.monotonic() - start
     finally:
@@ -571,7 +564,7 @@ def test_a_worker_host_cut_off_mid_sweep_its_runs_rerun_on_the_others(cluster, s
             shutil.copy(path, kept / f"{path.parents[2] == lost and victim or 'head'}-{path.name}")
         return _job_state(cluster, job_id) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
 
-    _until(ended, 900, lambda: log()[-3000:])
+    until(ended, 900, lambda: log()[-3000:])
     drivers = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(kept.glob("head-job-driver-*.log")))
     assert _job_state(cluster, job_id) == "COMPLETED", f"{log()[-2000:]}\n--- the driver's log:\n{drivers}"
     final = state()

@@ -49,7 +49,10 @@ def plugin_ray():
         assert list(found) == ["tiny"] and found["tiny"].__file__ == str(PLUGINS / "tiny_method.py")
         for name, module in found.items():
             mp.setitem(methods.METHODS, name, module)
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # imported here: Ray's workers import this module without tests/ on their path
+        from local_ray import start_local_ray
+
+        start_local_ray()
         try:
             yield
         finally:

@@ -35,8 +35,10 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
     for name in ("HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(name, raising=False)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"HEADSWEEP_HOME": str(tmp_path)}})
+    # imported here: Ray's workers import this module without tests/ on their path
+    from local_ray import start_local_ray
+
+    start_local_ray(runtime_env={"env_vars": {"HEADSWEEP_HOME": str(tmp_path)}})
     yield tmp_path
     ray.shutdown()
 
