@@ -33,13 +33,13 @@ demo: venv
 # counted by a barrier, cancel with a live driver, two nodes, two homes' heads, another checkout's code, a plug-in
 # shipped to a head that cannot import it, the MLflow UI, serve's Ctrl-C, every endpoint through serve, API
 # fuzzing, mask/transfer sweeps through the CLI, the Python API's submit, pip keeping the user's torch, and a
-# real single-node SLURM: finish, scancel + resubmit, time-limit requeue; 29 tests: 27 min 21 s alone on
-# 2026-11-28's machine), and the multi-host tests (tests/orchestrator/test_multihost.py: hosts as network
+# real single-node SLURM: finish, scancel + resubmit, time-limit requeue; 29 tests: 16 min 4 s at load 1.4-2
+# on 2026-11-28's second machine, 27 min 21 s on the first), and the multi-host tests (tests/orchestrator/test_multihost.py: hosts as network
 # namespaces, each its own PIDs and hostname; SLURM over 3 compute hosts: finish, a time-limit requeue then
 # scancel then resubmit, a host's network cut mid-sweep; Ray with token auth and its ports; the registry on
 # PostgreSQL and MLflow over HTTP across hosts; hub ids without a network; cluster-onprem.yaml through
-# `ray up` over sshd; 7 tests: 21 min 19 s on 2026-11-28's machine at load 5-9, beside `make test`) run in
-# CI after it (.ci/run). `python tests/hosts.py` deletes what a killed multi-host run left.
+# `ray up` over sshd; 7 tests: 15 min 36 s at load 2-7 on 2026-11-28's second machine, 21 min 19 s at load
+# 5-9 beside `make test` on the first) run in CI after it (.ci/run prints each stage's time and the total). `python tests/hosts.py` deletes what a killed multi-host run left.
 test: venv
 	$(PY) -m pytest
 
