@@ -1,7 +1,7 @@
 """One vocabulary: each operation has one name and the same parameters and defaults on the command
 line, over HTTP and in Python, read from the CLI's parser, the service's routes and the API's
 signatures (no sweep needed); an operation without one of them says why, here and only here, and
-README's vocabulary table names the same three.
+the vocabulary table of docs/reference.md names the same three.
 """
 
 from __future__ import annotations
@@ -199,13 +199,13 @@ def test_the_figure_endpoints_take_the_cli_figures_format_and_dpi():
         assert params["dpi"].field_info.default == flags["dpi"].default, path
 
 
-def test_readme_has_the_vocabulary_table():
-    """README's table: one row per operation with its command, its path and its call (or a dash)."""
-    text = (ROOT / "README.md").read_text()
+def test_the_reference_has_the_vocabulary_table():
+    """docs/reference.md's table: one row per operation with its command, its path and its call (or a dash)."""
+    text = (ROOT / "docs" / "reference.md").read_text()
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| (\S+) \|.*$", text, re.MULTILINE)}
     for operation, (cli, paths, python) in VOCABULARY.items():
         row = rows.get(operation)
-        assert row is not None, f"README's vocabulary table has no row '{operation}'"
+        assert row is not None, f"docs/reference.md's vocabulary table has no row '{operation}'"
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert (cli is None and cells[1] == "-") or f"headsweep {cli}" in cells[1], (operation, cells[1])
         for path in paths or ():
