@@ -1,7 +1,7 @@
 """One vocabulary: each operation has one name and the same parameters and defaults on the command
 line, over HTTP and in Python, read from the CLI's parser, the service's routes and the API's
 signatures (no sweep needed); an operation without one of them says why, here and only here, and
-README's vocabulary table names the same three.
+the vocabulary table of docs/reference.md names the same three.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ VOCABULARY = {
     "iou": ("iou", ("/sweeps/{sweep_id}/iou", "/sweeps/{sweep_id}/mask-iou"), "Sweep.iou"),
     "transfer": ("transfer", ("/sweeps/{sweep_id}/transfer",), "Sweep.transfer"),
     "figures": ("figures", ("/sweeps/{sweep_id}/figures",), "Sweep.figures"),
-    "figure": (None, ("/sweeps/{sweep_id}/figures/{kind}.png",), "Sweep.figure"),
+    "figure": (None, ("/sweeps/{sweep_id}/figures/{kind}", "/sweeps/{sweep_id}/figures/{kind}.png"), "Sweep.figure"),
     "map": (None, None, "Sweep.map"),
     "sweeps": ("ls", ("/sweeps",), None),
     "sweep": ("status", ("/sweeps/{sweep_id}",), "sweep"),
@@ -178,17 +178,34 @@ def test_an_operation_has_the_same_parameters_and_defaults_everywhere(operation)
 def test_the_old_paths_answer_as_the_new_ones():
     routes = http_routes()
     for old, new in (("/sweeps/{sweep_id}/aggregate", "/sweeps/{sweep_id}/results"),
-                     ("/sweeps/{sweep_id}/mask-iou", "/sweeps/{sweep_id}/iou")):
+                     ("/sweeps/{sweep_id}/mask-iou", "/sweeps/{sweep_id}/iou"),
+                     ("/sweeps/{sweep_id}/figures/{kind}.png", "/sweeps/{sweep_id}/figures/{kind}")):
         assert routes[old].endpoint is routes[new].endpoint and not routes[old].include_in_schema
 
 
-def test_readme_has_the_vocabulary_table():
-    """README's table: one row per operation with its command, its path and its call (or a dash)."""
-    text = (ROOT / "README.md").read_text()
+def test_the_figure_endpoints_take_the_cli_figures_format_and_dpi():
+    """`figures --format png|pdf|svg --dpi N` and the service's `format` and `dpi` on the list and on each
+    figure: the same names, the same choices, the same defaults (LENIENT compares only shared names, and
+    --format is an output flag of the other commands)."""
+    import typing
+
+    flags = {action.dest: action for action in cli_commands()["figures"]._actions}
+    assert flags["format"].choices and flags["dpi"].default
+    for path in ("/sweeps/{sweep_id}/figures", "/sweeps/{sweep_id}/figures/{kind}",
+                 "/sweeps/{sweep_id}/figures/{kind}.png"):
+        params = {p.alias: p for p in http_routes()[path].dependant.query_params}
+        assert set(typing.get_args(params["format"].field_info.annotation)) == set(flags["format"].choices), path
+        assert params["format"].field_info.default == flags["format"].default == "png", path
+        assert params["dpi"].field_info.default == flags["dpi"].default, path
+
+
+def test_the_reference_has_the_vocabulary_table():
+    """docs/reference.md's table: one row per operation with its command, its path and its call (or a dash)."""
+    text = (ROOT / "docs" / "reference.md").read_text()
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| (\S+) \|.*$", text, re.MULTILINE)}
     for operation, (cli, paths, python) in VOCABULARY.items():
         row = rows.get(operation)
-        assert row is not None, f"README's vocabulary table has no row '{operation}'"
+        assert row is not None, f"docs/reference.md's vocabulary table has no row '{operation}'"
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert (cli is None and cells[1] == "-") or f"headsweep {cli}" in cells[1], (operation, cells[1])
         for path in paths or ():

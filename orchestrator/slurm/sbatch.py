@@ -89,7 +89,7 @@ def script(job: Job) -> str:
     command = [job.python, "-m", "orchestrator.slurm.allocation", "job", job.folder, *(["--requeue"] if job.requeue else [])]
     return "\n".join([
         "#!/bin/bash",
-        "# headsweep on a SLURM allocation, written by `headsweep slurm` (README.md, \"On a SLURM cluster\").",
+        "# headsweep on a SLURM allocation, written by `headsweep slurm` (docs/clusters.md, \"On a SLURM cluster\").",
         f"# The grid: {job.grid}",
         "# The last line starts a Ray head on this (the first) node and a Ray worker on each other node",
         "# (this job's own ports and token, Ray's temp dir /tmp/hs-$SLURM_JOB_ID), submits the grid (from",

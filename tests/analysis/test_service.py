@@ -251,6 +251,57 @@ def test_figures_are_pngs(served, kind, params, coloured):
 
 
 @pytest.mark.ray
+def test_figures_as_pdf_and_svg_at_a_dpi(served):
+    """`format` and `dpi`, as `headsweep figures --format --dpi`, through the real server: a one-page PDF
+    and an SVG of the figure's own size with its title, a PNG at twice the dpi twice as many pixels a side,
+    the list's names and URLs in the format asked, and a format it does not draw a 422 naming it."""
+    import xml.etree.ElementTree as ET
+
+    from analysis.views import figure_plan
+
+    client, sweep = served
+    curves = f"/sweeps/{sweep.sweep_id}/figures/curves"
+    params = {"task": CLS, "metric": "accuracy", "x": "lambda"}
+    with Registry(sweep.url) as registry:  # the figure's size in points (1/72 inch), as the PDF and SVG give it
+        drawn = figure_plan.figure_of(load_sweep(registry, sweep.sweep_id), "curves", {"task": [CLS]},
+                                      metric="accuracy", x="lambda")
+    width, height = (round(72 * v, 1) for v in drawn.get_size_inches())
+
+    pdf = client.get(curves, params=params | {"format": "pdf", "dpi": 300})
+    assert pdf.status_code == 200 and pdf.headers["content-type"] == "application/pdf", pdf.text[:300]
+    assert pdf.headers["content-disposition"] == 'inline; filename="curves.pdf"'
+    assert pdf.content[:5] == b"%PDF-" and pdf.content.rstrip().endswith(b"%%EOF")
+    assert len(re.findall(rb"/Type\s*/Page\b", pdf.content)) == 1
+    (box,) = re.findall(rb"/MediaBox\s*\[\s*0\s+0\s+([\d.]+)\s+([\d.]+)\s*\]", pdf.content)
+    assert (float(box[0]), float(box[1])) == pytest.approx((width, height), abs=0.1)
+
+    svg = client.get(curves, params=params | {"format": "svg"})
+    assert svg.status_code == 200 and svg.headers["content-type"].startswith("image/svg+xml"), svg.text[:300]
+    root = ET.fromstring(svg.content)  # well-formed XML whose root is an SVG element
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    assert (float(root.get("width").removesuffix("pt")), float(root.get("height").removesuffix("pt"))) == \
+        pytest.approx((width, height), abs=0.1)
+    assert b"<!-- accuracy vs lambda -->" in svg.content  # the title's first line (the glyphs are paths)
+
+    png = {dpi: client.get(curves, params=params | {"dpi": dpi}) for dpi in (100, 200)}
+    assert all(r.headers["content-type"] == "image/png" for r in png.values())
+    assert png[100].content == client.get(f"{curves}.png", params=params).content  # the default; the old path
+    small, large = (_pixels(png[dpi].content).shape[:2] for dpi in (100, 200))
+    assert large == (2 * small[0], 2 * small[1]), (small, large)
+
+    listed = client.get(f"/sweeps/{sweep.sweep_id}/figures", params={"format": "svg", "dpi": 300}).json()["figures"]
+    assert listed and all(f["name"].endswith(".svg") and "format=svg&dpi=300" in f["url"] for f in listed)
+    one = next(f for f in listed if f["kind"] == "grey")
+    assert client.get(one["url"]).content[:400].find(b"<svg") >= 0
+
+    for bad, status, detail in (("jpg", 422, "query parameter 'format'"), ("PDF", 422, "query parameter 'format'")):
+        refused = client.get(curves, params=params | {"format": bad})
+        assert refused.status_code == status and detail in refused.json()["detail"], refused.text
+    refused = client.get(curves, params=params | {"dpi": 5000})
+    assert refused.status_code == 422 and "query parameter 'dpi'" in refused.json()["detail"]
+
+
+@pytest.mark.ray
 def test_the_rgb_figure_colours_each_head_by_the_seeds_that_keep_it(served):
     """He & Choi's RGB map: head colour (1 - z1, 1 - z2, 1 - z3) of seeds 1-3, so a head open in some
     seeds only is one of six pure colours; each colour's share of those pixels is its share of those
@@ -306,7 +357,7 @@ def test_openapi_document(served):
                           "/sweeps/{sweep_id}/results", "/sweeps/{sweep_id}/agreement",
                           "/sweeps/{sweep_id}/spearman", "/sweeps/{sweep_id}/iou", "/sweeps/{sweep_id}/compare-maps",
                           "/sweeps/{sweep_id}/transfer", "/sweeps/{sweep_id}/figures",
-                          "/sweeps/{sweep_id}/figures/{kind}.png"}  # the old /aggregate and /mask-iou: hidden aliases
+                          "/sweeps/{sweep_id}/figures/{kind}"}  # the old /aggregate, /mask-iou, {kind}.png: hidden
 
 
 @pytest.mark.ray
@@ -520,7 +571,7 @@ def test_the_service_offers_every_figure_the_cli_writes(every_kind_sweep, tmp_pa
         assert sorted(f["name"] for f in figures) == sorted(written)
         assert {f["kind"] for f in figures} == set(figure_plan.FIGURE_KINDS)
         for planned in figures:
-            assert planned["url"].startswith(f"/sweeps/{sweep_id}/figures/{planned['kind']}.png")
+            assert planned["url"].split("?")[0] == f"/sweeps/{sweep_id}/figures/{planned['kind']}"
             response = client.get(planned["url"])
             assert response.status_code == 200, (planned, response.text)
             assert response.headers["content-type"] == "image/png"

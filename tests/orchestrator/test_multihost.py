@@ -6,9 +6,9 @@ as an NFS home), and headsweep on it as researchers run it:
   (2 logical GPUs each), ``headsweep slurm GRID --nodes 3 --gpus-per-node 2`` from a login host;
   then ``scancel`` mid-sweep and the same command again (every run once, the history names the job
   that ended and the one that resumed).
-- Ray across hosts with token authentication (README "A Ray cluster", without SLURM): ``ray start``
-  on each host as README says, ``headsweep submit`` from the login host; a client without the token
-  is refused; every port that listens beyond loopback on each host is one README lists.
+- Ray across hosts with token authentication (docs/clusters.md "Machines you already have, started by hand"): ``ray start``
+  on each host as docs/clusters.md says, ``headsweep submit`` from the login host; a client without the token
+  is refused; every port that listens beyond loopback on each host is one docs/clusters.md lists.
 
 Slow (CI's slow set): the hosts and SLURM are set up once for the module (~15 s), each sweep takes
 minutes on 2 cores. Needs root, ``ip``, ``nsenter``, ``unshare``; slurm-wlm and munge (.ci/run
@@ -55,7 +55,7 @@ GRID = {  # six short runs at half a GPU: two per node at once on 3 nodes of 2 l
 LONG = {**GRID, "name": "multihost-long",  # runs long enough to cancel the job mid-sweep
         "base": {**GRID["base"], "train": {"max_steps": 150, "batch_size": 8, "eval_every": 50}},
         "max_concurrent": 2}
-# Ray's ports on a multi-host node, as README "A Ray cluster" starts it (nothing else may listen
+# Ray's ports on a multi-host node, as docs/clusters.md starts it (nothing else may listen
 # beyond loopback): GCS, dashboard (Jobs API), raylet, object manager, runtime-env agent, the
 # dashboard agent's gRPC and HTTP, metrics export, the autoscaler's and dashboard's metrics, and
 # the workers' range.
@@ -212,7 +212,7 @@ ALIVE = ("import json, sys, urllib.request as u; "
 
 @pytest.fixture
 def ray_on_hosts(cluster):
-    """Ray as README starts it: a head on ctl, a worker with 2 logical GPUs on each compute host,
+    """Ray as docs/clusters.md starts it: a head on ctl, a worker with 2 logical GPUs on each compute host,
     token authentication on (one token, every node and client); stopped by PID after the test."""
     token = secrets.token_urlsafe(32)
     env = {name: value for name, value in cluster.slurm_env.items() if not name.startswith(("RAY_", "HEADSWEEP_"))}
@@ -262,7 +262,7 @@ def _is_ray(pid: int) -> bool:
 def test_ray_across_hosts_with_token_auth(cluster, ray_on_hosts):
     """``headsweep submit`` from the login host to a Ray cluster of four hosts: the runs run on the
     workers; a client without the token, or with another, is refused by the Jobs API and the GCS;
-    beyond loopback every host listens only on the ports README lists."""
+    beyond loopback every host listens only on the ports docs/clusters.md lists."""
     home = cluster.shared / "home-ray"
     grid = cluster.shared / "ray.yaml"
     grid.write_text(yaml.safe_dump({**GRID, "name": "ray-hosts"}))
@@ -302,7 +302,7 @@ def test_ray_across_hosts_with_token_auth(cluster, ray_on_hosts):
         print(f"{name} ({cluster.address(name)}): " + ", ".join(f"{a}:{p} {prog}" for a, p, prog in beyond))
         stray = [(a, p, prog) for a, p, prog in beyond
                  if p not in allowed and not WORKER_PORTS[0] <= p <= WORKER_PORTS[1]]
-        assert not stray, f"{name} listens beyond loopback on ports README does not list: {stray}"
+        assert not stray, f"{name} listens beyond loopback on ports docs/clusters.md does not list: {stray}"
 
 
 # --------------------------------------------------------------------------- registry and MLflow over the network
@@ -418,7 +418,7 @@ def test_a_hub_model_and_a_dataset_by_name_run_on_hosts_without_a_network(cluste
 
 @pytest.mark.timeout(1200)
 def test_cluster_onprem_yaml_through_ray_up_runs_a_sweep_then_ray_down(cluster, services):
-    """README's path for machines reached over SSH, for real: cluster-onprem.yaml with the hosts'
+    """docs/clusters.md's path for machines reached over SSH, for real: cluster-onprem.yaml with the hosts'
     addresses (ctl the head, n1-n3 the workers), sshd on each, a home on the shared filesystem with
     headsweep's venv at ~/hs; ``ray up`` from the login host (Ray's launcher: setup commands over SSH,
     the head, its autoscaler starting a worker on each worker host over SSH); ``ray exec ... headsweep

@@ -68,7 +68,7 @@ EXAMPLE = sbatch.Job(  # examples/slurm/headsweep.sbatch is this job's script
 
 
 def test_the_shipped_template_is_what_headsweep_slurm_writes(tmp_path, monkeypatch):
-    """... for README's command, on a machine with other paths."""
+    """... for docs/clusters.md's command, on a machine with other paths."""
     assert (ROOT / "examples/slurm/headsweep.sbatch").read_text() == sbatch.script(EXAMPLE)
     monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
     readme = sbatch.plan_job(str(ROOT / "examples/grid_stem_cell.yaml"), nodes=2, gpus_per_node=4,

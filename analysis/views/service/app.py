@@ -1,4 +1,4 @@
-"""The analysis service: HTTP (JSON, PNG, an OpenAPI document) over the questions of ``analysis.questions``.
+"""The analysis service: HTTP (JSON, figures as PNG, PDF or SVG, an OpenAPI document) over the questions of ``analysis.questions``.
 
 Read only: it reads the registry's read model and the sweeps' recorded history, never writes
 (a sweep's driver liveness is the orchestrator's, recorded by the supervisor and the CLI).
@@ -18,6 +18,7 @@ question is a lookup.
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Annotated, Literal
 
 from fastapi import FastAPI, Query, Request
@@ -50,7 +51,12 @@ from analysis.views.service.models import (
 )
 from analysis.views.service.params import (
     ACROSS_HELP,
+    DPI,
+    FIGURE_FORMATS,
     MAP_HELP,
+    MEDIA_TYPES,
+    Dpi,
+    FigureFormat,
     Filters,
     SweepId,
     as_json,
@@ -248,18 +254,23 @@ def build_app(registry_url: str, artifact_uris: run_table.ArtifactUris | None = 
 
     @app.get("/sweeps/{sweep_id}/figures", response_model=FiguresOut,
              summary="Every figure of the sweep, as `headsweep figures` writes them, each with its URL")
-    def list_figures(sweep_id: SweepId, request: Request) -> Response:
-        check_params(request, axes=False)
-        return state.answer(sweep_id, ("figures",), lambda data: as_json(FiguresOut(sweep=sweep_id, figures=[
-            FigureOut(name=name, kind=kind, url=figure_url(sweep_id, kind, params))
+    def list_figures(sweep_id: SweepId, request: Request, format: FigureFormat = "png", dpi: Dpi = DPI) -> Response:
+        check_params(request, "format", "dpi", axes=False)
+        return state.answer(sweep_id, ("figures", format, dpi), lambda data: as_json(FiguresOut(sweep=sweep_id, figures=[
+            FigureOut(name=str(PurePath(name).with_suffix(f".{format}")), kind=kind,
+                      url=figure_url(sweep_id, kind, params, format, dpi))
             for name, kind, params in figure_plan.figure_plan(data)])))
 
-    @app.get("/sweeps/{sweep_id}/figures/{kind}.png", response_class=Response,
-             responses={200: {"content": {"image/png": {}}, "description": "A PNG image."}},
-             summary="A figure of the selection as PNG (every kind `headsweep figures` draws)")
+    @app.get("/sweeps/{sweep_id}/figures/{kind}", response_class=Response,
+             responses={200: {"content": {MEDIA_TYPES[f]: {} for f in FIGURE_FORMATS},
+                              "description": "The figure as PNG, PDF or SVG (`format`)."}},
+             summary="A figure of the selection as PNG, PDF or SVG (every kind `headsweep figures --kind` draws)")
+    @app.get("/sweeps/{sweep_id}/figures/{kind}.png", response_class=Response, include_in_schema=False)  # the old path
     def figure(
         sweep_id: SweepId, kind: Literal[figure_plan.FIGURE_KINDS], request: Request,
         filters: Filters,
+        format: FigureFormat = "png",
+        dpi: Dpi = DPI,
         across: str = "seed",
         metric: Annotated[str | None, Query(min_length=1)] = None,
         x: Literal[figure_plan.CURVE_X] | None = None,
@@ -269,14 +280,16 @@ def build_app(registry_url: str, artifact_uris: run_table.ArtifactUris | None = 
                                                       "('-' before a name flips it).")] = None,
         n_perm: Annotated[int, Query(ge=0, le=2000)] = 1000,
     ) -> Response:
-        check_params(request, "across", "metric", "x", "map", "maps", "n_perm")
+        check_params(request, "format", "dpi", "across", "metric", "x", "map", "maps", "n_perm")
         names = [m.strip() for m in (maps or "").split(",") if m.strip()]
         return state.answer(
-            sweep_id, ("figure", kind, frozen(filters), across, metric, x, map, tuple(names), n_perm),
+            sweep_id, ("figure", kind, format, dpi, frozen(filters), across, metric, x, map, tuple(names), n_perm),
             lambda data: Response(
-                figure_plan.figure(data, kind, filters, across=across, metric=metric, x=x, n_perm=n_perm,
-                                   max_run_perms=MAX_RUN_PERMS, map_name=map or select.default_map(data), maps=names),
-                media_type="image/png"))
+                figure_plan.figure(data, kind, filters, fmt=format, dpi=dpi, across=across, metric=metric, x=x,
+                                   n_perm=n_perm, max_run_perms=MAX_RUN_PERMS,
+                                   map_name=map or select.default_map(data), maps=names),
+                media_type=MEDIA_TYPES[format],
+                headers={"Content-Disposition": f'inline; filename="{kind}.{format}"'}))
 
     return app
 

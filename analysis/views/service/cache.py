@@ -62,4 +62,5 @@ class State:
     def answer(self, sweep_id: str, question: tuple, compute: Callable[[SweepData], Response]) -> Response:
         data = self.data(sweep_id)
         done = self.memo.get_or_compute((sweep_id, data.version, *question), lambda: compute(data))
-        return Response(done.body, media_type=done.media_type)  # a fresh response per request
+        own = {k: v for k, v in done.headers.items() if k not in ("content-length", "content-type")}
+        return Response(done.body, media_type=done.media_type, headers=own)  # a fresh response per request

@@ -226,7 +226,8 @@ class MaskIouOut(BaseModel):
 class FigureOut(BaseModel):
     name: str = Field(description="The file `headsweep figures` writes it to.")
     kind: str
-    url: str = Field(description="The PNG: this service's figures/{kind}.png with the plan's parameters.")
+    url: str = Field(description="The figure: this service's figures/{kind} with the plan's parameters "
+                                 "(and the list's format and dpi).")
 
 
 class FiguresOut(BaseModel):

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
 from fastapi import Depends, Path, Query, Request
@@ -14,8 +14,10 @@ from pydantic import BaseModel
 from analysis.data import select
 from analysis.data.select import QueryError
 from analysis.data.sweep import AXES, SCALE_LABELS
+from analysis.views.figure_kinds import DPI
 from analysis.views.service.models import SweepOut
 from experiments.common.naming import suggest
+from experiments.common.png import FORMATS as FIGURE_FORMATS
 from orchestrator.registry.reader import LAST
 from orchestrator.status import RUN_DONE
 
@@ -82,14 +84,30 @@ def frozen(filters: select.Filters) -> tuple:
     return select.as_where(filters)
 
 
+MEDIA_TYPES = {"png": "image/png", "pdf": "application/pdf", "svg": "image/svg+xml"}
+"""The media type of each figure format (``FIGURE_FORMATS``, the CLI's ``figures --format``)."""
+assert set(MEDIA_TYPES) == set(FIGURE_FORMATS)
+MAX_DPI = 600
+"""The service draws at most this resolution (a 6.4-inch-wide PNG is 3,840 pixels wide); the CLI has no bound."""
+FigureFormat = Annotated[Literal[FIGURE_FORMATS], Query(
+    description="png (default), pdf or svg (vector, for a paper), as `headsweep figures --format`.")]
+Dpi = Annotated[float, Query(ge=10, le=MAX_DPI, description=f"Resolution in dots per inch (default {DPI}, as "
+                                                            "`headsweep figures --dpi`; in a PDF or SVG only "
+                                                            "its raster images, such as heat maps, use it).")]
+
 _FIGURE_QUERY = {"across": "across", "metric": "metric", "x": "x", "map_name": "map", "maps": "maps"}
-"""figure() keyword -> the query parameter of ``figures/{kind}.png`` that sets it (filters aside)."""
+"""figure() keyword -> the query parameter of ``figures/{kind}`` that sets it (filters aside)."""
 
 
-def figure_url(sweep_id: str, kind: str, params: dict[str, Any]) -> str:
+def figure_url(sweep_id: str, kind: str, params: dict[str, Any], fmt: str = "png", dpi: float = DPI) -> str:
     """The URL of a planned figure (``figure_plan.figure_plan``): its figure() keywords as the query of
-    ``figures/{kind}.png``; filters on an axis as that parameter, on another config key in ``where``."""
+    ``figures/{kind}``; filters on an axis as that parameter, on another config key in ``where``; the
+    format and resolution only where they are not the defaults."""
     query: dict[str, str] = {}
+    if fmt != "png":
+        query["format"] = fmt
+    if dpi != DPI:
+        query["dpi"] = f"{dpi:g}"
     filters = params.get("filters") or {}
     query |= {key: ",".join(map(str, values)) for key, values in filters.items() if key in AXES}
     where = [f"{key}:{'|'.join(map(str, values))}" for key, values in filters.items() if key not in AXES]
@@ -98,7 +116,7 @@ def figure_url(sweep_id: str, kind: str, params: dict[str, Any]) -> str:
     for key, value in params.items():
         if key != "filters":
             query[_FIGURE_QUERY[key]] = ",".join(value) if key == "maps" else str(value)
-    return f"/sweeps/{sweep_id}/figures/{kind}.png" + (f"?{urlencode(query)}" if query else "")
+    return f"/sweeps/{sweep_id}/figures/{kind}" + (f"?{urlencode(query)}" if query else "")
 
 
 def as_json(model: BaseModel) -> Response:
