@@ -598,6 +598,9 @@ def test_figures_of_one_kind_as_pdf_and_svg_and_what_the_default_plan_leaves_out
                  "--out", str(tmp_path / "pdf"), "--db", url]) == 0
     (pdf,) = (tmp_path / "pdf").iterdir()
     assert pdf.name == "cost.pdf" and pdf.read_bytes()[:5] == b"%PDF-"
+    # journals refuse Type 3 fonts: the PDF embeds TrueType ones (matplotlib's default would be Type 3)
+    fonts = set(re.findall(rb"/Subtype\s*/(\w+)", pdf.read_bytes())) & {b"Type3", b"TrueType", b"CIDFontType2"}
+    assert fonts and b"Type3" not in fonts, fonts
     assert main(["figures", sweep_id, "--kind", "compare_maps", "--format", "svg", "--out", str(tmp_path / "svg"),
                  "--db", url]) == 0
     (svg,) = (tmp_path / "svg").iterdir()
