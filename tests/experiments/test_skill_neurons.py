@@ -201,8 +201,9 @@ def test_bad_configs_fail_at_validation_naming_the_key(change, message):
 @pytest.mark.parametrize("fraction", [1.0, 0.05])
 def test_pruning_the_upper_layers_reports_a_sliced_copy(run_chain, fraction):
     """Keeping every neuron of the upper layers is the unpruned model (nothing folded, same
-    accuracy); keeping 5 % (3 of 64) slices the upper layer's FFN and says what was kept."""
-    result, _ = run_chain(_cfg(prune_fraction=fraction, perturb_fractions=[0.05]))
+    accuracy, with the read-out's statistics left as trained); keeping 5 % (3 of 64) slices the upper
+    layer's FFN and says what was kept."""
+    result, _ = run_chain(_cfg(prune_fraction=fraction, perturb_fractions=[0.05], recalibrate_bn=fraction != 1.0))
     metrics = result.metrics
     assert metrics["pruned_kept_fraction"] == pytest.approx(int(fraction * 64) / 64)
     hidden = 32  # tiny-bert
@@ -211,6 +212,60 @@ def test_pruning_the_upper_layers_reports_a_sliced_copy(run_chain, fraction):
     if fraction == 1.0:
         assert metrics["pruned_accuracy"] == pytest.approx(metrics["accuracy"])
     assert 0.0 <= metrics["pruned_accuracy"] <= 1.0
+
+
+def _readout_states(readout, model, state, n: int) -> torch.Tensor:
+    """The read-out's input state (n, Hd) over the first ``n`` training examples, in one batch."""
+    with torch.no_grad():
+        hidden = model(state.data.train.input_ids[:n], state.data.train.attention_mask[:n]).last_hidden_state
+        return readout.state(hidden)
+
+
+@pytest.mark.parametrize("recalibrate_bn", [True, False])
+def test_pruned_accuracy_reads_the_pruned_backbone_s_statistics(monkeypatch, recalibrate_bn):
+    """recalibrate_bn: the pruned copy is evaluated with a read-out whose BatchNorm holds the mean and
+    variance of the PRUNED backbone's read-out input over the training examples (not the unpruned
+    model's, which the run's own read-out keeps); false: the run's read-out as it is (VERSION 2)."""
+    seen = {}
+
+    def spy(encoder, decoder, *args, **kwargs):
+        seen.update(encoder=encoder, decoder=decoder, mean=decoder.norm.running_mean.clone(),
+                    var=decoder.norm.running_var.clone())
+        return {"accuracy": 0.5}
+
+    monkeypatch.setattr(skill_neurons, "evaluate", spy)
+    cfg = _cfg(prune_fraction=0.05, perturb_fractions=[0.05], recalibrate_bn=recalibrate_bn)
+    state, model, _ = prompting.build(cfg, RunContext())
+    state.train(False)
+    trained = {k: v.clone() for k, v in state.decoder.norm.state_dict().items()}
+    found = prompting.find_skill_neurons(model, state)
+    skill_neurons._pruned(model, state, found, cfg.section)
+
+    assert all(torch.equal(v, trained[k]) for k, v in state.decoder.norm.state_dict().items())  # the run's stays
+    n = len(state.data.train)  # 64 < the 256 recalibration reads
+    pruned = _readout_states(state.decoder, seen["encoder"], state, n)
+    unpruned = _readout_states(state.decoder, model, state, n)
+    assert (pruned.mean(0) - unpruned.mean(0)).abs().max() > 1e-3  # pruning moved the read-out's input
+    if recalibrate_bn:
+        assert seen["decoder"] is not state.decoder
+        torch.testing.assert_close(seen["mean"], pruned.mean(0), rtol=0, atol=1e-5)
+        torch.testing.assert_close(seen["var"], pruned.var(0), rtol=1e-4, atol=1e-5)
+        assert (seen["mean"] - unpruned.mean(0)).abs().max() > 1e-3
+        assert (seen["mean"] - trained["running_mean"]).abs().max() > 1e-3
+    else:
+        assert seen["decoder"] is state.decoder
+        assert torch.equal(seen["mean"], trained["running_mean"]) and torch.equal(seen["var"], trained["running_var"])
+
+
+def test_recalibrate_reads_the_first_n_examples_over_uneven_batches():
+    """20 examples in batches of 16 and 4: the statistics of those 20, not an average of the two batches'."""
+    state, model, _ = prompting.build(_cfg(), RunContext())
+    readout = copy.deepcopy(state.decoder)
+    prompting.recalibrate(readout, model, state, n=20)
+    h = _readout_states(readout, model, state, 20)
+    torch.testing.assert_close(readout.norm.running_mean, h.mean(0), rtol=0, atol=1e-5)
+    torch.testing.assert_close(readout.norm.running_var, h.var(0), rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(readout.norm.running_mean, _readout_states(readout, model, state, 64).mean(0))
 
 
 # ------------------------------------------------------------------------------ parity with the reference code
