@@ -56,7 +56,15 @@ import torch
 from analysis.statistics.spearman import rank_rows, spearman_between
 from experiments import RunContext, parse_config
 from experiments.components.prompting import PromptedEncoder, build
-from experiments.core.loop import batch_indices, batches, evaluate, forward_logits, num_steps, take, update
+from experiments.core.loop import (
+    batch_indices,
+    batches,
+    evaluate,
+    forward_logits,
+    num_steps,
+    take,
+    update,
+)
 from experiments.interventions.neurons import capture_ffn
 from experiments.maths.losses import task_loss
 from experiments.maths.predictivity import (
