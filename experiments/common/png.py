@@ -10,8 +10,10 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-FORMATS = ("png", "pdf", "svg")
-"""The file formats a figure is written in: PNG (screens, MLflow), PDF and SVG (vector, for a paper)."""
+MEDIA_TYPES = {"png": "image/png", "pdf": "application/pdf", "svg": "image/svg+xml"}
+"""Each file format a figure is written in, with its media type: PNG (screens, MLflow), PDF and SVG
+(vector, for a paper)."""
+FORMATS = tuple(MEDIA_TYPES)
 
 
 def figure_png(fig: Figure, dpi: float | None = None) -> bytes:

@@ -52,9 +52,7 @@ from analysis.views.service.models import (
 from analysis.views.service.params import (
     ACROSS_HELP,
     DPI,
-    FIGURE_FORMATS,
     MAP_HELP,
-    MEDIA_TYPES,
     Dpi,
     FigureFormat,
     Filters,
@@ -66,6 +64,7 @@ from analysis.views.service.params import (
     sweep_out,
 )
 from analysis.views.transfer import transfer_json
+from experiments.common.png import MEDIA_TYPES
 from orchestrator.registry.history import history as sweep_history
 
 MAX_RUN_MATRIX = 500  # across=run answers an N x N matrix: larger selections must be filtered
@@ -262,7 +261,7 @@ def build_app(registry_url: str, artifact_uris: run_table.ArtifactUris | None = 
             for name, kind, params in figure_plan.figure_plan(data)])))
 
     @app.get("/sweeps/{sweep_id}/figures/{kind}", response_class=Response,
-             responses={200: {"content": {MEDIA_TYPES[f]: {} for f in FIGURE_FORMATS},
+             responses={200: {"content": {media: {} for media in MEDIA_TYPES.values()},
                               "description": "The figure as PNG, PDF or SVG (`format`)."}},
              summary="A figure of the selection as PNG, PDF or SVG (every kind `headsweep figures --kind` draws)")
     @app.get("/sweeps/{sweep_id}/figures/{kind}.png", response_class=Response, include_in_schema=False)  # the old path

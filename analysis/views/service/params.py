@@ -84,9 +84,6 @@ def frozen(filters: select.Filters) -> tuple:
     return select.as_where(filters)
 
 
-MEDIA_TYPES = {"png": "image/png", "pdf": "application/pdf", "svg": "image/svg+xml"}
-"""The media type of each figure format (``FIGURE_FORMATS``, the CLI's ``figures --format``)."""
-assert set(MEDIA_TYPES) == set(FIGURE_FORMATS)
 MAX_DPI = 600
 """The service draws at most this resolution (a 6.4-inch-wide PNG is 3,840 pixels wide); the CLI has no bound."""
 FigureFormat = Annotated[Literal[FIGURE_FORMATS], Query(
