@@ -50,7 +50,6 @@ TOPS = ("experiments", "orchestrator", "analysis", "headsweep")
 ANALYSIS_READS = {
     "orchestrator.registry.reader": "RegistryReader (the reads only, never migrating), NotFound, LAST",
     "orchestrator.registry.results": "the read model's types (MapInfo, MapStack, Version)",
-    "orchestrator.registry.schema": "the label names (LABELS, NUMBER_LABELS): table definitions, no methods",
     "orchestrator.registry.history": "a sweep's recorded history, as lines",
     "orchestrator.status": "the run and sweep status enums",
     "orchestrator.settings": "where the registry and the checkpoint store are",

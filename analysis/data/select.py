@@ -22,20 +22,16 @@ from analysis.data.errors import QueryError, did_you_mean, list_choices
 from analysis.data.sweep import AXES, SweepData
 from analysis.data.where import Condition, Where, from_mapping, parse_where  # noqa: F401 (Where: the type callers name)
 from analysis.data.where import describe as describe_where
+from experiments.common import outputs
 from experiments.common.sections import resolve_key
 
-DEFAULT_MAP = "heads.gate"
-COMPANIONS = {"heads.gate": "heads.log_alpha"}
-"""Binarised map -> its continuous companion, used when the binarised map is constant in a run
-(every gate closed: Pearson is undefined there, the continuous scores still rank the units)."""
-DERIVED = {"heads.pruned_at": "heads.importance"}
-"""A map computed from another of the same run -> that map: head_importance's ``heads.pruned_at`` is the
-order its ``heads.importance`` ranks the heads in (recomputed or not), so comparing the two gives rho
-near 1 by construction; default comparisons (``plan_maps``) leave the derived map out."""
-_NOT_CURVE_METRICS = ("loss", "train_loss", "open_heads", "sparsity", "l0_penalty", "expected_open_heads",
-                      "top_class_share", "loss_vs_uniform", "collapsed")
-"""Metrics (on any evaluation set: ``loss/ood``) that are no figure's y: losses and the L0 penalty, head counts
-(the x already), the realised sparsity, the collapse check's measures and flag (``experiments.common.collapse``)."""
+DEFAULT_MAP = outputs.DEFAULT_MAP.name
+"""The map agreement compares when none is named (the methods' declarations, ``experiments.common.outputs``).
+A binarised map's continuous companion (``outputs.companion``) is used where the binarised map is constant in
+a run (every gate closed: Pearson is undefined there, the continuous scores still rank the units); a map
+derived from another of the same run (``outputs.DERIVED``: head_importance's ``heads.pruned_at`` is the order
+its ``heads.importance`` ranks the heads in) gives rho near 1 by construction against it, so default
+comparisons (``plan_maps``) leave it out."""
 
 Filters = Mapping[str, Sequence[Any]] | Where
 """Which runs: parsed ``--where`` conditions, or ``{axis: [values]}``."""
@@ -78,7 +74,8 @@ def own_keys(data: SweepData, name: str) -> dict[str, str]:
 def check_axis(name: str, data: SweepData | None = None) -> str:
     """``name`` if it is a label axis (``AXES``) or, given ``data``, a config key of its runs or a
     key of their methods' own sections (``loss`` for ``finetune.loss`` and ``mask_train.loss``)."""
-    known = list(AXES) + (sorted(config_columns(data)) if data is not None else [])
+    known = list(AXES) + ([*sorted(set(data.labels) - set(AXES)), *sorted(config_columns(data))]
+                          if data is not None else [])
     if name not in known and (data is None or _section_column(data, name) is None):
         raise QueryError(f"unknown axis '{name}'{did_you_mean(name, known)} (axes: {list_choices(known, 12)})")
     return name
@@ -87,7 +84,7 @@ def check_axis(name: str, data: SweepData | None = None) -> str:
 def column(data: SweepData, name: str) -> np.ndarray:
     """The ``(N,)`` column of a label axis, of a config key, or of a key of the runs' own method
     sections (each run's value from its own method's section; unset where its method lacks it)."""
-    if name in AXES:
+    if name in AXES or name in data.labels:
         return data.axis(name)
     config = config_columns(data)
     if name in config:
@@ -284,7 +281,7 @@ def map_runs(data: SweepData, name: str = DEFAULT_MAP, switch: bool = True
     Runs without the map (not finished, or a method that learns none, such as
     ``finetune`` for gates) are left out. When the map is constant in some run
     (a binarised gate map with every gate closed: Pearson is undefined) and
-    ``switch``, the continuous companion map (``COMPANIONS``) is used for every
+    ``switch``, the continuous companion map (``outputs.companion``) is used for every
     run instead, and a note says so; without a companion those runs are left out,
     with a note.
     """
@@ -301,7 +298,7 @@ def map_runs(data: SweepData, name: str = DEFAULT_MAP, switch: bool = True
     constant = flat.max(axis=1) == flat.min(axis=1)
     if switch and constant.any():
         what = f"{int(constant.sum())} of {len(x)} runs have a constant {name} (every unit at {flat[constant][0, 0]:g})"
-        companion = COMPANIONS.get(name)
+        companion = outputs.companion(name)
         if companion is not None:
             c_values, c_has = map_stack(sel, companion)
             if c_has.all():
@@ -313,12 +310,19 @@ def map_runs(data: SweepData, name: str = DEFAULT_MAP, switch: bool = True
     return sel, x, notes, name
 
 
+def is_not_score(metric: str) -> bool:
+    """A metric (on any evaluation set: ``loss/ood``) that is no figure's y: a loss, the L0 penalty, a head
+    count (the x already), the realised sparsity, the collapse check's measures and flag."""
+    return metric.partition("/")[0] in outputs.NOT_SCORES
+
+
 def default_metric(data: SweepData) -> str:
-    """``accuracy`` when there is one, else the first metric that is not a loss or a head count."""
+    """``accuracy`` when there is one, else the first metric a figure plots as a result (not a loss, a
+    head count or a flag: ``outputs.NOT_SCORES``)."""
     names = sorted(data.metrics)
-    if "accuracy" in names:
-        return "accuracy"
-    useful = [n for n in names if n.split("/")[0] not in _NOT_CURVE_METRICS]
+    if outputs.ACCURACY.name in names:
+        return outputs.ACCURACY.name
+    useful = [n for n in names if not is_not_score(n)]
     if not (useful or names):
         raise QueryError("no run of this selection has metrics yet")
     return (useful or names)[0]

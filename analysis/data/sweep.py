@@ -1,7 +1,9 @@
 """A sweep's runs as numpy arrays: :class:`SweepData` (read only), built from the reader's run columns.
 
-Its labels are the registry's label columns by name (``orchestrator.registry.schema.LABELS``: task,
-model, method, seed and the methods' short names that have a column), never listed here. Unit maps
+Its labels come from one place, each run's stored labels (``RunConfig.labels()``, the registry's
+``labels``): the common ones (:data:`LABELS`) are columns of every loaded sweep, unset where a run has
+none, and any other label its runs carry (a method's short names: verbalizer, prompt_length, ...) is a
+column too. Unit maps
 (``heads.gate``, ``heads.log_alpha``, ``neurons.predictivity``, ...) come by name from a
 :class:`MapSource` (``loading``: one query per map, on first use, kept with the sweep). The stored
 configs become flattened columns (``data.config["train.lr"]``), so analysis can name any config key
@@ -20,8 +22,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from analysis.data.errors import QueryError, did_you_mean
+from experiments.common import outputs
 from orchestrator.registry.results import MapInfo, Version
-from orchestrator.registry.schema import LABELS, NUMBER_LABELS
+
+GATE, LOG_ALPHA = outputs.GATE.name, outputs.LOG_ALPHA.name
+"""The maps ``gates`` / ``scores`` read (a gate method's)."""
 
 
 class MapSource(Protocol):
@@ -30,6 +35,13 @@ class MapSource(Protocol):
     def get(self, name: str) -> tuple[np.ndarray, np.ndarray]: ...
 
 
+LABELS = ("task", "model", "method", "pipeline", "seed", "sparsity", "lambda")
+"""The labels every loaded sweep has as columns (the HTTP service's filter parameters): the ones every run
+has (task, model, method, seed) and the methods' most common (pipeline, sparsity, lambda), unset where a
+run's method has no such setting."""
+NUMBER_LABELS = ("sparsity", "lambda")
+"""The common labels that are settings on a scale (a curve's x), not names or the seed."""
+
 AXES = (*LABELS, "status", "group_key", "run_key")
 """Per-run columns a query can filter or group by: the registry's labels, the status, the keys."""
 
@@ -37,7 +49,7 @@ CELL_LABELS = tuple(label for label in LABELS if label != "seed")
 """The labels that tell a run's cell (its runs over seeds) apart: every label but the seed."""
 
 SCALE_LABELS = NUMBER_LABELS
-"""The labels that are settings on a scale (a curve's x): the registry's number labels."""
+"""The labels that are settings on a scale (a curve's x)."""
 
 _COLUMNS = ("run_key", "group_key", "status", "run_maps")
 RECORDS = ("started_at", "finished_at", "mlflow_run_id")
@@ -96,13 +108,13 @@ class SweepData(_Runs):
         object.__setattr__(self, "_memo", {})
         overrides = dict(self._overrides)
         if gates is not None or has_gates is not None:
-            stored_values, stored_has = self._legacy("heads.gate")
+            stored_values, stored_has = self._legacy(GATE)
             values = stored_values if gates is None else np.asarray(gates)
             if has_gates is None:
                 has_gates = stored_has if stored_values.size else _rows_without_nan(values)
-            overrides["heads.gate"] = (values, np.asarray(has_gates, dtype=bool))
+            overrides[GATE] = (values, np.asarray(has_gates, dtype=bool))
         if scores is not None:
-            overrides["heads.log_alpha"] = (np.asarray(scores), _rows_without_nan(np.asarray(scores)))
+            overrides[LOG_ALPHA] = (np.asarray(scores), _rows_without_nan(np.asarray(scores)))
         if overrides != dict(self._overrides):
             object.__setattr__(self, "_overrides", MappingProxyType(overrides))
             object.__setattr__(self, "_memo", {})
@@ -151,20 +163,20 @@ class SweepData(_Runs):
     @property
     def gates(self) -> np.ndarray:
         """``(N, L, H)`` float32 final gates (map ``heads.gate``); NaN rows for runs without gates."""
-        return self._legacy("heads.gate")[0]
+        return self._legacy(GATE)[0]
 
     @property
     def has_gates(self) -> np.ndarray:
         """``(N,)`` bool: the run is finished with a gate map."""
-        return self._legacy("heads.gate")[1]
+        return self._legacy(GATE)[1]
 
     @property
     def scores(self) -> np.ndarray | None:
         """``(N, L, H)`` float32 per-head scores (map ``heads.log_alpha``), NaN where missing;
         None when no run of the sweep has them."""
-        if "heads.log_alpha" not in self._overrides and "heads.log_alpha" not in self.map_info:
+        if LOG_ALPHA not in self._overrides and LOG_ALPHA not in self.map_info:
             return None
-        return self.map("heads.log_alpha")[0]
+        return self.map(LOG_ALPHA)[0]
 
     def subset(self, mask: np.ndarray) -> SweepData:
         """The runs where ``mask`` (``(N,)`` bool or an index array) selects them."""
@@ -234,6 +246,24 @@ def _objects(values: list[Any]) -> np.ndarray:
     out[:] = values
     return frozen(out)
 
+def label_columns(labels: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Each run's stored labels -> ``{label: (N,) column}``: :data:`LABELS` always, then every other label a
+    run has, in name order; the seed int64, numbers float64 (NaN where unset), text str ("" where unset)."""
+    names = [*LABELS, *sorted({name for found in labels for name in found} - set(LABELS))]
+    columns = {}
+    for name in names:
+        values = [found.get(name) for found in labels]
+        if name == "seed":
+            column = np.array(values, dtype=np.int64)
+        elif name in NUMBER_LABELS or values and all(v is None or _is_number(v) for v in values) and any(
+                v is not None for v in values):
+            column = np.array([math.nan if v is None else v for v in values], dtype=np.float64)
+        else:
+            column = np.array(["" if v is None else str(v) for v in values], dtype=str)
+        columns[name] = frozen(column)
+    return columns
+
+
 def from_runs(runs: dict[str, Any], source: MapSource | None, version: Version | None = None) -> SweepData:
     """``RegistryReader.sweep_runs(...)`` (+ where its maps come from) -> :class:`SweepData` (read only)."""
     arrays = {name: frozen(np.asarray(runs[name])) for name in ("run_key", "group_key", "status")}
@@ -244,7 +274,7 @@ def from_runs(runs: dict[str, Any], source: MapSource | None, version: Version |
         sweep_id=runs["sweep_id"],
         version=version if version is not None else (runs["updated_at"], len(runs["run_key"])),
         run_maps=frozen(run_maps),
-        labels=MappingProxyType({name: frozen(np.asarray(runs[name])) for name in LABELS}),
+        labels=MappingProxyType(label_columns(runs["labels"])),
         metrics=MappingProxyType(_metric_columns(runs["metrics"])),
         config=MappingProxyType(config_columns(runs["config"])),
         records=MappingProxyType({name: _objects(runs.get(name, [None] * len(runs["run_key"]))) for name in RECORDS}),

@@ -8,8 +8,6 @@ points are means over the cell's seeds, bands their standard deviation. Pure ove
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from analysis.data.select import (
@@ -22,8 +20,13 @@ from analysis.data.select import (
 )
 from analysis.data.sweep import SweepData
 from analysis.questions.pruning import cell_labels
+from experiments.common import outputs
 
-NOISE = re.compile(r"^(?P<metric>.+)_noise_(?P<which>top|random)_(?P<fraction>[0-9.e-]+)$")
+ACCURACY = outputs.ACCURACY.name
+PRUNED_ACCURACY = outputs.PRUNED.name(metric=ACCURACY)
+KEPT_FRACTION = outputs.PRUNED_KEPT_FRACTION.name
+
+NOISE = outputs.NOISE
 """``accuracy_noise_top_0.01``: accuracy with Gaussian noise on the run's top 1 % neurons (``random``:
 on as many random neurons of the same layers); skill_neurons' perturbation metrics."""
 Lines = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
@@ -33,8 +36,8 @@ def noise_metrics(names) -> dict[str, dict[float, str]]:
     """``{which: {fraction: metric name}}`` of the perturbation metrics of accuracy among ``names``."""
     found: dict[str, dict[float, str]] = {}
     for name in names:
-        match = NOISE.match(name)
-        if match and match["metric"] == "accuracy":
+        match = NOISE.parse(name)
+        if match and match["metric"] == ACCURACY:
             found.setdefault(match["which"], {})[float(match["fraction"])] = name
     return found
 
@@ -55,7 +58,7 @@ def _cells(sel: SweepData, has: np.ndarray) -> list[tuple[str, np.ndarray]]:
     return [(f"{label} (n={int(has[idx].sum())})", idx[has[idx]]) for label, idx in zip(labels, cells, strict=True)]
 
 
-def layer_points(data: SweepData, map_name: str = "neurons.predictivity", filters: Filters | None = None) -> Lines:
+def layer_points(data: SweepData, map_name: str = outputs.PREDICTIVITY.name, filters: Filters | None = None) -> Lines:
     """``{cell: (layer 1..L, mean best unit per layer, std)}``: each layer's largest value of the map
     (its best neuron's predictivity), averaged over the cell's seeds."""
     sel, x, _, _ = map_runs(select(data, filters), map_name, switch=False)
@@ -71,27 +74,27 @@ def perturbation_points(data: SweepData, filters: Filters | None = None) -> Line
     run's own accuracy, no noise) to each fraction both were perturbed at; each cell's two lines in a row."""
     sel = select(data, filters)
     found = noise_metrics(sel.metrics)
-    if not found or "accuracy" not in sel.metrics:
-        raise QueryError(f"no run reports accuracy_noise_<top|random>_<fraction> in {describe(filters)}")
+    if not found or ACCURACY not in sel.metrics:
+        raise QueryError(f"no run reports {NOISE.pattern.replace('<metric>', ACCURACY)} in {describe(filters)}")
     fractions = sorted(set(found.get("top", {})) & set(found.get("random", {})))
-    ys = {which: np.stack([sel.metrics["accuracy"], *(sel.metrics[found[which][f]] for f in fractions)], axis=1)
+    ys = {which: np.stack([sel.metrics[ACCURACY], *(sel.metrics[found[which][f]] for f in fractions)], axis=1)
           for which in ("top", "random")}
     lines: Lines = {}
     for label, idx in _cells(sel, ~np.isnan(ys["top"]).any(axis=1) & ~np.isnan(ys["random"]).any(axis=1)):
         for which in ("top", "random"):  # a cell's pair of lines, side by side (drawn in one colour)
             lines[f"{label}: {which}"] = (np.array([0.0, *fractions]), *_mean_std(ys[which][idx]))
     if not lines:
-        raise QueryError(f"no finished run has the accuracy_noise_<top|random>_<fraction> metrics in {describe(filters)}")
+        raise QueryError(f"no finished run has the {NOISE.pattern.replace('<metric>', ACCURACY)} metrics in {describe(filters)}")
     return lines
 
 
 def ffn_pruning_points(data: SweepData, filters: Filters | None = None) -> Lines:
     """``{cell: (fraction of the pruned layers' FFN neurons kept: (kept, 1), mean accuracy, std)}``."""
     sel = select(data, filters)
-    if not {"pruned_accuracy", "pruned_kept_fraction", "accuracy"} <= set(sel.metrics):
-        raise QueryError(f"no run reports pruned_accuracy (skill_neurons.prune_fraction) in {describe(filters)}")
-    kept = sel.metrics["pruned_kept_fraction"]
-    ys = np.stack([sel.metrics["pruned_accuracy"], sel.metrics["accuracy"]], axis=1)
+    if not {PRUNED_ACCURACY, KEPT_FRACTION, ACCURACY} <= set(sel.metrics):
+        raise QueryError(f"no run reports {PRUNED_ACCURACY} (skill_neurons.prune_fraction) in {describe(filters)}")
+    kept = sel.metrics[KEPT_FRACTION]
+    ys = np.stack([sel.metrics[PRUNED_ACCURACY], sel.metrics[ACCURACY]], axis=1)
     lines: Lines = {}
     for label, idx in _cells(sel, ~np.isnan(ys).any(axis=1) & ~np.isnan(kept)):
         lines[label] = (np.array([float(np.mean(kept[idx])), 1.0]), *_mean_std(ys[idx]))

@@ -9,8 +9,6 @@ the mean over the cell's runs, band = their standard deviation. Pure over a load
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from analysis.data.select import (
@@ -25,8 +23,9 @@ from analysis.data.select import (
     varying_config,
 )
 from analysis.data.sweep import SweepData
+from experiments.common import outputs
 
-PRUNED = re.compile(r"^(?P<metric>.+)_pruned_(?P<pct>\d+)(?P<where>/.+)?$")
+CURVE = outputs.PRUNING_CURVE
 """``accuracy_pruned_30`` -> metric ``accuracy``, pct 30; ``accuracy_pruned_30/ood`` -> ``accuracy/ood``."""
 
 
@@ -34,19 +33,19 @@ def pruned_metrics(names) -> dict[str, dict[int, str]]:
     """``{curve metric: {pct: metric name}}`` of the names that are pruning-curve points."""
     curves: dict[str, dict[int, str]] = {}
     for name in names:
-        match = PRUNED.match(name)
+        match = CURVE.parse(name)
         if match:
-            metric = match["metric"] + (match["where"] or "")
+            metric = match["metric"] + match["where"]
             curves.setdefault(metric, {})[int(match["pct"])] = name
     return curves
 
 
 def is_curve_point(name: str) -> bool:
     """True for a pruning-curve point (``accuracy_pruned_30``), which is no figure's y by itself."""
-    return PRUNED.match(name) is not None
+    return CURVE.matches(name)
 
 
-def pruning_points(data: SweepData, metric: str = "accuracy", filters: Filters | None = None
+def pruning_points(data: SweepData, metric: str = outputs.ACCURACY.name, filters: Filters | None = None
                    ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """``{line: (fraction pruned, mean, std)}``: one line per cell with the curve of ``metric``."""
     sel = select(data, filters)
@@ -55,7 +54,7 @@ def pruning_points(data: SweepData, metric: str = "accuracy", filters: Filters |
         known = sorted(curves)
         raise QueryError(f"no pruning curve of '{metric}' in {describe(filters)}"
                          + (f"{did_you_mean(metric, known)} (curves: {', '.join(known)})" if known else
-                            " (head_importance runs report them as <metric>_pruned_<pct>)"))
+                            f" (head_importance runs report them as {CURVE.pattern})"))
     pcts = sorted(curves[metric])
     ys = np.stack([sel.metrics[curves[metric][p]] for p in pcts], axis=1)  # (N, P)
     cells = [idx for idx in groups_in_cell_order(sel) if (~np.isnan(ys[idx])).any()]  # cells with a finished curve

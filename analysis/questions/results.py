@@ -23,6 +23,7 @@ from analysis.data.select import (
 )
 from analysis.data.sweep import CELL_LABELS, SweepData
 from analysis.statistics import intervals
+from experiments.common import outputs
 from experiments.common.collapse import COLLAPSED
 
 
@@ -58,7 +59,7 @@ def aggregate(data: SweepData, group_by: Sequence[str], metric: str, filters: Fi
         row.update(metric=metric, mean=py(agg.mean), std=py(agg.std), n=agg.n,
                    ci_lo=py(agg.ci_lo), ci_hi=py(agg.ci_hi), ci_method=agg.ci_method, runs=len(idx))
         if collapsed is not None:
-            row["collapsed"] = int(np.nansum(collapsed[idx]))
+            row[COLLAPSED] = int(np.nansum(collapsed[idx]))
         rows.append(row)
     return rows
 
@@ -70,7 +71,7 @@ def results(data: SweepData, group_by: Sequence[str], metric: str | None = None,
     heads (``expected_open``: what the L0 penalty counts), when the runs report them."""
     metric = metric or default_metric(data)
     rows = aggregate(data, group_by, metric, filters)
-    if metric == "open_heads" and "expected_open_heads" in data.metrics:
-        expected = aggregate(data, group_by, "expected_open_heads", filters)  # the same groups, in order
+    if metric == outputs.OPEN_HEADS.name and outputs.EXPECTED_OPEN_HEADS.name in data.metrics:
+        expected = aggregate(data, group_by, outputs.EXPECTED_OPEN_HEADS.name, filters)  # the same groups, in order
         rows = [row | {"expected_open": e["mean"]} for row, e in zip(rows, expected, strict=True)]
     return metric, rows

@@ -51,21 +51,21 @@ from analysis.data.select import (
 )
 from analysis.data.sweep import SweepData
 from analysis.statistics import nulls
+from experiments.common import outputs
 
 METHOD = "prompt_transfer"
+MEASURED = (outputs.TRANSFER_RELATIVE, outputs.TRANSFER_ACCURACY, outputs.OVERLAP_TOP20, outputs.OVERLAP_ACTIVE)
+"""The run's metrics shown as tables, under their own names."""
+TRANSFER, _, OVERLAP_TOP20, OVERLAP_ACTIVE = (metric.name for metric in MEASURED)
 TABLES = {
-    "transfer_relative": "zero-shot transfer: source prompt on the target task / target prompt's own accuracy",
-    "transfer_accuracy": "zero-shot transfer: dev accuracy of the source prompt on the target task",
-    "overlap_top20": "shared fraction of the two prompts' top 20 % skill neurons",
-    "overlap_active": "overlap (cosine) of the neurons the two prompts activate",
+    **{metric.name: metric.meaning for metric in MEASURED},
     "drop_top": "target accuracy lost to noise on the source's top skill neurons",
     "drop_random": "target accuracy lost to noise on as many random neurons (same layers)",
 }
 """The tables, by name, and what each shows (rows: source task, columns: target task)."""
-TABLES_DRAWN = ("transfer_relative", "overlap_top20", "overlap_active", "drop_top", "drop_random")
-OVERLAPS = ("overlap_top20", "overlap_active")
-TRANSFER = "transfer_relative"
-_NOISE = "accuracy_noise_source_{}_{:g}"
+TABLES_DRAWN = (TRANSFER, OVERLAP_TOP20, OVERLAP_ACTIVE, "drop_top", "drop_random")
+OVERLAPS = (OVERLAP_TOP20, OVERLAP_ACTIVE)
+ACCURACY = outputs.ACCURACY.name
 _NOISE_STD = f"{METHOD}.noise_std"
 _SOURCE_TASK = "source.task."
 """Config keys of the source stage's task: they follow ``source_task``, never another axis."""
@@ -141,8 +141,8 @@ def spearman_test(x: np.ndarray, y: np.ndarray, n_perm: int, rng: np.random.Gene
 
 def perturbed_fractions(names) -> list[float]:
     """The fractions ``f`` of the ``accuracy_noise_source_top_<f>`` metrics among ``names``."""
-    prefix = "accuracy_noise_source_top_"
-    return sorted(float(name[len(prefix):]) for name in names if name.startswith(prefix))
+    found = (outputs.SOURCE_NOISE.parse(name) for name in names)
+    return sorted(float(f["fraction"]) for f in found if f and f["metric"] == ACCURACY and f["which"] == "top")
 
 
 def transfer_tables(data: SweepData, filters: Filters | None = None, fraction: float | None = None,
@@ -169,14 +169,12 @@ def transfer_tables(data: SweepData, filters: Filters | None = None, fraction: f
     tasks = sorted(set(targets) | set(sources))
     row = np.array([tasks.index(s) for s in sources])
     col = np.array([tasks.index(t) for t in targets])
-    accuracy = sel.metrics["accuracy"]
+    accuracy = sel.metrics[ACCURACY]
+    noise = {which: outputs.SOURCE_NOISE.name(metric=ACCURACY, which=which, fraction=fraction) for which in ("top", "random")}
     values = {
-        "transfer_relative": sel.metrics[TRANSFER],
-        "transfer_accuracy": sel.metrics["transfer_accuracy"],
-        "overlap_top20": sel.metrics["overlap_top20"],
-        "overlap_active": sel.metrics["overlap_active"],
-        "drop_top": accuracy - sel.metrics[_NOISE.format("top", fraction)],
-        "drop_random": accuracy - sel.metrics[_NOISE.format("random", fraction)],
+        **{metric.name: sel.metrics[metric.name] for metric in MEASURED},
+        "drop_top": accuracy - sel.metrics[noise["top"]],
+        "drop_random": accuracy - sel.metrics[noise["random"]],
     }
     seeds = np.zeros((len(tasks), len(tasks)), dtype=np.int64)
     np.add.at(seeds, (row, col), 1)

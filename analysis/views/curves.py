@@ -10,13 +10,16 @@ from analysis.data.sweep import SweepData
 from analysis.questions.neurons import ffn_pruning_points, layer_points, perturbation_points
 from analysis.questions.pruning import pruned_metrics, pruning_points
 from analysis.views import figures
+from experiments.common import outputs
+
+ACCURACY = outputs.ACCURACY.name
 
 
 def _where(sel: SweepData) -> str:
     return ", ".join(sorted(set(sel.task.tolist())))
 
 
-def layers_figure(data: SweepData, filters: Filters | None = None, map_name: str = "neurons.predictivity") -> Figure:
+def layers_figure(data: SweepData, filters: Filters | None = None, map_name: str = outputs.PREDICTIVITY.name) -> Figure:
     lines = layer_points(data, map_name, filters)
     title = (f"best neuron per layer of {map_name} ({_where(select(data, filters))}); chance 0.5\n"
              f"mean, band = std over seeds\n{data.sweep_id}: {describe(filters)}")
@@ -29,7 +32,7 @@ def perturbation_figure(data: SweepData, filters: Filters | None = None) -> Figu
              f"({_where(select(data, filters))})\n{data.sweep_id}: {describe(filters)}")
     dashed = frozenset(label for label in lines if label.endswith(": random"))
     return figures.metric_curves_figure(lines, "fraction of FFN neurons perturbed (solid: top, dashed: random)",
-                                 "accuracy", title, dashed)
+                                 ACCURACY, title, dashed)
 
 
 def ffn_pruning_figure(data: SweepData, filters: Filters | None = None) -> Figure:
@@ -37,7 +40,7 @@ def ffn_pruning_figure(data: SweepData, filters: Filters | None = None) -> Figur
     title = (f"accuracy keeping only the top skill neurons of the pruned layers' FFN "
              f"({_where(select(data, filters))})\nthe rest folded into the output bias, no re-tuning; "
              f"mean, band = std over seeds\n{data.sweep_id}: {describe(filters)}")
-    return figures.metric_curves_figure(lines, "fraction of the pruned layers' FFN neurons kept", "accuracy", title)
+    return figures.metric_curves_figure(lines, "fraction of the pruned layers' FFN neurons kept", ACCURACY, title)
 
 
 def pruning_figure(data: SweepData, filters: Filters | None = None, metric: str | None = None) -> Figure:
@@ -45,7 +48,7 @@ def pruning_figure(data: SweepData, filters: Filters | None = None, metric: str 
     mean line and std band over seeds per cell."""
     sel = select(data, filters)
     curves = sorted(pruned_metrics(sel.metrics))
-    metric = metric or ("accuracy" if "accuracy" in curves else (curves or ["accuracy"])[0])
+    metric = metric or (ACCURACY if ACCURACY in curves else (curves or [ACCURACY])[0])
     lines = pruning_points(data, metric, filters)
     where = ", ".join(sorted({f"{t} / {m}" for t, m in zip(sel.task, sel.model, strict=True)}))
     title = (f"{metric} vs fraction of heads pruned (least important first)\n"

@@ -15,7 +15,6 @@ from matplotlib.figure import Figure
 
 from analysis import statistics
 from analysis.data.select import (
-    _NOT_CURVE_METRICS,
     DEFAULT_MAP,
     Filters,
     QueryError,
@@ -29,6 +28,7 @@ from analysis.data.select import (
     did_you_mean,
     group_indices,
     groups_in_cell_order,
+    is_not_score,
     map_runs,
     map_stack,
     select,
@@ -43,12 +43,15 @@ from analysis.questions.agreement.result import Agreement
 from analysis.views import curves, figures
 from analysis.views.compare_figure import compare_figure
 from analysis.views.figure_kinds import FIGURE_KINDS
+from experiments.common import outputs
 from experiments.common.png import FORMATS, figure_bytes
 from experiments.common.units import OPEN_THRESHOLD
 
 CELL_AXES = CELL_LABELS
 """The labels that name a cell, seed aside (any other config key of a grid names it too)."""
-CURVE_X = (*SCALE_LABELS, "open_heads")
+OPEN_HEADS = outputs.OPEN_HEADS.name
+PRUNED_ACCURACY = outputs.PRUNED.name(metric=outputs.ACCURACY.name)
+CURVE_X = (*SCALE_LABELS, OPEN_HEADS)
 
 
 def _title(data: SweepData, filters: Filters | None) -> str:
@@ -77,7 +80,7 @@ def _open_counts(sel: SweepData, idx: np.ndarray, is_open: np.ndarray) -> str:
     (``is_open``: their (n, L, H) open heads); the expected ones when the runs report them."""
     text = f"heads open (test-time gate > {OPEN_THRESHOLD:g}): " + ", ".join(
         str(int(n)) for n in is_open.reshape(len(idx), -1).sum(axis=1))
-    expected = sel.metrics.get("expected_open_heads")
+    expected = sel.metrics.get(outputs.EXPECTED_OPEN_HEADS.name)
     if expected is not None and np.isfinite(expected[idx]).all():
         text += "; expected open " + ", ".join(f"{e:.1f}" for e in expected[idx])
     return text
@@ -136,7 +139,7 @@ def _grey(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP)
     is_open = x > OPEN_THRESHOLD  # the one definition of open, as every count
     counts = is_open.reshape(len(sel), -1).sum(axis=1)
     text = f"heads open (test-time gate > {OPEN_THRESHOLD:g}) in {len(sel)} runs: mean {counts.mean():.1f}"
-    expected = sel.metrics.get("expected_open_heads")
+    expected = sel.metrics.get(outputs.EXPECTED_OPEN_HEADS.name)
     if expected is not None and np.isfinite(expected).all():
         text += f", expected open {expected.mean():.1f}"
     return figures.grey_map_figure(is_open.astype(np.float64), f"{text}\n{_title(sel, filters)}",
@@ -168,8 +171,8 @@ def _agreement_title(result: Agreement, filters: Filters | None) -> str:
 
 
 def _open_heads(data: SweepData) -> np.ndarray:
-    if "open_heads" in data.metrics:
-        return data.metrics["open_heads"]
+    if OPEN_HEADS in data.metrics:
+        return data.metrics[OPEN_HEADS]
     if DEFAULT_MAP not in data.maps:  # no run gates heads (a weight-mask sweep)
         return np.full(len(data), np.nan)
     values, has = map_stack(data, DEFAULT_MAP)
@@ -190,7 +193,7 @@ def curve_points(data: SweepData, metric: str, x: str, filters: Filters | None =
         raise QueryError(f"unknown x '{x}'{did_you_mean(x, CURVE_X)} (one of {', '.join(CURVE_X)})")
     sel = select(data, filters)
     y = check_metric(sel, metric)
-    xs = _open_heads(sel) if x == "open_heads" else sel.axis(x)
+    xs = _open_heads(sel) if x == OPEN_HEADS else sel.axis(x)
     ok = ~np.isnan(y) & ~np.isnan(xs)
     if not ok.any():
         raise QueryError(f"no finished run has both {metric} and {x} in {describe(filters)}")
@@ -202,7 +205,7 @@ def curve_points(data: SweepData, metric: str, x: str, filters: Filters | None =
         in_p = (sel.method == method) & (pipelines == pipeline)
         part = sel.subset(in_p)
         points = []
-        for idx in group_indices(part, ["group_key" if x == "open_heads" else x]):
+        for idx in group_indices(part, ["group_key" if x == OPEN_HEADS else x]):
             vals = y[in_p][idx]
             std = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
             points.append((float(xs[in_p][idx].mean()), float(vals.mean()), std))
@@ -217,7 +220,7 @@ def _curves(data: SweepData, filters: Filters | None, metric: str | None, x: str
     metric = metric or default_metric(sel)
     x = x or _default_x(sel)
     curves = curve_points(data, metric, x, filters)
-    xlabel = {"open_heads": f"open heads (test-time gate > {OPEN_THRESHOLD:g})"}.get(x, x)
+    xlabel = {OPEN_HEADS: f"open heads (test-time gate > {OPEN_THRESHOLD:g})"}.get(x, x)
     return figures.metric_curves_figure(curves, xlabel, metric, f"{metric} vs {xlabel}\n{_title(sel, filters)}")
 
 
@@ -225,7 +228,7 @@ def _default_x(sel: SweepData) -> str:
     for axis in SCALE_LABELS:
         if np.unique(sel.axis(axis)[~np.isnan(sel.axis(axis))]).size >= 2:
             return axis
-    return "open_heads"
+    return OPEN_HEADS
 
 
 def figure_of(data: SweepData, kind: str, filters: Filters | None = None, across: str = "seed",
@@ -290,7 +293,7 @@ def check_kind(kind: str) -> None:
                          f"(one of {', '.join(FIGURE_KINDS)})")
 
 
-COST_PREFIX = "cost."
+COST = outputs.COST
 """The run-cost timings (``experiments.common.costs``): ``cost.<part>_s``, drawn together in one figure."""
 
 
@@ -299,7 +302,7 @@ def cost_parts(data: SweepData, filters: Filters | None = None
     """(the parts, ``{method [pipeline]: (mean, std) seconds per part}``, runs timed, their mean total
     seconds) of the selection's ``cost.<part>_s`` metrics; ``cost.total_s`` is the total, not a part."""
     sel = select(data, filters)
-    parts = sorted(m for m in sel.metrics if m.startswith(COST_PREFIX) and m.endswith("_s") and m != "cost.total_s")
+    parts = sorted(m for m in sel.metrics if COST.matches(m) and m != outputs.COST_TOTAL)
     timed = np.zeros(len(sel), dtype=bool)
     for name in parts:
         timed |= ~np.isnan(sel.metrics[name])
@@ -315,9 +318,9 @@ def cost_parts(data: SweepData, filters: Filters | None = None
             warnings.simplefilter("ignore", RuntimeWarning)  # a part some method never times: NaN, no bar
             groups[" ".join(p for p in (method, pipeline) if p and p != "nan")] = (
                 np.nanmean(stack, axis=0), np.nan_to_num(np.nanstd(stack, axis=0)))
-    total = sel.metrics.get("cost.total_s")
+    total = sel.metrics.get(outputs.COST_TOTAL)
     mean_total = float(np.nanmean(total)) if total is not None and (~np.isnan(total)).any() else math.nan
-    return [name.removeprefix(COST_PREFIX).removesuffix("_s") for name in parts], groups, len(sel), mean_total
+    return [COST.parse(name)["part"] for name in parts], groups, len(sel), mean_total
 
 
 def _cost(data: SweepData, filters: Filters | None) -> Figure:
@@ -335,7 +338,7 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
     grey map of all runs and of each task, an agreement heat map across each
     axis that has 2 values (seed: a cell with 2 seeds), a compare-maps matrix per
     unit kind with two or more maps that some matched runs share (``maps.plan_maps``: a map derived
-    from another, ``select.DERIVED``, left out), per task the curves of each metric (not losses, head
+    from another, ``outputs.DERIVED``, left out), per task the curves of each metric (not losses, head
     counts or timings) vs each x that varies, and one figure of every ``cost.<part>_s`` timing.
     """
     sel = data.subset(data.has_gates)
@@ -353,10 +356,11 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
         for across in ("task", "pipeline", "model"):
             if len(axis_values(sel, across)) >= 2:
                 plan.append((f"agreement_{across}", "agreement", {"across": across}))
-    if "heads.mask_density" in data.maps:  # weight masks: do seeds keep the same weights?
-        masked = data.subset(data.map("heads.mask_density")[1])
+    density = outputs.HEAD_DENSITY.name
+    if density in data.maps:  # weight masks: do seeds keep the same weights?
+        masked = data.subset(data.map(density)[1])
         if any(len(idx) >= 2 for idx in group_indices(masked, ["group_key"])):
-            plan.append(("agreement_seed_mask_density", "agreement", {"across": "seed", "map_name": "heads.mask_density"}))
+            plan.append(("agreement_seed_mask_density", "agreement", {"across": "seed", "map_name": density}))
     for map_name in (m for m in data.maps if m.startswith("neurons.")):  # FFN neurons: do seeds keep the same?
         finished = data.subset(data.map(map_name)[1])
         if any(len(idx) >= 2 for idx in group_indices(finished, ["group_key"])):
@@ -368,7 +372,7 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
         found = neurons.noise_metrics(name for name, v in part.metrics.items() if (~np.isnan(v)).any())
         if found:
             plan.append((f"perturbation_{task}", "perturbation", {"filters": {"task": [task]}}))
-        if "pruned_accuracy" in part.metrics and (~np.isnan(part.metrics["pruned_accuracy"])).any():
+        if PRUNED_ACCURACY in part.metrics and (~np.isnan(part.metrics[PRUNED_ACCURACY])).any():
             plan.append((f"ffn_pruning_{task}", "ffn_pruning", {"filters": {"task": [task]}}))
     for names in plan_maps(data):  # two or more maps of one kind: do the methods rank units alike?
         plan.append((f"compare_maps_{names[0].partition('.')[0]}", "compare_maps", {"maps": names}))
@@ -377,12 +381,12 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
         part = select(done, {"task": [task]})
         xs = [a for a in SCALE_LABELS if np.unique(part.axis(a)[~np.isnan(part.axis(a))]).size >= 2]
         if part.has_gates.any():  # open heads are a head-gating sweep's x, not a mask sweep's
-            xs.append("open_heads")
-        for metric in sorted(m for m in part.metrics if m.split("/")[0] not in _NOT_CURVE_METRICS
-                             and not pruning.is_curve_point(m) and not m.startswith(COST_PREFIX)):
+            xs.append(OPEN_HEADS)
+        for metric in sorted(m for m in part.metrics if not is_not_score(m)
+                             and not pruning.is_curve_point(m) and not COST.matches(m)):
             y = part.metrics[metric]
             for x in xs:  # only curves some run can draw (a mask run has no open heads, a finetune no sparsity)
-                xv = _open_heads(part) if x == "open_heads" else part.axis(x)
+                xv = _open_heads(part) if x == OPEN_HEADS else part.axis(x)
                 if not (~np.isnan(y) & ~np.isnan(np.asarray(xv, dtype=float))).any():
                     continue
                 plan.append((f"curves_{task}_{metric}_vs_{x}", "curves",
@@ -390,7 +394,7 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
         for metric, points in sorted(pruning.pruned_metrics(part.metrics).items()):  # head_importance's curves
             if any((~np.isnan(part.metrics[name])).any() for name in points.values()):
                 plan.append((f"pruning_{task}_{metric}", "pruning", {"filters": {"task": [task]}, "metric": metric}))
-    if any(m.startswith(COST_PREFIX) and (~np.isnan(v)).any() for m, v in data.metrics.items()):
+    if any(COST.matches(m) and (~np.isnan(v)).any() for m, v in data.metrics.items()):
         plan.append(("cost", "cost", {}))  # every timing in one figure, never a curve each
     return [(_safe_name(name) + ".png", kind, params) for name, kind, params in plan]
 

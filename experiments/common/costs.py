@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+from experiments.common import outputs
+
 PARTS = ("claim", "mlflow", "model", "data", "train", "figures", "artifacts", "finish")
 """The parts a run's set-up, work and bookkeeping are split into, in the order they happen."""
 
@@ -62,10 +64,10 @@ class Costs:
     def metrics(self) -> dict[str, float]:
         """``cost.<part>_s`` of every part timed so far, ``cost.total_s`` once :meth:`end` was called,
         and ``cost.first_in_worker`` (1.0 / 0.0)."""
-        out = {f"cost.{name}_s": seconds for name, seconds in self.seconds.items()}
+        out = {outputs.COST.name(part=name): seconds for name, seconds in self.seconds.items()}
         if self.ended is not None:
-            out["cost.total_s"] = self.ended - self.started
-        out["cost.first_in_worker"] = float(self.first_in_worker)
+            out[outputs.COST_TOTAL] = self.ended - self.started
+        out[outputs.FIRST_IN_WORKER.name] = float(self.first_in_worker)
         return out
 
 

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from experiments.common import outputs
 from experiments.interventions.handles import Handle
 from experiments.interventions.heads import _slice_linear  # the same Linear slicing as head pruning
 from experiments.models import architecture_of
@@ -301,11 +302,11 @@ def pruned_metrics(
     """
     pruned = copy.deepcopy(encoder)
     prune_ffn(pruned, keep, baseline, fold)
-    metrics = {f"pruned_{name}": float(value) for name, value in evaluate(pruned).items()}
+    metrics = {outputs.PRUNED.name(metric=name): float(value) for name, value in evaluate(pruned).items()}
     _, inner = ffn_layout(encoder)
     kept = sum(len(index) for index in keep.values())
     return metrics | {
-        "pruned_kept_fraction": kept / (inner * len(keep)),
+        outputs.PRUNED_KEPT_FRACTION.name: kept / (inner * len(keep)),
         "pruned_params": float(sum(p.numel() for p in pruned.parameters())),
         "pruned_params_full": float(sum(p.numel() for p in encoder.parameters())),
     }

@@ -81,8 +81,9 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from experiments.common import outputs
 from experiments.common.mask_format import pack_masks, read_masks
-from experiments.common.result import RunResult, UnitMap
+from experiments.common.result import RunResult
 from experiments.interventions.handles import Handle
 from experiments.models import architecture_of
 
@@ -488,14 +489,9 @@ def masked_result(cfg, state, metrics: Mapping[str, float], masks: Masks, initia
     ``weights.mask_density`` (L, 6: ``ROLES``), and the mask itself as ``masks.npz``; the mask it
     started from, where given (trained scores), as ``initial_masks.npz`` (what training changed is
     the difference: analysis.questions.masks)."""
-    maps = {
-        "heads.mask_density": UnitMap(head_density(masks, state.num_layers, state.num_heads), "heads",
-                                      "fraction of the head's Q, K, V rows and output columns kept"),
-        "neurons.mask_density": UnitMap(neuron_density(masks), "neurons",
-                                        "fraction of the FFN neuron's input row and output column kept"),
-        "weights.mask_density": UnitMap(role_density(masks), "weights",
-                                        "fraction of each layer's matrix kept: " + ", ".join(ROLES)),
-    }
+    maps = dict([outputs.HEAD_DENSITY(head_density(masks, state.num_layers, state.num_heads)),
+                 outputs.NEURON_DENSITY(neuron_density(masks)),
+                 outputs.WEIGHT_DENSITY(role_density(masks), f"{outputs.WEIGHT_DENSITY.meaning}: {', '.join(ROLES)}")])
     return RunResult(run_key=cfg.run_key, group_key=cfg.group_key,
                      metrics=dict(metrics) | {"sparsity": realised_sparsity(masks)[1]}, maps=maps,
                      eval_steps=np.asarray(state.values["eval_steps"]), steps=state.step,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.common import collapse
+from experiments.common import collapse, outputs
 from experiments.common.costs import active, timed
 from experiments.common.result import RunResult
 from experiments.common.sections import flatten
@@ -91,8 +91,8 @@ def map_pngs(result: RunResult, labels: dict) -> dict[str, bytes]:
             png = map_png(unit_map.values, f"{title}\n{name}: {unit_map.meaning}", name, units=[""], xlabel="")
         elif unit_map.kind != "heads" or _drawn_by_its_gate_map(name, result):
             continue
-        elif name == "heads.gate" or name.startswith("heads.gate."):  # several gate sets: multitask's heads.gate.<task>
-            png = gate_map_png(unit_map.values, title if name == "heads.gate" else f"{title}\n{name}",
+        elif outputs.GATE.matches(name):  # several gate sets: multitask's heads.gate.<task>
+            png = gate_map_png(unit_map.values, title if name == outputs.GATE.name else f"{title}\n{name}",
                                _expected_open(result, name))
         else:
             png = map_png(unit_map.values, f"{title}\n{name}: {unit_map.meaning}", name, xlabel="head")
@@ -101,13 +101,13 @@ def map_pngs(result: RunResult, labels: dict) -> dict[str, bytes]:
 
 
 def _drawn_by_its_gate_map(name: str, result: RunResult) -> bool:
-    """``heads.log_alpha[.<task>]`` of a run that has its gate map ``heads.gate[.<task>]``."""
-    return name.startswith("heads.log_alpha") and name.replace("heads.log_alpha", "heads.gate", 1) in result.maps
+    """The companion (``heads.log_alpha[.<task>]``) of a gate map (``heads.gate[.<task>]``) the run has."""
+    return any(outputs.companion(gate) == name for gate in result.maps if outputs.GATE.matches(gate))
 
 
 def _expected_open(result: RunResult, gate_map: str) -> float | None:
     """Expected open heads of a gate map, from its companion ``heads.log_alpha[.<task>]`` (None without one)."""
-    log_alpha = result.maps.get(gate_map.replace("heads.gate", "heads.log_alpha", 1))
+    log_alpha = result.maps.get(outputs.companion(gate_map) or "")
     return None if log_alpha is None else float(prob_open(torch.tensor(log_alpha.values)).sum())
 
 

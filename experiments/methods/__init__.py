@@ -16,6 +16,10 @@ interventions, maths, tasks) and never imports another method. It exposes:
   (``RunConfig.labels()``: MLflow tags, the registry's label columns, the dry-run table);
 - ``labels(section)`` (optional): its labels when not simply its short names' values (multitask:
   no lambda when it trains no gates);
+- ``OUTPUTS`` (optional for methods outside this package, every built-in one has it): what its runs
+  report, an ``experiments.common.outputs.Outputs`` of the maps and metrics declared there (names,
+  meanings, companions, patterns); the method builds its maps and metric names from them, and analysis
+  reads the declarations instead of typed names;
 - ``PROGRESS`` (optional): ``{name of a step value: how to say it}``, what ``headsweep run``'s
   progress bar shows beside the loss (head_gates: ``{"open_heads": "open heads"}``); absent = none;
 - ``run(cfg, ctx) -> RunResult``, reading its keys from ``cfg.section``;
@@ -100,6 +104,8 @@ def check_method(name: str, module: ModuleType) -> None:
     """Raise TypeError naming what a method module lacks (a programming error, found at first use)."""
     from pydantic import BaseModel
 
+    from experiments.common.outputs import Outputs
+
     def fail(what: str) -> None:
         raise TypeError(f"method '{name}' ({module.__name__}): {what}")
 
@@ -119,6 +125,8 @@ def check_method(name: str, module: ModuleType) -> None:
     for short in getattr(module, "SHORT_NAMES", ()):
         if short not in keys or short in _RESERVED:
             fail(f"short name '{short}' must be a key of its Config and not one of {', '.join(_RESERVED)}")
+    if not isinstance(getattr(module, "OUTPUTS", Outputs()), Outputs):
+        fail("OUTPUTS must be an experiments.common.outputs.Outputs (the maps and metrics its runs report)")
     progress = getattr(module, "PROGRESS", {})
     if not (isinstance(progress, dict) and all(isinstance(v, str) for v in (*progress, *progress.values()))):
         fail("PROGRESS must be a dict {name of a step value: how the progress bar says it}")

@@ -45,8 +45,9 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from experiments.common import outputs
 from experiments.common.naming import suggest
-from experiments.common.result import RunResult, UnitMap
+from experiments.common.result import RunResult
 from experiments.common.sections import Section
 from experiments.components.finetuning import finetune_stage
 from experiments.components.probing import boundary_ids, pretrained, sentence_maps, ud_folder
@@ -76,6 +77,13 @@ from experiments.tasks.dependencies import FILES, UD_RELATIONS, arcs, load_ud_ew
 VERSION = "1"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
+OUTPUTS = outputs.Outputs(
+    maps=(outputs.ATTENTION_CHANGE, outputs.CLS_SEP_SHARE, outputs.PATTERN, outputs.CONFIDENCE, outputs.POSITIONAL,
+          outputs.SYNTACTIC, outputs.RARE_WORD),
+    metrics=tuple(outputs.Metric(n, f"over heads: {n.replace('_', ' ')} (mean, or the best head; /<pattern|relation>)")
+                  for n in ("attention_change", "cls_sep_share", "pattern", "confidence", "positional_heads",
+                            "syntactic", "syntactic_reverse", "syntactic_baseline", "rare_word")))
+"""What its runs report (experiments.common.outputs)."""
 REFERENCE = {"attention_change_length": 200}
 """The reference notebook pads every example to max_len = 200 and compares the whole maps."""
 
@@ -172,17 +180,16 @@ def _kovaleva(maps, metrics, tuned, base, dev, boundary, hp, device, split, mode
         counts = counts + (classify_patterns(masses, pair)[..., None] == np.arange(len(PATTERNS)))  # (L, H, 5)
     padded = ("" if hp.attention_change_length is None
               else f", maps padded to {hp.attention_change_length} tokens (the reference's protocol)")
-    maps["heads.attention_change"] = UnitMap(cosine / n, "heads", f"{where}: cosine similarity of attention maps, "
-                                             f"pretrained vs fine-tuned (1 = unchanged){padded}")
-    maps["heads.cls_sep_share"] = UnitMap(special_share / n, "heads", f"{where}: share of attention on [CLS]/[SEP]")
+    maps |= [outputs.ATTENTION_CHANGE(cosine / n, f"{where}: {outputs.ATTENTION_CHANGE.meaning}{padded}"),
+             outputs.CLS_SEP_SHARE(special_share / n, f"{where}: {outputs.CLS_SEP_SHARE.meaning}")]
     for k, pattern in enumerate(PATTERNS):
         if pattern == "block" and not pairs:  # single sentences: no map can be a block
             continue
-        maps[f"heads.pattern_{pattern}"] = UnitMap(counts[..., k] / n, "heads",
-                                                   f"{where}: share of examples with a {pattern} attention map (rule)")
+        maps |= [outputs.PATTERN(counts[..., k] / n, f"{where}: share of examples with a {pattern} attention map (rule)",
+                                 pattern)]
         metrics[f"pattern/{pattern}"] = float(counts[..., k].mean() / n)
-    metrics["attention_change"] = float(maps["heads.attention_change"].values.mean())
-    metrics["cls_sep_share"] = float(maps["heads.cls_sep_share"].values.mean())
+    metrics["attention_change"] = float(maps[outputs.ATTENTION_CHANGE.name].values.mean())
+    metrics["cls_sep_share"] = float(maps[outputs.CLS_SEP_SHARE.name].values.mean())
 
 
 def _voita(maps, metrics, tuned, tokenizer, hp, data_seed, device, model, precision="fp32") -> None:
@@ -211,25 +218,25 @@ def _voita(maps, metrics, tuned, tokenizer, hp, data_seed, device, model, precis
         if len(rarest) < len(counts):
             rare.append(np.isin(most_attended_word(attn, first, end), rarest))  # (L, H)
     where = f"UD EWT test, {len(data)} sentences, {model}"
-    maps["heads.confidence"] = UnitMap(confidence(np.concatenate(row_max, -1)), "heads",
-                                       f"{where}: mean of the largest attention weight per token (Voita confidence)")
+    maps |= [outputs.CONFIDENCE(confidence(np.concatenate(row_max, -1)), f"{where}: {outputs.CONFIDENCE.meaning}")]
     prev, nxt = positional(np.concatenate(offsets, -1))
-    maps["heads.positional"] = UnitMap(np.maximum(prev, nxt), "heads", f"{where}: share of tokens whose argmax is "
-                                       f"the previous or (if more) the next token (positional >= {POSITIONAL_THRESHOLD})")
-    metrics["confidence"] = float(maps["heads.confidence"].values.mean())
-    metrics["positional_heads"] = float((maps["heads.positional"].values >= POSITIONAL_THRESHOLD).sum())
+    maps |= [outputs.POSITIONAL(np.maximum(prev, nxt), f"{where}: share of tokens whose argmax is the previous or "
+                                                       f"(if more) the next token (positional >= {POSITIONAL_THRESHOLD})")]
+    metrics["confidence"] = float(maps[outputs.CONFIDENCE.name].values.mean())
+    metrics["positional_heads"] = float((maps[outputs.POSITIONAL.name].values >= POSITIONAL_THRESHOLD).sum())
     forward = label_rates(np.concatenate(to_head, -1), relations)
     backward = label_rates(np.concatenate(to_dependent, -1), relations)
     baseline = positional_baseline(word_offsets, relations)
     for rel in hp.relations:
         if rel not in forward:  # no arc of it in these sentences
             continue
-        maps[f"heads.syntactic.{rel}"] = UnitMap(forward[rel], "heads", f"{where}: share of {rel} arcs where the dependent attends most to its head")
-        maps[f"heads.syntactic.{rel}.reverse"] = UnitMap(backward[rel], "heads", f"{where}: share of {rel} arcs where the head attends most to its dependent")
+        maps |= [outputs.SYNTACTIC(forward[rel], f"{where}: share of {rel} arcs where the dependent attends most to its "
+                                                 "head", rel),
+                 outputs.SYNTACTIC(backward[rel], f"{where}: share of {rel} arcs where the head attends most to its "
+                                                  "dependent", f"{rel}.reverse")]
         metrics[f"syntactic/{rel}"] = float(forward[rel].max())
         metrics[f"syntactic_reverse/{rel}"] = float(backward[rel].max())
         metrics[f"syntactic_baseline/{rel}"] = baseline[rel][1]
     if rare:
-        maps["heads.rare_word"] = UnitMap(np.mean(rare, axis=0), "heads",
-                                          f"{where}: share of sentences whose most-attended word is its rarest")
-        metrics["rare_word"] = float(maps["heads.rare_word"].values.max())
+        maps |= [outputs.RARE_WORD(np.mean(rare, axis=0), f"{where}: {outputs.RARE_WORD.meaning}")]
+        metrics["rare_word"] = float(maps[outputs.RARE_WORD.name].values.max())

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from experiments.common import outputs
 from experiments.common.result import RunResult
 from experiments.common.sections import ConfigError, Section
 from experiments.components.bias import BiasModel
@@ -38,6 +39,8 @@ from experiments.tasks.cache import load_task
 VERSION = "1"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
+OUTPUTS = outputs.Outputs(metrics=outputs.EVALUATION)
+"""What its runs report (experiments.common.outputs): the evaluation's metrics, no map."""
 BIAS_MODEL = True
 """Its runs may fill a ``bias_model`` stage: they hand on a bias model (experiments/components/bias.py)."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
+from experiments.common import outputs
 from experiments.common.result import RunResult
 from experiments.common.sections import Section
 from experiments.components.debias import LOSSES, check_loss, loss_stages, objective
@@ -22,6 +23,8 @@ from experiments.core.state import fine_tuning, set_up
 VERSION = "1"
 PIPELINES = ("none",)
 SHORT_NAMES = ("loss",)
+OUTPUTS = outputs.Outputs(metrics=(*outputs.EVALUATION, outputs.OPEN_HEADS))
+"""What its runs report (experiments.common.outputs)."""
 
 
 class Config(Section):

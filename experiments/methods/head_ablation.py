@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from experiments.common.result import RunResult, UnitMap
+from experiments.common import outputs
+from experiments.common.result import RunResult
 from experiments.common.sections import Section
 from experiments.components.finetuning import finetune_stage
 from experiments.core.context import RunContext
@@ -40,6 +41,11 @@ from experiments.tasks import Split
 VERSION = "1"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
+OUTPUTS = outputs.Outputs(
+    maps=(outputs.HEAD_ABLATION, outputs.LAYER_ABLATION),
+    metrics=(*outputs.EVALUATION, *(outputs.Metric(n, "the dev metric's change when the most needed unit is disabled")
+                                    for n in ("ablation_delta_min", "ablation_delta_max", "layer_ablation_delta_min"))))
+"""What its runs report (experiments.common.outputs)."""
 
 
 class Config(Section):
@@ -67,12 +73,11 @@ def run(cfg, ctx: RunContext) -> RunResult:
         group_key=cfg.group_key,
         metrics=full | {"ablation_delta_min": float(heads.min()), "ablation_delta_max": float(heads.max()),
                         "layer_ablation_delta_min": float(layers.min())},
-        maps={
-            "heads.ablation_delta": UnitMap(heads, "heads", f"dev {metric} with the head disabled minus full, "
-                                            f"{n} examples (negative = needed)"),
-            "layers.ablation_delta": UnitMap(layers, "layers", f"dev {metric} with the layer disabled minus full, "
-                                             f"{n} examples (negative = needed)"),
-        },
+        maps=dict([
+            outputs.HEAD_ABLATION(heads, f"dev {metric} with the head disabled minus full, {n} examples (negative = needed)"),
+            outputs.LAYER_ABLATION(layers, f"dev {metric} with the layer disabled minus full, {n} examples "
+                                           "(negative = needed)"),
+        ]),
     )
 
 

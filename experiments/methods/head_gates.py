@@ -38,7 +38,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from experiments.common.result import RunResult, UnitMap
+from experiments.common import outputs
+from experiments.common.result import RunResult
 from experiments.common.sections import Section
 from experiments.components.finetuning import finetune_stage
 from experiments.core.context import RunContext
@@ -53,7 +54,12 @@ from experiments.maths.losses import task_loss
 VERSION = "2"  # 2: sparsity evaluates z * keep (learned gates stay heads.gate); SP starts from a finetune stage
 PIPELINES = ("dp", "sp")
 SHORT_NAMES = ("lambda", "sparsity", "pipeline")  # grid axes and --set: lambda = head_gates.lambda
-PROGRESS = {"open_heads": "open heads"}  # beside the loss on `headsweep run`'s progress bar
+PROGRESS = {outputs.OPEN_HEADS.name: "open heads"}  # beside the loss on `headsweep run`'s progress bar
+OUTPUTS = outputs.Outputs(
+    maps=(outputs.GATE, outputs.LOG_ALPHA, outputs.KEPT),
+    metrics=(*outputs.EVALUATION, outputs.OPEN_HEADS, outputs.EXPECTED_OPEN_HEADS, outputs.L0_PENALTY,
+             outputs.Metric("heads_kept", "heads among the top by log_alpha (sparsity)", score=False)))
+"""What its runs report (experiments.common.outputs)."""
 
 
 class Config(Section):
@@ -125,10 +131,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
     log_alpha = gates.log_alpha.detach()
     learned = eval_gates(log_alpha)  # (L, H) test-time gates
     final = dict(metrics)
-    maps = {
-        "heads.gate": UnitMap(learned.cpu().numpy(), "heads", "test-time gate of each head, 0 = removed, 1 = fully open"),
-        "heads.log_alpha": UnitMap(log_alpha.cpu().numpy(), "heads", "Hard Concrete log_alpha: larger = more likely open"),
-    }
+    maps = dict([outputs.GATE(learned.cpu().numpy()), outputs.LOG_ALPHA(log_alpha.cpu().numpy())])
     if hp.sparsity is not None:
         keep = _top_heads(log_alpha, hp.sparsity)
         pruned = learned * keep  # the learned gate values on the kept heads, 0 elsewhere
@@ -137,15 +140,15 @@ def run(cfg, ctx: RunContext) -> RunResult:
         final |= {f"{name}_gated": value for name, value in metrics.items() if name in (task.METRIC, "loss")}
         final |= evaluate_all(state)
         final |= {"open_heads": float(open_heads(pruned).sum()), "heads_kept": float(keep.sum())}
-        maps["heads.kept"] = UnitMap(keep.cpu().numpy(), "heads",
-                                     f"1 = among the top {int(keep.sum())} heads by log_alpha (sparsity {hp.sparsity})")
+        maps |= [outputs.KEPT(keep.cpu().numpy(), f"1 = among the top {int(keep.sum())} heads by log_alpha "
+                                                  f"(sparsity {hp.sparsity})")]
     handle.remove()
     return RunResult(
         run_key=cfg.run_key,
         group_key=cfg.group_key,
         metrics=final,
         maps=maps,
-        trajectories={"heads.gate": np.stack(state.values["trajectory"])},  # (E, L, H)
+        trajectories={outputs.GATE.name: np.stack(state.values["trajectory"])},  # (E, L, H)
         eval_steps=np.asarray(state.values["eval_steps"]),
         steps=state.step,
     )

@@ -52,8 +52,8 @@ from typing import Any
 import torch
 from pydantic import Field, field_validator
 
-from experiments.common import collapse
-from experiments.common.result import RunResult, UnitMap
+from experiments.common import collapse, outputs
+from experiments.common.result import RunResult
 from experiments.common.sections import Section
 from experiments.components.finetuning import finetune_stage
 from experiments.core.context import RunContext
@@ -73,7 +73,10 @@ VERSION = "2"  # 2: |dL/dxi| per example and token (was: of the batch mean); 5 %
 # floor counts, all training examples by default (the reference's protocol)
 PIPELINES = ("none",)
 SHORT_NAMES = ()
-PROGRESS = {"open_heads": "open heads"}  # heads left after each pruning step
+PROGRESS = {outputs.OPEN_HEADS.name: "open heads"}  # heads left after each pruning step
+OUTPUTS = outputs.Outputs(maps=(outputs.IMPORTANCE, outputs.PRUNED_AT),
+                          metrics=(*outputs.EVALUATION, outputs.PRUNING_CURVE))
+"""What its runs report (experiments.common.outputs)."""
 REFERENCE: dict[str, Any] = {}  # every default is the reference script's (heads_pruning.sh --normalize_pruning_by_layer)
 
 
@@ -129,11 +132,11 @@ def run(cfg, ctx: RunContext) -> RunResult:
         scores = _evaluate_with(state, keep)
         curve = {name: value for name, value in scores.items()
                  if name.split("/")[0] not in ("loss", collapse.TOP_CLASS_SHARE, collapse.LOSS_VS_UNIFORM)}
-        ctx.tracker.log_metrics({_pruned(name, ""): v for name, v in curve.items()} | {"heads_pruned": float(count)}, pct)
-        metrics |= {_pruned(name, f"_{pct}"): value for name, value in curve.items()}
+        ctx.tracker.log_metrics({_pruned(name): v for name, v in curve.items()} | {"heads_pruned": float(count)}, pct)
+        metrics |= {_pruned(name, pct): value for name, value in curve.items()}
         if t == 0:
             metrics |= scores  # the unpruned model's dev metrics, under their plain names
-        ctx.progress(t, len(counts) - 1, {"open_heads": float(keep.sum())})
+        ctx.progress(t, len(counts) - 1, {outputs.OPEN_HEADS.name: float(keep.sum())})
 
     n = _examples(state, hp.examples)
     norm = "L2-normalised per layer" if hp.normalize_layers else "per token"
@@ -141,12 +144,12 @@ def run(cfg, ctx: RunContext) -> RunResult:
         run_key=cfg.run_key,
         group_key=cfg.group_key,
         metrics=metrics,
-        maps={
-            "heads.importance": UnitMap(first.numpy(), "heads", f"Michel importance E|dL/dxi| (per example and token) on {n} "
-                                        f"train examples, {norm} (larger = more important)"),
-            "heads.pruned_at": UnitMap(pruned_at.numpy(), "heads", "fraction of heads pruned when it was removed "
-                                       f"({'recomputed' if hp.recompute else 'fixed'} ranking; larger = kept longer)"),
-        },
+        maps=dict([
+            outputs.IMPORTANCE(first.numpy(), f"Michel importance E|dL/dxi| (per example and token) on {n} "
+                                              f"train examples, {norm} (larger = more important)"),
+            outputs.PRUNED_AT(pruned_at.numpy(), "fraction of heads pruned when it was removed "
+                                                 f"({'recomputed' if hp.recompute else 'fixed'} ranking; larger = kept longer)"),
+        ]),
     )
 
 
@@ -189,7 +192,8 @@ def _evaluate_with(state: RunState, keep: torch.Tensor) -> dict[str, float]:
         return evaluate_all(state)
 
 
-def _pruned(name: str, suffix: str) -> str:
-    """``accuracy`` -> ``accuracy_pruned<suffix>``; ``accuracy/ood`` -> ``accuracy_pruned<suffix>/ood``."""
+def _pruned(name: str, pct: int | None = None) -> str:
+    """``accuracy`` -> ``accuracy_pruned_<pct>`` (``outputs.PRUNING_CURVE``), ``accuracy/ood`` ->
+    ``accuracy_pruned_<pct>/ood``; without ``pct``: ``accuracy_pruned``, the tracker's series over pct."""
     metric, slash, where = name.partition("/")
-    return f"{metric}_pruned{suffix}{slash}{where}"
+    return (f"{metric}_pruned" if pct is None else outputs.PRUNING_CURVE.name(metric=metric, pct=pct)) + slash + where

@@ -37,6 +37,7 @@ import torch
 from pydantic import Field, field_validator
 from torch import nn
 
+from experiments.common import outputs
 from experiments.common.result import RunResult
 from experiments.common.sections import Section
 from experiments.components.debias import LOSSES, check_loss, loss_stages, objective
@@ -58,6 +59,8 @@ VERSION = "2"  # 2: the reference rounds: first prune at step 0, encoder-only re
 # rounds of a tenth of the train section, their lr as the reference rebuilds it (no warm-up, decay to 0.9)
 PIPELINES = ("ft_then_prune", "prune_then_ft")
 SHORT_NAMES = ("sparsity", "pipeline", "loss")
+OUTPUTS = outputs.Outputs(maps=outputs.MASK_DENSITIES, metrics=(*outputs.EVALUATION, outputs.SPARSITY))
+"""What its runs report (experiments.common.outputs)."""
 ROUNDS = 10
 """Each round removes 10 % of the original weights (PAPERS.md)."""
 

@@ -44,6 +44,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
+from experiments.common import outputs
 from experiments.common.result import RunResult
 from experiments.common.sections import Section
 from experiments.components.debias import LOSSES, check_loss, loss_stages, objective
@@ -67,6 +68,8 @@ VERSION = "4"  # 4: gradual schedules start from soft magnitude scores (|W|, thr
 # with warm-up, decay and clipping, the cubic schedule ending at the last step, the threshold guard
 PIPELINES = ("prune_only", "ft_then_prune", "prune_then_ft")
 SHORT_NAMES = ("sparsity", "pipeline", "loss")
+OUTPUTS = outputs.Outputs(maps=outputs.MASK_DENSITIES, metrics=(*outputs.EVALUATION, outputs.SPARSITY))
+"""What its runs report (experiments.common.outputs)."""
 REFERENCE: dict[str, Any] = {}
 """Every default is the reference scripts' protocol (scripts/mask_train/*: --mask_classifier true
 --train_classifier false, lr 5e-5 with warm-up, magnitude init, --final_sparsity_epoch = epochs)."""

@@ -60,8 +60,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from experiments.common import outputs
 from experiments.common.naming import suggest
-from experiments.common.result import RunResult, UnitMap
+from experiments.common.result import RunResult
 from experiments.common.sections import ConfigError, Section, TaskConfig
 from experiments.core.context import RunContext
 from experiments.core.loop import (
@@ -93,7 +94,11 @@ from experiments.tasks.cache import load_task
 VERSION = "1"
 PIPELINES = ("none", "shared", "per_task")
 SHORT_NAMES = ("pipeline", "lambda")
-PROGRESS = {"open_heads": "open heads"}  # heads some task keeps open
+PROGRESS = {outputs.OPEN_HEADS.name: "open heads"}  # heads some task keeps open
+OUTPUTS = outputs.Outputs(
+    maps=(outputs.GATE, outputs.LOG_ALPHA),  # per task (heads.gate.<task>) when pipeline is per_task
+    metrics=(*outputs.EVALUATION, outputs.OPEN_HEADS, outputs.EXPECTED_OPEN_HEADS, outputs.L0_PENALTY))
+"""What its runs report (experiments.common.outputs); metrics on each task as ``<metric>/<task>``."""
 MEAN = "mean"
 """The suffix of the mean over tasks: ``accuracy/mean``."""
 
@@ -253,11 +258,11 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     maps = {}
     for name, index in maps_of.items():
-        suffix = name.removeprefix("heads.gate")  # "" or ".<task>"
-        whose = f" on {tasks[index].name} batches" if suffix else " of every task"
+        part = outputs.GATE.part(name) or None  # None: the shared set, else its task
+        whose = f" on {tasks[index].name} batches" if part else " of every task"
         log_alpha = gate_sets[index].log_alpha.detach().cpu().numpy()
-        maps[name] = UnitMap(_test_gates(gate_sets[index]), "heads", f"test-time gate{whose}, 0 = removed")
-        maps[f"heads.log_alpha{suffix}"] = UnitMap(log_alpha, "heads", f"log_alpha{whose}, larger = more open")
+        maps |= [outputs.GATE(_test_gates(gate_sets[index]), f"test-time gate{whose}, 0 = removed", part),
+                 outputs.LOG_ALPHA(log_alpha, f"log_alpha{whose}, larger = more open", part)]
     return RunResult(
         run_key=cfg.run_key,
         group_key=cfg.group_key,
@@ -272,9 +277,9 @@ def run(cfg, ctx: RunContext) -> RunResult:
 def _gate_map_names(pipeline: str, names: list[str]) -> dict[str, int]:
     """The gate maps of a pipeline, each with the index of the task whose set it shows."""
     if pipeline == "shared":
-        return {"heads.gate": 0}
+        return {outputs.GATE.name: 0}
     if pipeline == "per_task":
-        return {f"heads.gate.{name}": i for i, name in enumerate(names)}
+        return {outputs.GATE.named(name): i for i, name in enumerate(names)}
     return {}
 
 

@@ -41,7 +41,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from experiments.common.result import RunResult, UnitMap
+from experiments.common import outputs
+from experiments.common.result import RunResult
 from experiments.common.sections import Section
 from experiments.components.probing import sentence_maps, stage_encoder, ud_folder
 from experiments.core.context import RunContext
@@ -61,6 +62,14 @@ from experiments.tasks.ud_pos import LABEL_NAMES as UPOS
 VERSION = "2"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
+OUTPUTS = outputs.Outputs(
+    maps=(outputs.DEP_PROBE, outputs.POS_CENTROID),
+    metrics=(outputs.Metric("dep_probe", "the best head's DEP probe score (/<relation>: on that relation)"),
+             outputs.Metric("pos_centroid", "the best head's POS centroid score (/<upos>: on that tag)"),
+             outputs.Metric("majority", "majority-class baseline (/pos_centroid)", score=False),
+             *(outputs.Metric(n, f"number of {n.replace('_', ' ')}", score=False)
+               for n in ("arcs", "scored_words", "fit_words"))))
+"""What its runs report (experiments.common.outputs)."""
 
 
 class Config(Section):
@@ -112,16 +121,16 @@ def run(cfg, ctx: RunContext) -> RunResult:
     maps, metrics = {}, {}
     hits_all = np.concatenate(hits, axis=-1)  # (L, H, P)
     by_rel = label_rates(hits_all, relations)
-    _report(maps, metrics, "dep_probe", hits_all.mean(axis=-1), by_rel, _top(relations, hp.top_labels),
+    _report(maps, metrics, outputs.DEP_PROBE, hits_all.mean(axis=-1), by_rel, _top(relations, hp.top_labels),
             f"DEP probe, {where}: share of arcs where argmax word attention links head and dependent")
 
     overall, by_tag = _centroid_probe(fit_features, fit_tags, features, tags)
     fitted = "the scored words" if hp.centroids_from == "scored" else "UD EWT dev"
-    _report(maps, metrics, "pos_centroid", overall, {UPOS[c]: acc for c, acc in by_tag.items()},
+    _report(maps, metrics, outputs.POS_CENTROID, overall, {UPOS[c]: acc for c, acc in by_tag.items()},
             _top([UPOS[t] for t in tags], hp.top_labels),
             f"POS centroid probe, {where}: share of words whose head output is closest (cosine) to its "
             f"UPOS centroid (fitted on {fitted})")
-    metrics["majority/pos_centroid"] = Counter(tags.tolist()).most_common(1)[0][1] / len(tags)
+    metrics[f"majority/{outputs.POS_CENTROID.name.partition('.')[2]}"] = Counter(tags.tolist()).most_common(1)[0][1] / len(tags)
     metrics |= {"arcs": float(hits_all.shape[-1]), "scored_words": float(len(tags)), "fit_words": float(len(fit_tags))}
     return RunResult(run_key=cfg.run_key, group_key=cfg.group_key, metrics=metrics, maps=maps)
 
@@ -157,10 +166,13 @@ def _top(labels: list[str], k: int) -> list[str]:
     return [label for label, _ in Counter(labels).most_common(k)]
 
 
-def _report(maps: dict, metrics: dict, name: str, overall: np.ndarray, per_label: dict, top: list[str], meaning: str) -> None:
-    """Maps ``heads.<name>`` and ``heads.<name>.<label>``; metrics: the best head's score of each."""
-    maps[f"heads.{name}"] = UnitMap(overall, "heads", meaning)
+def _report(maps: dict, metrics: dict, probe: outputs.MapOutput, overall: np.ndarray, per_label: dict,
+            top: list[str], meaning: str) -> None:
+    """Maps ``heads.<name>`` and ``heads.<name>.<label>``; metrics ``<name>`` and ``<name>/<label>``: the
+    best head's score of each."""
+    name = probe.name.partition(".")[2]
+    maps |= [probe(overall, meaning)]
     metrics[name] = float(overall.max())
     for label in top:
-        maps[f"heads.{name}.{label}"] = UnitMap(per_label[label], "heads", f"{meaning} ({label} only)")
+        maps |= [probe(per_label[label], f"{meaning} ({label} only)", label)]
         metrics[f"{name}/{label}"] = float(per_label[label].max())

@@ -69,6 +69,7 @@ import copy
 import torch
 from pydantic import Field
 
+from experiments.common import outputs
 from experiments.common.naming import suggest
 from experiments.common.result import RunResult
 from experiments.common.sections import ConfigError, Section
@@ -91,6 +92,14 @@ from experiments.models import RANDOM_PREFIX, load_tokenizer
 VERSION = "2"
 PIPELINES = ("none",)
 SHORT_NAMES = ("source_task",)
+OUTPUTS = outputs.Outputs(metrics=(
+    outputs.ACCURACY, outputs.SOURCE_NOISE, outputs.TRANSFER_RELATIVE, outputs.TRANSFER_ACCURACY, outputs.OVERLAP_TOP20,
+    outputs.OVERLAP_ACTIVE, outputs.Metric("own_accuracy", "the target prompt on its own task"),
+    outputs.Metric("overlap_top20_chance", "overlap_top20 of random neuron sets", score=False),
+    outputs.Metric("overlap_active_chance", "overlap_active of independent activations", score=False),
+    outputs.Metric("active_fraction", "fraction of the target prompt's neurons active", score=False),
+    outputs.Metric("active_fraction_source", "fraction of the source prompt's neurons active", score=False)))
+"""What its runs report (experiments.common.outputs)."""
 
 TOP_FRACTION = 0.2
 """The paper's top 20 % skill neurons (``overlap_top20``)."""
@@ -196,13 +205,13 @@ def run(cfg, ctx: RunContext) -> RunResult:
     alone = load_tokenizer(cfg.model)("", return_tensors="pt")["input_ids"].to(target.device)  # [CLS] [SEP]
     active, active_source = active_neurons(model, alone, target), active_neurons(carried, alone, target)
     metrics = {
-        "accuracy": _accuracy(model, target.decoder, target),
+        outputs.ACCURACY.name: _accuracy(model, target.decoder, target),
         "own_accuracy": own,
-        "transfer_accuracy": transfer,
-        "transfer_relative": transfer / own if own > 0 else float("nan"),
-        "overlap_top20": overlap(top_source, top),
+        outputs.TRANSFER_ACCURACY.name: transfer,
+        outputs.TRANSFER_RELATIVE.name: transfer / own if own > 0 else float("nan"),
+        outputs.OVERLAP_TOP20.name: overlap(top_source, top),
         "overlap_top20_chance": chance_overlap(top_source, top),
-        "overlap_active": overlap(active_source, active),
+        outputs.OVERLAP_ACTIVE.name: overlap(active_source, active),
         "overlap_active_chance": chance_overlap(active_source, active),
         "active_fraction": float(active.float().mean()),
         "active_fraction_source": float(active_source.float().mean()),
@@ -211,8 +220,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
                                       hp.noise_std)
     for f, top_acc, random_acc in zip(hp.perturb_fractions, perturbation["accuracy_top"],
                                       perturbation["accuracy_random"], strict=True):
-        metrics[f"accuracy_noise_source_top_{f:g}"] = top_acc
-        metrics[f"accuracy_noise_source_random_{f:g}"] = random_acc
+        for which, value in (("top", top_acc), ("random", random_acc)):
+            metrics[outputs.SOURCE_NOISE.name(metric=outputs.ACCURACY.name, which=which, fraction=f)] = value
     ctx.tracker.log_metrics(metrics, 0)
     return RunResult(run_key=cfg.run_key, group_key=cfg.group_key, metrics=metrics)
 

@@ -92,7 +92,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.common.result import RunResult, UnitMap
+from experiments.common import outputs
+from experiments.common.result import RunResult
 from experiments.common.sections import ConfigError
 from experiments.components.prompting import (
     PromptedEncoder,
@@ -121,6 +122,12 @@ from experiments.models import MODELS, RANDOM_PREFIX
 VERSION = "3"
 PIPELINES = ("none",)
 SHORT_NAMES = ("prompt_length", "verbalizer", "readout")
+OUTPUTS = outputs.Outputs(
+    maps=(outputs.PREDICTIVITY,),
+    metrics=(*outputs.EVALUATION, outputs.NOISE, outputs.PRUNED, outputs.PRUNED_KEPT_FRACTION,
+             outputs.Metric("predictivity_mean", "mean predictivity of the FFN neurons"),
+             outputs.Metric("predictivity_top1", "predictivity of the best FFN neuron")))
+"""What its runs report (experiments.common.outputs)."""
 
 Config = SkillNeuronsConfig
 """Its section is a shared component (experiments/components/prompting.py): prompt_transfer's
@@ -205,7 +212,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
     extra = {"predictivity_top1": float(score.max()), "predictivity_mean": float(score.mean())}
     for f, top, rand in zip(hp.perturb_fractions, perturbation["accuracy_top"], perturbation["accuracy_random"],
                             strict=True):
-        extra[f"accuracy_noise_top_{f:g}"], extra[f"accuracy_noise_random_{f:g}"] = top, rand
+        for which, value in (("top", top), ("random", rand)):
+            extra[outputs.NOISE.name(metric=outputs.ACCURACY.name, which=which, fraction=f)] = value
     if hp.prune_fraction is not None:  # the paper's pruning of a copy: what is kept, and what it costs
         extra |= _pruned(model, state, found, hp)
     ctx.tracker.log_metrics(extra, state.step)
@@ -226,7 +234,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
         run_key=cfg.run_key,
         group_key=cfg.group_key,
         metrics=metrics,
-        maps={"neurons.predictivity": UnitMap(score.numpy(), "neurons", meaning)},
+        maps=dict([outputs.PREDICTIVITY(score.numpy(), meaning)]),
         eval_steps=np.asarray(state.values["eval_steps"]),
         steps=state.step,
         artifacts=artifacts,

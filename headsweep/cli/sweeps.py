@@ -153,8 +153,9 @@ def collapsed_text(runs: dict) -> str | None:
 
 def _run_label(runs: dict, i: int) -> str:
     """'head_gates sp, seed 1': run ``i``'s method, pipeline (when it has one) and seed."""
-    pipeline = runs["pipeline"][i] if "pipeline" in runs else ""
-    return f"{runs['method'][i]}{f' {pipeline}' if pipeline else ''}, seed {runs['seed'][i]}"
+    labels = runs["labels"][i]
+    pipeline = labels.get("pipeline")
+    return f"{labels['method']}{f' {pipeline}' if pipeline else ''}, seed {labels['seed']}"
 
 
 def cmd_status(args: argparse.Namespace) -> int:

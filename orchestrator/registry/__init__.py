@@ -30,8 +30,6 @@ from orchestrator.registry.lifecycle import ORPHAN_ERROR, STALE_AFTER_S, RunLife
 from orchestrator.registry.reader import LAST, RegistryReader
 from orchestrator.registry.results import MapInfo, MapStack, ReadModel, Version
 from orchestrator.registry.schema import (
-    LABELS,
-    NUMBER_LABELS,
     Base,
     Run,
     RunDep,
@@ -54,7 +52,7 @@ class Registry(SweepStore, RunLifecycle, SweepHistory, RegistryReader):
 
 
 __all__ = [
-    "LABELS", "LAST", "NUMBER_LABELS", "ORPHAN_ERROR", "STALE_AFTER_S", "Base", "MapInfo", "MapStack", "NotFound", "ReadModel", "Registry", "RegistryReader",
+    "LAST", "ORPHAN_ERROR", "STALE_AFTER_S", "Base", "MapInfo", "MapStack", "NotFound", "ReadModel", "Registry", "RegistryReader",
     "Run", "RunDep", "RunLifecycle", "RunMap", "RunStatus", "Sweep", "SweepEvent", "SweepHistory", "SweepRun",
     "SchemaBehind", "SweepStatus", "SweepStore", "Version",
     "alembic_config", "downgrade", "head_revision", "upgrade",

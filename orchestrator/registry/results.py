@@ -1,7 +1,7 @@
 """The read model: what analysis reads about a sweep's runs, in few queries.
 
-- :meth:`ReadModel.sweep_runs`: ONE query for every run's columns (its labels: every label
-  column, by name), metrics and stored config, in cell order (plus the sweep's maps and which run
+- :meth:`ReadModel.sweep_runs`: ONE query for every run's columns (its labels, stored whole),
+  metrics and stored config, in cell order (plus the sweep's maps and which run
   has which, in the same transaction);
 - :meth:`ReadModel.sweep_map`: ONE query per map name (never one per run): ``(N, L, K)``
   float32 with NaN rows for runs without the map, and the ``(N,)`` has-mask;
@@ -22,7 +22,7 @@ import numpy as np
 from sqlalchemy import Connection, and_, func, select
 
 from orchestrator.registry.db import NotFound, ReadOnlyDatabase, retrying
-from orchestrator.registry.schema import LABEL_COLUMNS, Run, RunMap, Sweep, SweepRun, unpack_map
+from orchestrator.registry.schema import Run, RunMap, Sweep, SweepRun, unpack_map
 
 Version = tuple[datetime | None, int]
 
@@ -69,16 +69,6 @@ def _maps_of(connection: Connection, sweep_id: str) -> tuple[list[MapInfo], dict
     return list(infos.values()), {key: tuple(run) for key, run in names.items()}
 
 
-def _label_values(column: Any, values: Sequence[Any]) -> np.ndarray:
-    """A label column as ``(N,)``: text "" where unset, integers int64, numbers float64 NaN where unset."""
-    kind = column.type.python_type
-    if kind is str:
-        return np.array([v or "" for v in values], dtype=str)
-    if kind is int:
-        return np.array(values, dtype=np.int64)
-    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-
-
 def _check_sweep(connection: Connection, sweep_id: str) -> None:
     if connection.execute(select(Sweep.id).where(Sweep.id == sweep_id)).first() is None:
         raise NotFound(f"no sweep '{sweep_id}'")
@@ -117,10 +107,8 @@ class ReadModel(ReadOnlyDatabase):
     def sweep_runs(self, sweep_id: str) -> dict[str, Any]:
         """Every run of the sweep in cell order, from ONE query.
 
-        Keys: ``sweep_id``; ``run_key``, ``group_key``, ``status`` ((N,) str); each label
-        column by its name (``schema.LABELS``: task, model, method, seed, the methods' short
-        names that have a column; (N,) str "" when unset, int64, or float64 NaN when unset);
-        ``metrics`` and ``config`` (lists of dicts; {} when none); ``started_at``, ``finished_at``
+        Keys: ``sweep_id``; ``run_key``, ``group_key``, ``status`` ((N,) str); ``labels``, ``metrics``
+        and ``config`` (lists of dicts; {} when none; ``labels``: ``RunConfig.labels()``, unset ones left out); ``started_at``, ``finished_at``
         (lists of datetimes, None where unset) and ``mlflow_run_id`` (list, None where none);
         ``updated_at`` (latest change: the version's first half; None when empty); ``maps`` (list of
         :class:`MapInfo`) and ``run_maps`` (each run's map names, a tuple), read in the same
@@ -128,7 +116,7 @@ class ReadModel(ReadOnlyDatabase):
         """
         query = (
             select(Run.run_key, Run.group_key, Run.status, Run.metrics, Run.config, Run.updated_at,
-                   Run.started_at, Run.finished_at, Run.mlflow_run_id, *LABEL_COLUMNS)
+                   Run.started_at, Run.finished_at, Run.mlflow_run_id, Run.labels)
             .join(SweepRun, SweepRun.run_key == Run.run_key)
             .where(SweepRun.sweep_id == sweep_id)
             .order_by(SweepRun.position)
@@ -138,14 +126,13 @@ class ReadModel(ReadOnlyDatabase):
             if not rows:
                 _check_sweep(connection, sweep_id)
             infos, run_maps = _maps_of(connection, sweep_id)
-        columns = list(zip(*rows, strict=True)) if rows else [()] * (9 + len(LABEL_COLUMNS))
+        columns = list(zip(*rows, strict=True)) if rows else [()] * 10
         (run_key, group_key, status, metrics, config, updated_at, started_at, finished_at, mlflow_run_id,
-         *labels) = columns
+         labels) = columns
         out: dict[str, Any] = {"sweep_id": sweep_id}
         for name, values in (("run_key", run_key), ("group_key", group_key), ("status", status)):
             out[name] = np.array(values, dtype=str)
-        for column, values in zip(LABEL_COLUMNS, labels, strict=True):
-            out[column.key] = _label_values(column, values)
+        out["labels"] = [dict(found or {}) for found in labels]
         out["metrics"] = [m or {} for m in metrics]
         out["config"] = [c or {} for c in config]
         out["started_at"], out["finished_at"] = list(started_at), list(finished_at)

@@ -25,7 +25,6 @@ from sqlalchemy import (
     JSON,
     Boolean,
     DateTime,
-    Double,
     ForeignKey,
     Integer,
     LargeBinary,
@@ -90,19 +89,13 @@ class SweepEvent(Base):
     detail: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
-LABEL = {"label": True}
-"""``info`` of a label column of ``runs``: filled from ``RunConfig.labels()`` by name (NULL where a
-run has no such label), read back by the read model and analysis by name (:data:`LABELS`)."""
-
-
 class Run(Base):
     """One cell: one config, one seed, keyed by the hash of its config.
 
-    The label columns (``info=LABEL``) come from ``RunConfig.labels()``: task, model, method,
-    seed, and the methods' short names that have a column, NULL for methods that have no such
-    setting (a short name without a column is read from the stored config). They carry no
-    index (migration 0004): runs are read by key, by sweep or by status, and ten
-    indexes made registering a 10,000-run grid a third slower on PostgreSQL.
+    ``labels`` is ``RunConfig.labels()``, the one place every label of a run is stored and read:
+    task, model, method, seed and its method's labels (pipeline, short names: lambda, sparsity,
+    verbalizer, ...), unset ones left out (migration 0007). No query filters on a label: runs are
+    read by key, by sweep or by status, and analysis selects in memory.
     """
 
     __tablename__ = f"{PREFIX}runs"
@@ -110,13 +103,7 @@ class Run(Base):
     run_key: Mapped[str] = mapped_column(String(64), primary_key=True)
     group_key: Mapped[str] = mapped_column(String(64))
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
-    task: Mapped[str] = mapped_column(String(200), info=LABEL)
-    model: Mapped[str] = mapped_column(String(200), info=LABEL)
-    method: Mapped[str] = mapped_column(String(64), info=LABEL)
-    pipeline: Mapped[str | None] = mapped_column(String(64), info=LABEL)
-    seed: Mapped[int] = mapped_column(Integer, info=LABEL)
-    sparsity: Mapped[float | None] = mapped_column(Double, info=LABEL)
-    lambda_: Mapped[float | None] = mapped_column("lambda", Double, info=LABEL)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16), index=True)  # orchestrator.status.RunStatus
     attempts: Mapped[int] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
@@ -128,13 +115,6 @@ class Run(Base):
     worker: Mapped[str | None] = mapped_column(String(200))
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-
-
-LABEL_COLUMNS = tuple(column for column in Run.__table__.columns if column.info.get("label"))
-LABELS = tuple(column.key for column in LABEL_COLUMNS)
-"""The runs' label columns by name, in table order (analysis filters and groups by them)."""
-NUMBER_LABELS = tuple(column.key for column in LABEL_COLUMNS if column.type.python_type is float)
-"""The labels that are settings on a scale (a curve's x), not names or the seed."""
 
 
 class SweepRun(Base):

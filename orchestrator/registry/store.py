@@ -22,7 +22,7 @@ from orchestrator.registry.db import (
     retrying,
 )
 from orchestrator.registry.reader import sweep_counts_in
-from orchestrator.registry.schema import LABELS, Run, RunDep, RunMap, Sweep, SweepRun
+from orchestrator.registry.schema import Run, RunDep, RunMap, Sweep, SweepRun
 from orchestrator.registry.stages import StageGraph, dag_summary, edge_rows, with_upstreams
 from orchestrator.status import RunStatus, SweepStatus
 
@@ -35,13 +35,12 @@ _BATCH = 2_500
 
 
 def _run_row(cfg: RunConfig, run_key: str, when: datetime) -> dict[str, Any]:
-    """The insert row of a new run (column names as keys): each label column from its label."""
-    labels = cfg.labels()
+    """The insert row of a new run (column names as keys): its labels stored whole, unset ones left out."""
     return {
         "run_key": run_key,
         "group_key": cfg.group_key,
         "config": cfg.to_dict(),
-        **{name: labels.get(name) for name in LABELS},
+        "labels": {name: value for name, value in cfg.labels().items() if value is not None},
         "status": RunStatus.PENDING,
         "attempts": 0,
         "created_at": when,

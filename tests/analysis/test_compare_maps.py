@@ -37,9 +37,9 @@ def synthetic(configs: list[dict], maps: dict[str, tuple[np.ndarray, np.ndarray]
     runs = {
         "sweep_id": "sw-synthetic", "run_key": [f"{i:016x}" for i in range(n)],
         "group_key": [json.dumps({k: v for k, v in c.items() if k != "seed"}, sort_keys=True) for c in configs],
-        "status": ["finished"] * n, "task": [c["task"]["name"] for c in configs], "model": ["minilm-l6"] * n,
-        "method": [c["method"] for c in configs], "pipeline": [""] * n, "seed": [c["seed"] for c in configs],
-        "sparsity": [np.nan] * n, "lambda": [np.nan] * n, "metrics": [{}] * n,
+        "status": ["finished"] * n, "metrics": [{}] * n,
+        "labels": [{"task": c["task"]["name"], "model": "minilm-l6", "method": c["method"], "seed": c["seed"]}
+                   for c in configs],
         "config": [{"model": "minilm-l6", **c} for c in configs], "maps": [], "updated_at": None,
         "run_maps": [tuple(name for name, (_, has) in maps.items() if has[i]) for i in range(n)],
     }

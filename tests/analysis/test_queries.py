@@ -49,6 +49,27 @@ def test_load_gives_every_run_in_cell_order(data, sweep):
     assert not data.gates.flags.writeable  # shared between callers: read only
 
 
+def test_every_label_is_read_from_the_runs_stored_labels(tmp_path):
+    """A method's own labels (skill_neurons' verbalizer, prompt_length) are columns like the common ones,
+    read from the one place a run's labels are stored; the common ones are there where no run has them."""
+    from experiments import parse_config
+
+    base = {"model": "tiny-bert", "task": {"name": CLS}, "method": "skill_neurons"}
+    configs = [parse_config(base | {"seed": seed, "skill_neurons": {"verbalizer": verbalizer, "prompt_length": length}})
+               for seed in (0, 1) for verbalizer, length in (("learned", 4), ("random_words", 8))]
+    with Registry(f"sqlite:///{tmp_path / 'labels.db'}") as registry:
+        sweep_id, _ = registry.create_sweep("labels", "name: labels\n", configs, {"cpus": 1.0, "gpus": 0.0}, None, 1)
+        data = load_sweep(registry, sweep_id)
+    assert data.labels["verbalizer"].tolist() == ["learned", "random_words"] * 2
+    assert data.labels["prompt_length"].tolist() == [4.0, 8.0] * 2  # a number: a column of floats
+    assert data.labels["seed"].dtype == np.int64 and data.labels["method"].tolist() == ["skill_neurons"] * 4
+    assert data.labels["pipeline"].tolist() == [""] * 4 and np.isnan(data.labels["lambda"]).all()  # none has them
+    assert select.column(data, "verbalizer") is data.labels["verbalizer"]
+    assert select.select(data, {"verbalizer": ["random_words"]}).seed.tolist() == [0, 1]
+    with pytest.raises(QueryError, match="did you mean 'verbalizer'"):
+        select.check_axis("verbaliser", data)
+
+
 def test_cache_hit_is_at_most_one_query_and_the_same_object(fresh_sweep, count_selects):
     with Registry(fresh_sweep.url) as registry:
         first = load_sweep(registry, fresh_sweep.sweep_id)

@@ -89,6 +89,10 @@ def served(tmp_path_factory, sweep_builder, served_store):
     sweep = sweep_builder(tmp_path_factory.mktemp("served"))
     with pytest.MonkeyPatch.context() as env:  # Ray's processes keep it, the Serve replica's included
         env.setenv("HEADSWEEP_CHECKPOINTS", served_store)
+        # as serve_app sets them when it starts its own Ray: Serve's controller kills a proxy that is not
+        # ready within 5 s, and serve.start() then fails with ActorDiedError (seen at load 9)
+        for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
+            env.setenv(name, "60")
         # imported here: Ray's workers import this module without tests/ on their path
         from local_ray import start_local_ray
 
@@ -611,6 +615,10 @@ def test_figures_of_one_kind_as_pdf_and_svg_and_what_the_default_plan_leaves_out
     assert capsys.readouterr().err.strip().splitlines() == [
         "headsweep: error: unknown figure kind 'rbg'; did you mean 'rgb'? (one of "
         + ", ".join(figure_plan.FIGURE_KINDS) + ")"]
+    for dpi, why in (("5000", "5000 is outside 10 to 600 dots per inch"), ("high", "'high' is not a number")):
+        with pytest.raises(SystemExit):  # the service's bounds (422 there), before anything is drawn
+            main(["figures", sweep_id, "--dpi", dpi, "--out", str(tmp_path / "none"), "--db", url])
+        assert f"argument --dpi: {why}" in capsys.readouterr().err and not (tmp_path / "none").exists()
 
     plan = figure_plan.figure_plan(open_sweep(RegistryReader(url), sweep_id))
     assert [name for name, kind, _ in plan if kind == "cost"] == ["cost.png"]

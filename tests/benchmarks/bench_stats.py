@@ -83,9 +83,9 @@ def _sweep(rng: np.random.Generator, n_cells: int, seeds: int, layers: int, head
     n = len(configs)
     runs = {"sweep_id": "sw-bench", "run_key": [f"{i:016x}" for i in range(n)],
             "group_key": [json.dumps({k: v for k, v in c.items() if k != "seed"}, sort_keys=True) for c in configs],
-            "status": ["finished"] * n, "task": [c["task"]["name"] for c in configs], "model": ["tiny-bert"] * n,
-            "method": ["head_gates"] * n, "pipeline": ["dp"] * n, "seed": [c["seed"] for c in configs],
-            "sparsity": [np.nan] * n, "lambda": [c["head_gates"]["lambda"] for c in configs], "metrics": [{}] * n,
+            "status": ["finished"] * n, "metrics": [{}] * n,
+            "labels": [{"task": c["task"]["name"], "model": "tiny-bert", "method": "head_gates", "pipeline": "dp",
+                        "seed": c["seed"], "lambda": c["head_gates"]["lambda"]} for c in configs],
             "config": configs, "maps": [], "updated_at": None, "run_maps": [("heads.gate",)] * n}
     return replace(from_runs(runs, None), _overrides=MappingProxyType(
         {"heads.gate": (np.asarray(gates, np.float32), np.ones(n, bool))}))

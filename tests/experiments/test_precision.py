@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from experiments import RunContext, parse_config, run
+from experiments.common import outputs
 from experiments.common.sections import ConfigError
 from experiments.core.loop import evaluate_all, forward_logits, take, update
 from experiments.core.precision import autocast, check_precision, grad_scaler
@@ -273,6 +274,9 @@ def test_every_method_runs_its_forwards_in_bf16_and_trains_close_to_fp32(_no_png
     for name in SMALL:  # every matrix product of every forward (training, evaluation, analysis) in bf16
         assert dtypes.get(name) == {torch.bfloat16}, name
         assert all(math.isfinite(v) for v in results[configs[name].run_key].metrics.values()), name
+    for key, step in with_upstreams(list(configs.values()))[0].items():  # the runs and their upstream stages:
+        result = results[key]  # every map and metric each reports is declared (experiments.common.outputs)
+        assert (METHODS[step.method].OUTPUTS + outputs.RUNNER).undeclared(result.maps, result.metrics) == [], step.method
     for key, weights in store.items():  # master weights handed on stay float32
         assert {w.dtype for w in weights.values() if w.is_floating_point()} == {torch.float32}, key
 

@@ -155,7 +155,7 @@ def test_two_headerless_tsv_tasks_named_by_id_compared_across_task(home, capsys)
         assert execute_sweep(sweep_id, registry_url=url, track=False) == {"finished": 4}
     finally:
         ray.shutdown()
-    assert sorted(registry.sweep_runs(sweep_id)["task"]) == ["agnews", "agnews", "trec", "trec"]
+    assert sorted(found["task"] for found in registry.sweep_runs(sweep_id)["labels"]) == ["agnews", "agnews", "trec", "trec"]
     capsys.readouterr()
     assert main(["agreement", sweep_id, "--across", "task", "--n-perm", "50"]) == 0
     out = capsys.readouterr().out

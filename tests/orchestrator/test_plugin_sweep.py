@@ -87,7 +87,7 @@ def test_a_method_from_headsweep_methods_runs_a_sweep_and_is_analysed_by_its_map
 
     # the registry: the method's own map for every run, from the workers' import of the plugin
     results = registry.sweep_runs(sweep_id)
-    assert set(results["method"]) == {"tiny"} and set(results["pipeline"]) == {"once"}
+    assert {(found["method"], found["pipeline"]) for found in results["labels"]} == {("tiny", "once")}
     stack = registry.sweep_map(sweep_id, "heads.tiny")
     assert stack.kind == "heads" and stack.has.all() and stack.values.shape == (4, 3, 4)
     strength = np.array([run["tiny"]["strength"] for run in results["config"]])

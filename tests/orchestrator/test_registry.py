@@ -194,7 +194,10 @@ def test_claim_finish_and_retry_reuse_the_mlflow_run(registry):
     assert registry.finish(key, {"accuracy": np.float64(0.5), "loss": float("nan")}, maps=_maps(scores=GATES * 2))
     run = registry.get_run(key)
     assert run["status"] == RunStatus.FINISHED and run["error"] is None and run["worker"] == "host:2"
-    assert run["metrics"] == {"accuracy": 0.5, "loss": None} and run["lambda"] == 0.01
+    assert run["metrics"] == {"accuracy": 0.5, "loss": None} and run["labels"]["lambda"] == 0.01
+    # every label stored whole, once; unset ones left out
+    assert run["labels"] == {name: v for name, v in configs[0].labels().items() if v is not None}
+    assert "sparsity" not in run["labels"] and configs[0].labels()["sparsity"] is None
 
 
 def test_finish_twice_is_impossible(registry):
@@ -468,11 +471,13 @@ def test_sweep_runs_is_one_query_in_cell_order(registry):
     assert len(statements) == 2  # the runs, and the maps with which run has which (same transaction)
     assert list(runs["run_key"]) == keys
     assert list(runs["status"]) == ["finished", "failed", "pending", "finished", "finished"]
-    assert runs["seed"].tolist() == [0, 0, 1, 1, 9] and runs["seed"].dtype == np.int64
-    assert runs["lambda"].tolist() == [0.1, 0.2, 0.1, 0.2, 0.01]
-    assert np.isnan(runs["sparsity"][:4]).all() and runs["sparsity"][4] == 0.5
-    assert list(runs["model"]) == ["minilm-l6"] * 4 + ["tiny-bert"]
-    assert set(runs["task"]) == {"synthetic-cls"}
+    labels = runs["labels"]  # every label of each run, from the one stored place; unset ones left out
+    assert labels == [{name: v for name, v in c.labels().items() if v is not None} for c in configs]
+    assert [found["seed"] for found in labels] == [0, 0, 1, 1, 9]
+    assert [found["lambda"] for found in labels] == [0.1, 0.2, 0.1, 0.2, 0.01]
+    assert ["sparsity" in found for found in labels] == [False] * 4 + [True] and labels[4]["sparsity"] == 0.5
+    assert [found["model"] for found in labels] == ["minilm-l6"] * 4 + ["tiny-bert"]
+    assert {found["task"] for found in labels} == {"synthetic-cls"}
     assert list(runs["group_key"]) == [c.group_key for c in configs]
     assert runs["metrics"] == [{"accuracy": 0.0}, {}, {}, {"accuracy": 0.3}, {"accuracy": 0.4}]
     assert runs["config"] == [c.to_dict() for c in configs]

@@ -8,7 +8,8 @@ The product's mask_train.run in the collapsing setting (prune_only, 50 %, score 
 2,000 training phrases, 300 dev, batch 32, 200 steps). Every ``--every`` steps, with the masks of that
 step, in eval mode, on the 300 dev phrases: the margin ``m = logit_1 - logit_0``'s mean and std across
 inputs, the AUC of ``m`` (does the model still RANK the sentences?), the accuracy (argmax, i.e. m > 0)
-and the share predicted positive; then the offset ``b`` re-fitted on 256 training phrases (the ``b``
+and the share predicted positive, [CLS]'s variance across the dev inputs at each layer (``cls_ratio_var``:
+0 = the same vector for every input; ``read`` is what the classifier reads); then the offset ``b`` re-fitted on 256 training phrases (the ``b``
 minimising the mean logistic loss of ``m + b``, weights and masks untouched) and the dev accuracy of
 ``m + b``. ``--train-bias LR`` lets the classifier's bias (one scalar per class, frozen in prune_only,
 as in the reference's ``--train_classifier false``) train with the scores at that lr: does a movable
@@ -49,17 +50,31 @@ def fit_offset(margin: torch.Tensor, labels: torch.Tensor) -> float:
     return float(b)
 
 
+def ratio_var(x: torch.Tensor) -> float:
+    """Across-input variance over mean square, both averaged over the feature dims (0 = input-independent)."""
+    x = x.float()
+    return float(x.var(dim=0).mean() / x.pow(2).mean().clamp_min(1e-30))
+
+
 @torch.no_grad()
-def margins(state, split, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def margins(state, split, n: int | None = None, layers: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dev margins in eval mode; with ``layers``, fills it with each layer's [CLS] ``ratio_var`` across the
+    inputs (``emb``, ``L1``.., and ``read``: the vector the classifier reads, after the pooler where read)."""
     state.encoder.eval()
     state.decoder.eval()
-    out, labels = [], []
+    out, labels, cls = [], [], []
     for ids, mask, y in batches(split, 64, state.device, n):
-        logits = state.decoder(state.encoder(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
+        encoded = state.encoder(input_ids=ids, attention_mask=mask, output_hidden_states=layers is not None)
+        logits = state.decoder(encoded.last_hidden_state, mask)
         out.append((logits[:, 1] - logits[:, 0]).float())
         labels.append(y)
+        if layers is not None:
+            cls.append([h[:, 0] for h in encoded.hidden_states] + [encoded.last_hidden_state[:, 0]])
     state.encoder.train()
     state.decoder.train()
+    if layers is not None:
+        names = ["emb", *(f"L{i}" for i in range(1, len(cls[0]) - 1)), "read"]
+        layers |= {name: round(ratio_var(torch.cat([c[k] for c in cls])), 5) for k, name in enumerate(names)}
     return torch.cat(out), torch.cat(labels)
 
 
@@ -105,7 +120,8 @@ def main() -> None:
         return real_adam(groups, **kw)
 
     def check(state) -> None:
-        m, y = margins(state, state.data.dev)
+        layers: dict = {}
+        m, y = margins(state, state.data.dev, layers=layers)
         mt, yt = margins(state, state.data.train, 256)
         b = fit_offset(mt, yt)
         n = len(y)
@@ -115,7 +131,7 @@ def main() -> None:
               "auc": round(auc(m, y), 4), "accuracy": round(acc, 4), "ci": [round(x, 3) for x in wilson(acc * n, n)],
               "share_positive": round(float((m > 0).float().mean()), 4), "refit_offset": round(b, 4),
               "accuracy_refit": round(acc_b, 4), "ci_refit": [round(x, 3) for x in wilson(acc_b * n, n)],
-              "bias_gap": round(float(bias[1] - bias[0]), 4)})
+              "bias_gap": round(float(bias[1] - bias[0]), 4), "cls_ratio_var": layers})
 
     def train_steps(state, ctx, total, step_fn, *rest, **kw):
         check(state)

@@ -9,8 +9,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.data.select import (
-    COMPANIONS,
-    DERIVED,
     QueryError,
     as_codes,
     axis_values,
@@ -23,6 +21,7 @@ from analysis.data.select import (
 from analysis.data.sweep import SweepData
 from analysis.questions.agreement.relabel import Rows
 from analysis.questions.agreement.strata import check_across, joint_codes, setting_means
+from experiments.common import outputs
 
 
 @dataclass(frozen=True)
@@ -165,14 +164,14 @@ def across_axis(sel: SweepData, spec: MapSpec, across: str, pool: Sequence[str],
 def plan_maps(data: SweepData) -> list[list[str]]:
     """The map sets worth a compare-maps figure: per kind, its maps when there are two or more,
     without a binarised map whose continuous companion is there (``heads.gate`` beside
-    ``heads.log_alpha`` says nothing new) or a map derived from one there (``DERIVED``: ``heads.pruned_at``
+    ``heads.log_alpha`` says nothing new) or a map derived from one there (``outputs.DERIVED``: ``heads.pruned_at``
     beside ``heads.importance``, rho 1 by construction), and only when some pair of them has matched runs."""
     by_kind: dict[str, list[str]] = {}
     for name in data.maps:
         by_kind.setdefault(name.partition(".")[0], []).append(name)
     plans = []
     for names in by_kind.values():
-        names = [n for n in names if COMPANIONS.get(n) not in names and DERIVED.get(n) not in names]
+        names = [n for n in names if outputs.companion(n) not in names and outputs.DERIVED.get(n) not in names]
         if len(names) < 2:
             continue
         try:

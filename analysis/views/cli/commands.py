@@ -37,7 +37,8 @@ from analysis.views.cli.common import (
     write_json,
     write_rows,
 )
-from analysis.views.figure_kinds import DPI, FIGURE_KINDS
+from analysis.views.figure_kinds import DPI, DPI_RANGE, FIGURE_KINDS
+from experiments.common.collapse import COLLAPSED
 from experiments.common.png import FORMATS as FIGURE_FORMATS
 from experiments.common.units import OPEN_THRESHOLD
 
@@ -114,10 +115,22 @@ def cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dpi(text: str) -> float:
+    """``--dpi``: a number within ``DPI_RANGE``, as the service takes."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    low, high = DPI_RANGE
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text} is outside {low} to {high} dots per inch")
+    return value
+
+
 def _results_table(rows: list[dict[str, Any]], title: str) -> Table:
     """Group columns that vary, then mean, std, n, the 95 % CI and runs (and the mean expected open heads
     beside open heads); constant columns in the caption."""
-    stats_columns = ("mean", "std", "n", "ci_lo", "ci_hi", "ci_method", "runs", "metric", "expected_open", "collapsed")
+    stats_columns = ("mean", "std", "n", "ci_lo", "ci_hi", "ci_method", "runs", "metric", "expected_open", COLLAPSED)
     groups = [k for k in rows[0] if k not in (*stats_columns, "group_key")] if rows else []  # key: csv/json
     constant = [k for k in groups if len(rows) > 1 and len({str(r[k]) for r in rows}) == 1]
     caption = "  ".join(f"{k}: {_fmt(rows[0][k])}" for k in constant)
@@ -126,7 +139,7 @@ def _results_table(rows: list[dict[str, Any]], title: str) -> Table:
     if expected:
         caption += (f"\nopen: test-time gate > {OPEN_THRESHOLD:g}; expected open (mean): sum over heads of "
                     "P(gate > 0) in training, what the L0 penalty counts")
-    collapsed = any(row.get("collapsed") for row in rows)  # shown where some run collapsed
+    collapsed = any(row.get(COLLAPSED) for row in rows)  # shown where some run collapsed
     if collapsed:
         caption += ("\ncollapsed: runs that predict one class on dev (or whose loss is the uniform guess's "
                     "ln K); counted in n and the mean, not left out")
@@ -135,14 +148,14 @@ def _results_table(rows: list[dict[str, Any]], title: str) -> Table:
     for column in shown:
         table.add_column(column, no_wrap=True)
     for column in ("mean", "std", "n", "95% CI", "runs", *(("expected open",) if expected else ()),
-                   *(("collapsed",) if collapsed else ())):
+                   *((COLLAPSED,) if collapsed else ())):
         table.add_column(column, justify="right", no_wrap=column == "95% CI")
     for row in rows:
         ci = f"[{_fmt(row['ci_lo'])}, {_fmt(row['ci_hi'])}] {row['ci_method']}"
         table.add_row(*(_fmt(row[k]) for k in shown),
                       _fmt(row["mean"]), _fmt2(row["std"]), str(row["n"]), ci, str(row["runs"]),
                       *((_fmt(row["expected_open"]),) if expected else ()),
-                      *((f"[red]{row['collapsed']}[/red]" if row["collapsed"] else "0",) if collapsed else ()))
+                      *((f"[red]{row[COLLAPSED]}[/red]" if row[COLLAPSED] else "0",) if collapsed else ()))
     return table
 
 
@@ -397,7 +410,8 @@ def register(subparsers: argparse._SubParsersAction, artifact_uris=None) -> None
     p.add_argument("--kind", help=f"only figures of this kind: {', '.join(FIGURE_KINDS)} (default: every figure "
                                   "worth drawing for the sweep)")
     p.add_argument("--format", default="png", choices=FIGURE_FORMATS, help="file format (default: png; pdf or svg for a paper)")
-    p.add_argument("--dpi", type=float, default=DPI, help=f"resolution (default: {DPI}; e.g. 300 for print)")
+    p.add_argument("--dpi", type=_dpi, default=DPI, help=f"resolution, {DPI_RANGE[0]} to {DPI_RANGE[1]} "
+                                                        f"(default: {DPI}; e.g. 300 for print)")
     p.add_argument("--out", default="figs", help="folder for the files (default: figs)")
     p.add_argument("--where", help=where_help)
     p.add_argument("--db", help=db_help)

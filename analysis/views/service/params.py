@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from analysis.data import select
 from analysis.data.select import QueryError
 from analysis.data.sweep import AXES, SCALE_LABELS
-from analysis.views.figure_kinds import DPI
+from analysis.views.figure_kinds import DPI, DPI_RANGE
 from analysis.views.service.models import SweepOut
 from experiments.common.naming import suggest
 from experiments.common.png import FORMATS as FIGURE_FORMATS
@@ -84,11 +84,9 @@ def frozen(filters: select.Filters) -> tuple:
     return select.as_where(filters)
 
 
-MAX_DPI = 600
-"""The service draws at most this resolution (a 6.4-inch-wide PNG is 3,840 pixels wide); the CLI has no bound."""
 FigureFormat = Annotated[Literal[FIGURE_FORMATS], Query(
     description="png (default), pdf or svg (vector, for a paper), as `headsweep figures --format`.")]
-Dpi = Annotated[float, Query(ge=10, le=MAX_DPI, description=f"Resolution in dots per inch (default {DPI}, as "
+Dpi = Annotated[float, Query(ge=DPI_RANGE[0], le=DPI_RANGE[1], description=f"Resolution in dots per inch (default {DPI}, as "
                                                             "`headsweep figures --dpi`; in a PDF or SVG only "
                                                             "its raster images, such as heat maps, use it).")]
 
