@@ -106,8 +106,8 @@ def test_a_sweep_runs_every_cell_once_and_tracks_it(local_ray, home):
         "maps.npz", "heads.gate.png"}
 
     every = [registry.get_run(k) for k in results["run_key"]]
-    fine_tunes = [r for r in every if r["method"] == "finetune"]
-    dependants = [r for r in every if r["method"] == "head_gates" and r["pipeline"] == "sp"]
+    fine_tunes = [r for r in every if r["labels"]["method"] == "finetune"]
+    dependants = [r for r in every if r["labels"]["method"] == "head_gates" and r["labels"]["pipeline"] == "sp"]
     assert len(fine_tunes) == len(dependants) == 2
     assert all(f["finished_at"] <= d["started_at"] for f in fine_tunes for d in dependants)  # before them
     assert all(CheckpointStore().exists(f["run_key"]) for f in fine_tunes)
@@ -161,8 +161,8 @@ def test_an_upstream_shared_by_cells_runs_once_before_them_and_is_reused(local_r
     assert registry.sweep_dag(sweep_id) == {"upstream": 1, "dependants": 3}
     assert _execute(sweep_id) == {"finished": 4}
     every = [registry.get_run(k) for k in registry.sweep_runs(sweep_id)["run_key"]]
-    (fine_tune,) = [r for r in every if r["method"] == "finetune"]
-    gated = [r for r in every if r["method"] == "head_gates"]
+    (fine_tune,) = [r for r in every if r["labels"]["method"] == "finetune"]
+    gated = [r for r in every if r["labels"]["method"] == "head_gates"]
     assert fine_tune["attempts"] == 1 and all(r["attempts"] == 1 for r in gated)
     assert all(fine_tune["finished_at"] <= r["started_at"] for r in gated)  # before its dependants
     assert CheckpointStore().exists(fine_tune["run_key"])
@@ -196,11 +196,11 @@ def test_a_failing_run_is_recorded_while_the_others_finish(local_ray, home):
     every = [registry.get_run(k) for k in registry.sweep_runs(sweep_id)["run_key"]]
     (failed,) = [r for r in every if r["status"] == "failed"]
     (blocked,) = [r for r in every if r["status"] == "blocked"]
-    assert failed["method"] == "finetune" and failed["seed"] == 1
+    assert failed["labels"]["method"] == "finetune" and failed["labels"]["seed"] == 1
     assert blocked["error"] == f"blocked: its init_from run {failed['run_key']} failed" and blocked["attempts"] == 0
     assert "seed 1 is cursed" in failed["error"] and "Traceback" in failed["error"]
     assert failed["attempts"] == 2  # max_failures=1: one retry
-    assert {r["seed"] for r in every if r["status"] == "finished"} == {0, 1}
+    assert {r["labels"]["seed"] for r in every if r["status"] == "finished"} == {0, 1}
     mlflow = tracking.client()
     assert mlflow.get_run(failed["mlflow_run_id"]).info.status == "FAILED"
 
