@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -298,10 +299,17 @@ def _finished_once_in_mlflow(env: dict, registry: Registry, sweep_id: str) -> No
     assert finished == sorted(registry.sweep_runs(sweep_id)["run_key"])
 
 
-def _mid_sweep(job_id: str, env: dict, folder: Path) -> tuple[Registry, str]:
-    """Once the job's sweep has one run finished and the next one running: its registry and id."""
+def _mid_sweep(job_id: str, env: dict, folder: Path, running_first: Callable[[], None] | None = None
+               ) -> tuple[Registry, str]:
+    """Once the job's sweep has one run finished and the next one running: its registry and id.
+    ``running_first``: called once a run is running (the job's Ray is up), BEFORE the wait for a finished
+    one, so that whatever the caller does next (a scancel) follows that moment by one query, not by the
+    seconds ``running_first`` takes: the last run of this 3-run grid lasts only a few seconds."""
     until(lambda: (folder / "sweep").exists(), 180, f"job {job_id} did not submit its sweep")
     registry, sweep_id = _registry(env), (folder / "sweep").read_text().strip()
+    if running_first is not None:
+        until(lambda: registry.sweep_counts(sweep_id).get("running", 0) >= 1, 180, lambda: _stuck(folder, job_id))
+        running_first()
     until(lambda: registry.sweep_counts(sweep_id).get("finished", 0) >= 1
            and registry.sweep_counts(sweep_id).get("running", 0) >= 1, 180, lambda: _stuck(folder, job_id))
     return registry, sweep_id
@@ -343,19 +351,20 @@ def test_a_sweep_on_slurm_finishes(submit):
 def test_a_cancelled_job_submitted_again_finishes_every_run_once(submit):
     start = time.monotonic()
     first, env, folder, _ = submit()
-    registry, sweep_id = _mid_sweep(first, env, folder)
-
-    # while it runs: every server of the job's Ray on loopback, its dashboard refusing a client without the token
     tmp = allocation.ray_temp_dir(first)
-    ray = {pid for pid, (_, cmdline) in processes().items() if tmp in cmdline}
-    assert ray and [s for s in listening_sockets(process_tree(ray)) if not is_loopback(s[0])] == []
-    dashboard = re.search(r"dashboard (http://127\.0\.0\.1:\d+)", _log(folder, first)).group(1)
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(f"{dashboard}/api/jobs/", timeout=10)
-    assert refused.value.code in (401, 403)
 
+    def while_it_runs() -> None:
+        """Every server of the job's Ray on loopback, its dashboard refusing a client without the token."""
+        ray = {pid for pid, (_, cmdline) in processes().items() if tmp in cmdline}
+        assert ray and [s for s in listening_sockets(process_tree(ray)) if not is_loopback(s[0])] == []
+        dashboard = re.search(r"dashboard (http://127\.0\.0\.1:\d+)", _log(folder, first)).group(1)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{dashboard}/api/jobs/", timeout=10)
+        assert refused.value.code in (401, 403)
+
+    registry, sweep_id = _mid_sweep(first, env, folder, running_first=while_it_runs)
     before = {key: registry.get_run(key) for key in registry.sweep_runs(sweep_id)["run_key"]}
-    _run(["scancel", first], env)
+    _run(["scancel", first], env)  # at once (a few queries after): the sweep's last run ends within seconds
     cancelled_after_s = time.monotonic() - start
     assert _wait_job(first, env) == "CANCELLED"
     until(lambda: not stop_ray(tmp), 30, "the cancelled job's Ray is still running")
