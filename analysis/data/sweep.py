@@ -255,8 +255,8 @@ def label_columns(labels: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         values = [found.get(name) for found in labels]
         if name == "seed":
             column = np.array(values, dtype=np.int64)
-        elif name in NUMBER_LABELS or values and all(v is None or _is_number(v) for v in values) and any(
-                v is not None for v in values):
+        elif name in NUMBER_LABELS or any(v is not None for v in values) and all(
+                v is None or _is_number(v) for v in values):
             column = np.array([math.nan if v is None else v for v in values], dtype=np.float64)
         else:
             column = np.array(["" if v is None else str(v) for v in values], dtype=str)

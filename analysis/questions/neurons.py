@@ -29,6 +29,8 @@ KEPT_FRACTION = outputs.PRUNED_KEPT_FRACTION.name
 NOISE = outputs.NOISE
 """``accuracy_noise_top_0.01``: accuracy with Gaussian noise on the run's top 1 % neurons (``random``:
 on as many random neurons of the same layers); skill_neurons' perturbation metrics."""
+NOISE_OF_ACCURACY = NOISE.pattern.replace("<metric>", ACCURACY)
+"""How an error names them: ``accuracy_noise_<top|random>_<fraction>``."""
 Lines = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
@@ -75,7 +77,7 @@ def perturbation_points(data: SweepData, filters: Filters | None = None) -> Line
     sel = select(data, filters)
     found = noise_metrics(sel.metrics)
     if not found or ACCURACY not in sel.metrics:
-        raise QueryError(f"no run reports {NOISE.pattern.replace('<metric>', ACCURACY)} in {describe(filters)}")
+        raise QueryError(f"no run reports {NOISE_OF_ACCURACY} in {describe(filters)}")
     fractions = sorted(set(found.get("top", {})) & set(found.get("random", {})))
     ys = {which: np.stack([sel.metrics[ACCURACY], *(sel.metrics[found[which][f]] for f in fractions)], axis=1)
           for which in ("top", "random")}
@@ -84,7 +86,7 @@ def perturbation_points(data: SweepData, filters: Filters | None = None) -> Line
         for which in ("top", "random"):  # a cell's pair of lines, side by side (drawn in one colour)
             lines[f"{label}: {which}"] = (np.array([0.0, *fractions]), *_mean_std(ys[which][idx]))
     if not lines:
-        raise QueryError(f"no finished run has the {NOISE.pattern.replace('<metric>', ACCURACY)} metrics in {describe(filters)}")
+        raise QueryError(f"no finished run has the {NOISE_OF_ACCURACY} metrics in {describe(filters)}")
     return lines
 
 

@@ -202,8 +202,6 @@ FAMILIES = (PRUNED, PRUNING_CURVE, NOISE, SOURCE_NOISE, COST)
 RUNNER = Outputs(metrics=(COST, FIRST_IN_WORKER))
 """What the runner adds to every run's metrics (``experiments.keyed.runner``)."""
 
-COMPANIONS = {m.name: m.companion for m in MAPS if m.companion}
-"""Map -> its continuous companion (``heads.gate`` -> ``heads.log_alpha``)."""
 DERIVED = {m.name: m.derived_from for m in MAPS if m.derived_from}
 """Map -> the map of the same run it is computed from (``heads.pruned_at`` -> ``heads.importance``)."""
 NOT_SCORES = tuple(m.name for m in METRICS if not m.score)
@@ -218,7 +216,3 @@ def companion(name: str) -> str | None:
             return declared.companion + (f"{declared.each[0]}{part}" if part else "")
     return None
 
-
-def declared_map(name: str) -> MapOutput | None:
-    """The declaration a stored map name falls under (None: a map of a method outside headsweep)."""
-    return next((m for m in MAPS if m.matches(name)), None)

@@ -28,6 +28,7 @@ import torch
 from experiments import RunContext, parse_config
 from experiments.core.loop import batches
 from experiments.methods import mask_train
+from tests.science.mask_collapse import ratio_var
 from tests.science.skill_prune import wilson
 
 
@@ -48,12 +49,6 @@ def fit_offset(margin: torch.Tensor, labels: torch.Tensor) -> float:
         grad, hess = (-sign * p).mean(), (p * (1 - p)).mean().clamp_min(1e-12)
         b = b - grad / hess
     return float(b)
-
-
-def ratio_var(x: torch.Tensor) -> float:
-    """Across-input variance over mean square, both averaged over the feature dims (0 = input-independent)."""
-    x = x.float()
-    return float(x.var(dim=0).mean() / x.pow(2).mean().clamp_min(1e-30))
 
 
 @torch.no_grad()
