@@ -154,6 +154,23 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
+def _moved(org: str, *names: str) -> dict[str, str]:
+    return {name: f"{org}/{name}" for name in names}
+
+
+HUB_MOVED: dict[str, str] = {
+    **_moved("google-bert", "bert-base-uncased", "bert-base-cased", "bert-large-uncased", "bert-large-cased",
+             "bert-base-multilingual-cased", "bert-base-multilingual-uncased", "bert-base-chinese"),
+    **_moved("FacebookAI", "roberta-base", "roberta-large", "roberta-large-mnli", "xlm-roberta-base",
+             "xlm-roberta-large"),
+    **_moved("distilbert", "distilbert-base-uncased", "distilbert-base-cased", "distilroberta-base"),
+    **_moved("albert", "albert-base-v2", "albert-large-v2"),
+}
+"""The hub's old single-word ids (most papers print them) and the org/name they moved to in 2024. A
+grid names the model as the hub does now: the old id is refused with the new one, as it would
+otherwise key the same model's runs apart from runs that name it by its new id."""
+
+
 def is_hub_id(name: str) -> bool:
     """``name`` is loaded from the hub: shaped ``org/name``, neither a known model nor a local folder."""
     return name not in MODELS and not os.path.isdir(name) and bool(_HUB_ID.match(name))
@@ -168,6 +185,9 @@ def check_model_name(name: str) -> None:
     base = name[len(RANDOM_PREFIX) :] if name.startswith(RANDOM_PREFIX) else name
     if base in MODELS or os.path.isdir(base) or _HUB_ID.match(base):
         return
+    if base in HUB_MOVED:
+        moved = name.replace(base, HUB_MOVED[base])
+        raise ValueError(f"model {name!r} is the hub's old id for {moved!r}: write {moved!r}, the id runs are keyed by")
     known = list(MODELS) + [RANDOM_PREFIX + key for key in MODELS]
     close = closest(name, known, cutoff=0.6)
     hint = f" did you mean {close!r}?" if close else ""

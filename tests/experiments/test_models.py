@@ -143,6 +143,15 @@ def test_check_model_name_rejects_with_suggestion(name, suggestion):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(("name", "moved"), [("bert-base-uncased", "google-bert/bert-base-uncased"),
+                                             ("random:roberta-base", "random:FacebookAI/roberta-base")])
+def test_a_hub_id_the_papers_print_is_refused_with_its_id_now(name, moved):
+    """The single-word ids most papers print moved under organisations on the hub: refused at submit
+    with the id to write, not as an unknown model."""
+    with pytest.raises(ValueError, match=f"hub's old id for '{moved}': write '{moved}'"):
+        check_model_name(name)
+
+
 def test_check_model_name_rejects_nonsense_without_loading():
     with pytest.raises(ValueError, match="unknown model"):
         check_model_name("zzzz")
