@@ -18,7 +18,13 @@ from orchestrator import hub, settings
 from orchestrator.cluster.head import cluster_in_use
 from orchestrator.cluster.jobs import cluster_nodes
 from orchestrator.driving import supervisor
-from orchestrator.driving.driver_job import driver_alive, driver_gone, driver_starting, start_driver
+from orchestrator.driving.driver_job import (
+    driver_alive,
+    driver_env,
+    driver_gone,
+    driver_starting,
+    start_driver,
+)
 from orchestrator.driving.grid import GridSpec, check_resources, expand, grid_text, load_grid
 from orchestrator.registry import Registry
 from orchestrator.registry.history import RESUMED, resume_pending
@@ -70,7 +76,9 @@ def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, t
     hub.resolve(configs)  # hub models into the cache the trials read, or one line naming what cannot be had
     where = cluster_in_use()
     resources = spec.resources.model_dump()
-    check_resources(resources, cluster_nodes(where["dashboard"]))
+    nodes = cluster_nodes(where["dashboard"])
+    check_resources(resources, nodes)
+    check_shared(configs, where, track, len(nodes))
     registry = Registry(settings.registry_url())
     sweep_id, counts = registry.create_sweep(
         spec.name, grid_text(grid_path, sets), configs, resources,
@@ -83,6 +91,22 @@ def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, t
         track_sweep(registry, sweep_id, spec, Path(grid_path).name, configs, counts["total"])
     driver = start_driver(registry, sweep_id, where, track)
     return Submitted(sweep_id, counts, driver, supervisor.ensure(where) if driver else None)
+
+
+def check_shared(configs: list, where: dict[str, str], track: bool, nodes: int) -> None:
+    """On a cluster of several nodes, every node sees the files the sweep keeps on disk
+    (``orchestrator.cluster.shared``), or one line naming the node and the path."""
+    from experiments.common.sections import STAGE_ROLES
+    from orchestrator.cluster import shared
+    from orchestrator.cluster.packaging import job_runtime_env
+
+    env = driver_env(where, track)
+    dumped = [config.model_dump() if hasattr(config, "model_dump") else config for config in configs]
+    staged = any(config.get(role) for config in dumped for role in STAGE_ROLES)
+    written, read = shared.local_paths(env, track=track, artifacts=settings.artifact_root(),
+                                       checkpoints=settings.checkpoint_root(), staged=staged,
+                                       hub_models=hub.hub_models(configs))
+    shared.unseen_on_nodes(where["dashboard"], job_runtime_env(env), written, read, nodes)
 
 
 def track_sweep(registry: Registry, sweep_id: str, spec: GridSpec, grid_name: str, configs: list, runs: int) -> str:
@@ -116,9 +140,11 @@ def resume(sweep_id: str, track: bool = True, by: str | None = None) -> str | No
     registry.set_sweep(sweep_id, cancel_requested=False)
     runs = registry.sweep_runs(sweep_id)
     # its unfinished runs' hub models into this host's cache again (a resume elsewhere, or after a cache clean)
-    hub.resolve([config for status, config in zip(runs["status"], runs["config"], strict=True)
-                 if status not in ("finished", "cancelled")])
+    unfinished = [config for status, config in zip(runs["status"], runs["config"], strict=True)
+                  if status not in ("finished", "cancelled")]
+    hub.resolve(unfinished)
     where = cluster_in_use()
+    check_shared(unfinished, where, track, len(cluster_nodes(where["dashboard"])))
     driver = start_driver(registry, sweep_id, where, track=track)
     registry.add_event(sweep_id, RESUMED, {"driver": driver, "auto": False} | ({"by": by} if by else {}))
     if driver:

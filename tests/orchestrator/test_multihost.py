@@ -339,14 +339,24 @@ def test_registry_on_postgresql_and_mlflow_over_http_with_no_shared_filesystem(c
     """A sweep submitted from the login host with its home on the login host's own disk (no other
     host sees it): the registry is PostgreSQL on the head host over the cluster network, MLflow a
     tracking server over HTTP; the runs run on the workers, every run's artifacts reach the server's
-    store through HTTP (none is written on a worker), every run is in both, once."""
+    store through HTTP (none is written on a worker), every run is in both, once.
+
+    First, the same submit with the embedded defaults (SQLite registry and MLflow in that home, which
+    no other host sees) is refused in one line naming a node and the path, before anything runs."""
 
     home = Path("/tmp/headsweep-home")  # the login host's local /tmp
     grid = cluster.shared / "services.yaml"
     grid.write_text(yaml.safe_dump({**GRID, "name": "over-the-network"}))
     env = _user_env(cluster, home) | ray_on_hosts["env"] | {
-        "HEADSWEEP_RAY_DASHBOARD": ray_on_hosts["dashboard"], "RAY_ADDRESS": ray_on_hosts["address"],
-        "HEADSWEEP_DB": services["db"], "HEADSWEEP_TRACKING_URI": services["mlflow"]}
+        "HEADSWEEP_RAY_DASHBOARD": ray_on_hosts["dashboard"], "RAY_ADDRESS": ray_on_hosts["address"]}
+    refused = _headsweep(cluster, env, "submit", str(grid), timeout=300)
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("headsweep: error:")]
+    print(f"\nthe home on login's disk: exit {refused.returncode}, {errors}")
+    assert refused.returncode == 2 and len(errors) == 1, (refused.stdout[-2000:], refused.stderr[-3000:])
+    assert re.search(rf"node (ctl|n1|n2|n3) \(10\.[\d.]+\) does not see the registry \({home}\)", errors[0]), errors
+    assert not Registry(f"sqlite:///{cluster.hosts['login'].tmp}/headsweep-home/registry.db").list_sweeps()
+    assert not list((cluster.hosts["login"].tmp / "headsweep-home").glob(".headsweep-shared-*"))
+    env |= {"HEADSWEEP_DB": services["db"], "HEADSWEEP_TRACKING_URI": services["mlflow"]}
     done = _headsweep(cluster, env, "submit", str(grid), "--wait", timeout=480)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     sweep_id = re.search(r"(sw-\S+):", done.stdout).group(1)
