@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM := false
 # The hub is never forced offline here: the tests (tests/conftest.py) and the benchmarks below set
 # HF_HUB_OFFLINE in their own environment; `make demo` needs no hub (the shipped MiniLM, tiny models).
 
-.PHONY: venv demo test test-slow bench real scale lint clean
+.PHONY: venv demo test test-slow test-hosts bench real scale lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,13 +40,18 @@ demo: venv
 # namespaces, each its own PIDs and hostname; SLURM over 3 compute hosts: finish, a time-limit requeue then
 # scancel then resubmit, a host's network cut mid-sweep; Ray with token auth and its ports; the registry on
 # PostgreSQL and MLflow over HTTP across hosts; hub ids without a network; cluster-onprem.yaml through
-# `ray up` over sshd; 7 tests: 15 min 36 s at load 2-7 on 2026-11-28's second machine, 21 min 19 s at load
-# 5-9 beside `make test` on the first) run in CI after it (.ci/run prints each stage's time and the total). `python tests/hosts.py` deletes what a killed multi-host run left.
+# `ray up` over sshd; 7 tests: 17 min 34 s alone on 2026-11-29 (their own load 2-7), 15 min 36 s at load 2-7 on
+# 2026-11-28's second machine, 21 min 19 s at load 5-9 beside `make test` on the first; their own lane, `make
+# test-hosts`, marked hosts) run in CI after it (.ci/run prints each stage's time and the total). `python tests/hosts.py` deletes what a killed multi-host run left.
 test: venv
 	$(PY) -m pytest
 
 test-slow: venv
 	$(PY) -m pytest -m slow
+
+# The multi-host lane (tests/orchestrator/test_multihost.py, marked hosts), in CI after the slow set.
+test-hosts: venv
+	$(PY) -m pytest -m hosts
 
 # The real-model lane (tests/real/, in CI after the slow set): one short real-MiniLM run per method
 # family on the shipped data, each asserting what would catch a broken method, full fine-tuning

@@ -10,7 +10,7 @@ as an NFS home), and headsweep on it as researchers run it:
   on each host as docs/clusters.md says, ``headsweep submit`` from the login host; a client without the token
   is refused; every port that listens beyond loopback on each host is one docs/clusters.md lists.
 
-Slow (CI's slow set): the hosts and SLURM are set up once for the module (~15 s), each sweep takes
+Their own lane (``make test-hosts``, in CI after the slow set): the hosts and SLURM are set up once for the module (~15 s), each sweep takes
 minutes on 2 cores. Needs root, ``ip``, ``nsenter``, ``unshare``; slurm-wlm and munge (.ci/run
 installs them). Everything is torn down by PID and the namespaces deleted, pass or fail.
 """
@@ -39,7 +39,7 @@ from orchestrator.cluster.processes import kill_pids  # noqa: E402
 from orchestrator.registry import Registry  # noqa: E402
 from orchestrator.registry.history import DRIVER_LOST, RESUMED  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+pytestmark = [pytest.mark.hosts, pytest.mark.ray]
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADSWEEP = [sys.executable, "-m", "headsweep.cli"]
