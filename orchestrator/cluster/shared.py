@@ -40,7 +40,7 @@ def _local_file(uri: str) -> str | None:
     parsed = urlparse(uri)
     if parsed.scheme == "file":
         return parsed.path
-    return uri if parsed.scheme == "" and uri else None
+    return uri if parsed.scheme == "" and os.path.isabs(uri) else None  # a plain path; else a server's name
 
 
 def local_paths(env: dict[str, str], *, track: bool, artifacts: str | None, checkpoints: str, staged: bool,

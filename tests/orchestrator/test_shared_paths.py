@@ -50,3 +50,12 @@ def test_one_node_or_nothing_on_disk_asks_no_node(tmp_path):
     shared.unseen_on_nodes("http://127.0.0.1:9", {}, {"the registry": str(tmp_path)}, {}, nodes=1)
     shared.unseen_on_nodes("http://127.0.0.1:9", {}, {}, {}, nodes=3)
     assert not list(tmp_path.iterdir())  # no marker left behind
+
+
+def test_only_sqlite_files_and_local_folders_are_paths():
+    assert shared._local_file("sqlite:////abs/registry.db") == "/abs/registry.db"
+    assert shared._local_file("sqlite:///:memory:") is None
+    assert shared._local_file("file:///abs/mlruns") == "/abs/mlruns"
+    assert shared._local_file("/abs/mlruns") == "/abs/mlruns"
+    for server in ("databricks", "http://10.0.0.2:5000", "s3://bucket/x", "postgresql://u@h/db"):
+        assert shared._local_file(server) is None, server
