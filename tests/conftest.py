@@ -21,6 +21,8 @@ import tempfile  # noqa: E402
 os.environ["RAY_ADDRESS"] = "local"
 # ... and listens on 127.0.0.1 only (Ray's single-machine mode; read when ray is first imported)
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+# ... and runs its workers at niceness 0, as headsweep's heads do (orchestrator/cluster/head.py WORKER_ENV)
+os.environ["RAY_worker_niceness"] = "0"
 for _name in ("HEADSWEEP_RAY_DASHBOARD", "HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI",
               "HEADSWEEP_RAY_PORT", "HEADSWEEP_DASHBOARD_PORT", "HEADSWEEP_ARTIFACT_ROOT"):
     os.environ.pop(_name, None)

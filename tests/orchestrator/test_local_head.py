@@ -261,3 +261,37 @@ def test_headsweep_head_shows_the_head_and_stops_it_once_no_sweep_runs(head_a, m
     assert head_pids(head_a["home"]) == set()
     assert headsweep(["head", "status"]) == 0
     assert "no local Ray head runs" in capsys.readouterr().out
+
+
+PRIORITY = """
+import os, pathlib, sys
+import ray
+ray.init()
+@ray.remote
+class Trial:
+    def nice(self):
+        return os.getpriority(os.PRIO_PROCESS, 0)
+task = ray.remote(lambda: os.getpriority(os.PRIO_PROCESS, 0))
+pathlib.Path(sys.argv[1]).write_text(f"{ray.get(task.remote())} {ray.get(Trial.remote().nice.remote())}")
+"""
+
+
+def test_the_heads_trials_run_at_the_priority_of_any_process(tmp_path, monkeypatch):
+    """Ray starts its workers at niceness 15 (beside one busy process at 0 a trial gets ~3 % of a core);
+    the local head starts them at 0: a task and an actor of a job report niceness 0. The session's own
+    RAY_worker_niceness (conftest) is removed first, so the head's own setting is what is tested."""
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    home = tmp_path / "home"
+    head = local_head(num_cpus=1, home=home)
+    try:
+        (tmp_path / "job.py").write_text(PRIORITY)
+        said = tmp_path / "said"
+        client = job_client(head["dashboard"])
+        job = client.submit_job(entrypoint=f"{sys.executable} {tmp_path / 'job.py'} {said}")
+        deadline = time.monotonic() + 180
+        while client.get_job_status(job).value in ("PENDING", "RUNNING") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert said.exists(), client.get_job_logs(job)
+        assert said.read_text() == "0 0"
+    finally:
+        stop_local_head(home=home)

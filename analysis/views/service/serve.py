@@ -64,6 +64,8 @@ def serve_app(registry_url: str, host: str = "127.0.0.1", port: int = 8000, bloc
         # starting a worker takes longer than that on a loaded 2-core machine.
         os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
         os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
+        # the replica at the priority of any process, not Ray's niceness 15 (as our heads: cluster/head.py)
+        os.environ.setdefault("RAY_worker_niceness", "0")
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
