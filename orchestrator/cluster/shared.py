@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import sys
 import time
@@ -107,7 +108,7 @@ def _ask_nodes(dashboard: str, runtime_env: dict, paths: dict[str, str]) -> list
     from orchestrator.cluster.jobs import job_client
 
     client = job_client(dashboard)
-    submission = client.submit_job(entrypoint=f"{sys.executable} -m orchestrator.cluster.shared '{json.dumps(paths)}'",
+    submission = client.submit_job(entrypoint=f"{sys.executable} -m orchestrator.cluster.shared {shlex.quote(json.dumps(paths))}",
                                    submission_id=f"headsweep-shared-check-{uuid.uuid4().hex[:8]}",
                                    runtime_env=runtime_env)
     deadline = time.monotonic() + CHECK_S
