@@ -290,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = argv if argv is not None else sys.argv[1:] or ["status"]
     command = argv[0]
     if command == "ray-start":
-        os.environ.update(WORKER_ENV | {name: os.environ[name] for name in WORKER_ENV if name in os.environ})
+        for name, value in WORKER_ENV.items():  # unless the user set it
+            os.environ.setdefault(name, value)
         os.execv(sys.executable, [sys.executable, "-c", _RAY_START, "start", *with_node_address(argv[1:])])
     if command == "start":
         print(json.dumps(local_head()))
