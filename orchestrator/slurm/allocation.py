@@ -20,7 +20,8 @@ allocation's first node:
    every Ray of the user on the node).
 
 When SLURM ends the job first: SIGUSR1 (its time limit nears) or SIGTERM (``scancel``,
-preemption, a requeue) is recorded in the sweep's history (``record_end``), Ray stops, and with
+preemption, a requeue), Ray stops at once (its driver starts no run the allocation could not
+finish), the end is recorded in the sweep's history (``record_end``), and with
 ``--requeue`` after SIGUSR1 the job requeues itself when this allocation finished some run (a
 sweep whose runs never fit the time limit does not loop). SIGKILL follows; nothing depends on
 the record: the next allocation records the end it missed.
@@ -305,7 +306,12 @@ def run_job(folder: Path, requeue: bool = False) -> int:
         print(f"{sweep_id}: {sweep['status']}")
         return 0 if sweep["status"] == "finished" else 1
     except AllocationEnding as end:
-        print(f"SLURM ends the allocation ({end}): Ray stops", flush=True)
+        # Ray first: the driver starts no run it could not finish (the record needs only the registry)
+        print(f"{datetime.now():%H:%M:%S} SLURM ends the allocation ({end}): Ray stops", flush=True)
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_IGN)
+        stop_ray(processes, tmp)
+        processes = []
         if sweep_id and record_end(sweep_id):
             print(f"{sweep_id}: recorded in its history")
         if end.signum == signal.SIGUSR1 and requeue and sweep_id:

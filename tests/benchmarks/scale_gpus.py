@@ -460,12 +460,20 @@ def check_lost_node(registry, sweep_id, runs, registry_runs, finisher, lost, sta
             f"(Ray node {lost_node[:8]}, 127.0.0.1): ")
     said = line in status and (f": {len(lost_events)} runs rerun by Tune" in status if len(lost_events) > 1
                                else "Tune retried it" in status)
-    ok = bool(killed) and elsewhere == killed and twice <= on_node and said and nodes_named == {lost_node[:8]}
+    checks = {"the kill hit running trials": bool(killed),
+              "each killed attempt finished on another node": elsewhere == killed,
+              "every run that ran twice was on the lost node": twice <= on_node,
+              "status names the node and counts its runs": said,
+              "every worker_lost event names the lost node": nodes_named == {lost_node[:8]}}
+    failed = [name for name, held in checks.items() if not held]
+    ok = not failed
     detected = min((_unix(e["at"]) for e in lost_events), default=None)
     emit(BENCH, "lost_node", target=at_least(1), check=True, measured="ok", ok=int(ok), node=lost_node[:8],
          killed_processes=lost["pids"], attempts_killed=len(killed), rerun_elsewhere=len(elsewhere),
          worker_lost_events=len(lost_events), orphaned=len(named) - len({e["detail"]["run_key"] for e in lost_events}),
-         runs_with_2_attempts=len(twice), status_names_it=said,
+         runs_with_2_attempts=len(twice), status_names_it=said, failed=failed,
+         killed_not_rerun_elsewhere=sorted(killed - elsewhere), twice_off_the_node=sorted(twice - on_node),
+         nodes_named=sorted(nodes_named),
          status_line=(line + status.split(line, 1)[1])[:160] if line in status else "",
          kill_to_first_event_s=round(detected - lost["killed_at"], 1) if detected else None, **size,
          note="ok: the kill hit running trials, each finished on another node, every run that ran twice "

@@ -252,13 +252,13 @@ def _wait_job(job_id: str, env: dict, timeout: float = 300) -> str:
 
 @pytest.fixture
 def submit(slurm_env, tmp_path):
-    """``submit(*flags)``: ``headsweep slurm`` of GRID from a home of its own; (SLURM job id, env, job
-    folder, what it printed)."""
+    """``submit(*flags, seeds=3)``: ``headsweep slurm`` of GRID (with that many seeds) from a home of its
+    own; (SLURM job id, env, job folder, what it printed)."""
     env = slurm_env | {"HEADSWEEP_HOME": str(tmp_path / "home")}
     grid = tmp_path / "grid.yaml"
-    grid.write_text(yaml.safe_dump(GRID))
 
-    def submit(*flags: str) -> tuple[str, dict, Path, str]:
+    def submit(*flags: str, seeds: int = 3) -> tuple[str, dict, Path, str]:
+        grid.write_text(yaml.safe_dump(GRID | {"axes": {"seed": list(range(seeds))}}))
         done = _headsweep("slurm", str(grid), "--time", "10", "--cpus-per-node", "2", *flags, env=env, cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
         job_id = re.search(r"SLURM job (\d+)", done.stdout).group(1)
@@ -304,7 +304,7 @@ def _mid_sweep(job_id: str, env: dict, folder: Path, running_first: Callable[[],
     """Once the job's sweep has one run finished and the next one running: its registry and id.
     ``running_first``: called once a run is running (the job's Ray is up), BEFORE the wait for a finished
     one, so that whatever the caller does next (a scancel) follows that moment by one query, not by the
-    seconds ``running_first`` takes: the last run of this 3-run grid lasts only a few seconds."""
+    seconds ``running_first`` takes: a run of these grids lasts only a few seconds."""
     until(lambda: (folder / "sweep").exists(), 180, f"job {job_id} did not submit its sweep")
     registry, sweep_id = _registry(env), (folder / "sweep").read_text().strip()
     if running_first is not None:
@@ -350,8 +350,6 @@ def test_a_sweep_on_slurm_finishes(submit):
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
 def test_a_cancelled_job_submitted_again_finishes_every_run_once(submit):
     start = time.monotonic()
-    first, env, folder, _ = submit()
-    tmp = allocation.ray_temp_dir(first)
 
     def while_it_runs() -> None:
         """Every server of the job's Ray on loopback, its dashboard refusing a client without the token."""
@@ -362,20 +360,26 @@ def test_a_cancelled_job_submitted_again_finishes_every_run_once(submit):
             urllib.request.urlopen(f"{dashboard}/api/jobs/", timeout=10)
         assert refused.value.code in (401, 403)
 
+    # 4 runs, one at a time: cancelled with 1 finished, 1 running and 2 pending, the job stops its Ray on
+    # SIGTERM before anything else, so its driver starts no run after it (with 2 pending, one could
+    # start and finish in the seconds scancel takes to reach the job on a loaded machine; not two)
+    first, env, folder, _ = submit(seeds=4)
+    tmp = allocation.ray_temp_dir(first)
     registry, sweep_id = _mid_sweep(first, env, folder, running_first=while_it_runs)
     before = {key: registry.get_run(key) for key in registry.sweep_runs(sweep_id)["run_key"]}
-    _run(["scancel", first], env)  # at once (a few queries after): the sweep's last run ends within seconds
+    _run(["scancel", first], env)  # at once (a few queries after): the sweep's running run ends within seconds
     cancelled_after_s = time.monotonic() - start
     assert _wait_job(first, env) == "CANCELLED"
     until(lambda: not stop_ray(tmp), 30, "the cancelled job's Ray is still running")
-    assert registry.sweep_counts(sweep_id).get("finished", 0) < 3
+    assert re.search(r"\d\d:\d\d:\d\d SLURM ends the allocation \(SIGTERM\): Ray stops", _log(folder, first))
+    assert registry.sweep_counts(sweep_id).get("finished", 0) < 4, registry.sweep_counts(sweep_id)
 
-    second, _, _, told = submit()
+    second, _, _, told = submit(seeds=4)
     assert second != first and f"resumes sweep {sweep_id}" in told
     assert _wait_job(second, env) == "COMPLETED", _log(folder, second)[-3000:]
     took = time.monotonic() - start
 
-    assert registry.sweep_counts(sweep_id) == {"finished": 3}
+    assert registry.sweep_counts(sweep_id) == {"finished": 4}
     after = {key: registry.get_run(key) for key in before}
     done_before = [key for key, run in before.items() if run["status"] == "finished"]
     assert done_before and all(after[key] == before[key] for key in done_before)  # never ran again
