@@ -206,7 +206,8 @@ def run_scripts(scripts: list[Path]) -> list[str]:
     failed without one. A line without ``target`` and ``met`` is a failure too."""
     failures: list[str] = []
     for script in scripts:
-        print(f"== {script.name}", flush=True)
+        print(f"== {script.name} (1-min load {os.getloadavg()[0]:.2f})", flush=True)
+        started = time.monotonic()
         process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
         missed_here: list[str] = []
         for line in process.stdout:
@@ -222,6 +223,7 @@ def run_scripts(scripts: list[Path]) -> list[str]:
             elif row["met"] is False:
                 missed_here.append(figure_name(str(row.get("bench")), row["figure"], row.get("backend")))
         code = process.wait()
+        print(f"== {script.name}: {time.monotonic() - started:.0f} s, exit {code} (1-min load {os.getloadavg()[0]:.2f})", flush=True)
         failures.extend(missed_here)
         if code != 0 and not missed_here:
             failures.append(f"{script.name}: exited {code} (a failed check or a crash: see above)")
