@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = [0, 1, 2]
@@ -32,6 +33,8 @@ FINETUNE_150 = {"max_steps": 150, "batch_size": 16, "eval_every": 75}
 RUN = {"resources": {"cpus": 1}, "max_concurrent": 2, "max_failures": 2}
 
 GRIDS: dict[str, dict] = {
+    # He & Choi's stem cell statistic: `make demo`'s grid (3 seeds x lambda 0.05/0.2 x DP/SP + 3 fine-tunes)
+    "stem_cell_demo": yaml.safe_load((ROOT / "examples" / "grid_demo.yaml").read_text()),
     # He & Choi's probes of the pretrained model: DEP with the defaults, POS with the reference's centroids
     "probes_pretrained": {
         "base": {"model": "minilm-l6", "method": "probes", "seed": 0, "probes": {"score_sentences": 500}},
@@ -105,6 +108,12 @@ def _label(table, name: str) -> str | None:
 def summarise(row: str, sweep, runs) -> dict:
     """The numbers PARITY.md's row quotes, from the sweep's run table (and maps)."""
     ok = runs[runs["status"] == "finished"]
+    if row == "stem_cell_demo":
+        answer = sweep.agreement(across="seed")
+        return {"seed_r": round(answer.value, 3), "table": answer.table().round(3).to_dict("records"),
+                "accuracy": sweep.results(group_by=["pipeline", "lambda"]).round(3).to_dict("records"),
+                "open_heads": sweep.results(group_by=["pipeline", "lambda"], metric="open_heads").round(2)
+                .to_dict("records")}
     if row == "probes_pretrained":
         keys = ([f"dep_probe/{r}" for r in ("nsubj", "det", "amod", "obj", "root")]
                 + [f"pos_centroid/{t}" for t in ("NOUN", "ADP", "DET", "ADJ")])
@@ -145,7 +154,7 @@ def summarise(row: str, sweep, runs) -> dict:
 def measure(row: str, out: Path) -> dict:
     import headsweep
 
-    grid = {"name": f"parity-{row.replace('_', '-')}"} | RUN | GRIDS[row]
+    grid = RUN | GRIDS[row] | {"name": f"parity-{row.replace('_', '-')}"}
     samples: list[float] = []
     stop = threading.Event()
     _sampler(samples, stop)
