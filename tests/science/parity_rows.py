@@ -37,12 +37,12 @@ GRIDS: dict[str, dict] = {
     "stem_cell_demo": yaml.safe_load((ROOT / "examples" / "grid_demo.yaml").read_text()),
     # He & Choi's probes of the pretrained model: DEP with the defaults, POS with the reference's centroids
     "probes_pretrained": {
-        "base": {"model": "minilm-l6", "method": "probes", "seed": 0, "probes": {"score_sentences": 500}},
+        "base": {"model": "minilm-l6", "method": "probes", "seed": 0, "probes": {"score_sentences": 500, "top_labels": 20}},
         "axes": {"probes.centroids_from": ["fit", "scored"]}},
     # ... and after a 150-step ud-pos fine-tune (default: centroids fitted on dev, scored on test)
     "probes_finetuned": {
         "base": {"model": "minilm-l6", "method": "probes", "task": {"name": "ud-pos", "max_length": 64},
-                 "train": FINETUNE_150, "init_from": {"method": "finetune"}, "probes": {"score_sentences": 500}},
+                 "train": FINETUNE_150, "init_from": {"method": "finetune"}, "probes": {"score_sentences": 500, "top_labels": 20}},
         "axes": {"seed": SEEDS}},
     # Michel et al.: importance on 256 examples of a 150-step SST-2 fine-tune, the pruning curve
     "michel": {
@@ -162,19 +162,23 @@ def measure(row: str, out: Path) -> dict:
     sweep = headsweep.submit(grid, wait=True)
     wall = time.monotonic() - start
     stop.set()
+    return record(row, sweep, out, wall_s=round(wall, 1), load_1min=[min(samples, default=0), max(samples, default=0)])
+
+
+def record(row: str, sweep, out: Path, **measured) -> dict:
+    """The sweep's runs and the row's summary, appended to ``out``; the summary."""
     runs = sweep.runs()
     with out.open("a") as f:
-        for record in runs.to_dict("records"):
-            f.write(json.dumps({"row": row, "run": record}, default=str) + "\n")
+        for run in runs.to_dict("records"):
+            f.write(json.dumps({"row": row, "run": run}, default=str) + "\n")
     try:
         numbers = summarise(row, sweep, runs)
-    except Exception as err:  # the runs are written: the summary can be redone from them
+    except Exception as err:  # the runs are written: the summary can be redone from them (--sweep)
         numbers = {"error": f"{type(err).__name__}: {err}"}
     summary = {"row": row, "summary": numbers, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"),
                "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                         text=True).stdout.strip(),
-               "statuses": runs["status"].value_counts().to_dict(), "wall_s": round(wall, 1),
-               "load_1min": [min(samples, default=0), max(samples, default=0)], "sweep": sweep.sweep_id}
+               "statuses": runs["status"].value_counts().to_dict(), "sweep": sweep.id, **measured}
     with out.open("a") as f:
         f.write(json.dumps(summary, default=str) + "\n")
     return summary
@@ -183,12 +187,20 @@ def measure(row: str, out: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("rows", nargs="*", help=f"rows to measure (default: all): {', '.join(GRIDS)}")
+    parser.add_argument("--sweep", help="summarise this finished sweep of $HEADSWEEP_HOME as the one row named")
     args = parser.parse_args(argv)
     if unknown := set(args.rows) - set(GRIDS):
         parser.error(f"unknown rows {sorted(unknown)}: one of {', '.join(GRIDS)}")
-    os.environ.setdefault("HEADSWEEP_HOME", tempfile.mkdtemp(prefix="parity-rows-"))
     out = ROOT / "tests" / "science" / "results" / "parity_rows" / f"{datetime.now(UTC):%Y-%m-%d}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.sweep:
+        if len(args.rows) != 1:
+            parser.error("--sweep summarises one row: name it")
+        import headsweep
+
+        print(json.dumps(record(args.rows[0], headsweep.sweep(args.sweep), out), default=str))
+        return 0
+    os.environ.setdefault("HEADSWEEP_HOME", tempfile.mkdtemp(prefix="parity-rows-"))
     for row in args.rows or list(GRIDS):
         summary = measure(row, out)
         print(json.dumps(summary, default=str), flush=True)
