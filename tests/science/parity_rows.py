@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,7 +132,8 @@ def summarise(row: str, sweep, runs) -> dict:
     if row == "kovaleva":
         changes = sweep.map("heads.attention_change")
         length = _label(changes.runs, "attention_change_length")
-        padded = changes.runs[length].fillna(0).to_numpy() == 200 if length else np.zeros(len(changes.runs), bool)
+        padded = (pd.to_numeric(changes.runs[length], errors="coerce") == 200).to_numpy() if length else \
+            np.zeros(len(changes.runs), bool)
         ablation = sweep.map("heads.ablation_delta")
         deltas = ablation.values.reshape(len(ablation.values), -1)
         return {"attention_change_per_layer_cropped": changes.values[~padded].mean(axis=2).round(3).tolist(),
