@@ -28,7 +28,7 @@ demo: venv
 
 # The default run stays under 10 minutes on 2 cores (1324 tests: 6 min 6 s alone on 2026-11-29, load 0.9 -> 1.5;
 # 1333 tests: 13 min 3 s in a fresh clone's .ci/run with two CPU burners beside it, 2026-11-29, whose lanes took
-# make test 1,035 s, test-slow 1,880 s, test-hosts 1,292 s, real 2,653 s: green, 6,860 s in all, load 3.2-7.3;
+# make test 1,035 s, test-slow 1,880 s, test-hosts 1,292 s, real 2,653 s: green, 6,860 s in all, 1-min load median 4.0 (2.6-12.3);
 # without burners CI took 3,071-4,383 s in the last three stops; 1121 tests: 8 min 36 s alone on 2026-11-27's slower machine,
 # 4 min 4 s of CPU: most of the wall is Ray workers starting; 1052 tests: 7 min 44 s at load 2.7-3.5 beside the SLURM
 # tests on 2026-11-26; 993 tests: 3 min 12 s at load 1-2). The slow tests (a SIGKILLed driver resumed by the
