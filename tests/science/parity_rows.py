@@ -79,20 +79,19 @@ GRIDS: dict[str, dict] = {
 }
 
 
-def _sampler(samples: list[float], stop: threading.Event) -> threading.Thread:
+DEP = [f"dep_probe/{r}" for r in ("nsubj", "det", "amod", "obj", "root")]
+POS = [f"pos_centroid/{t}" for t in ("NOUN", "ADP", "DET", "ADJ")]
+"""The probe scores PARITY.md's rows quote."""
+
+
+def _sample_load(samples: list[float], stop: threading.Event) -> None:
+    """The 1-minute load into ``samples`` every 30 s until ``stop`` is set (in a daemon thread)."""
     def sample() -> None:
         while not stop.is_set():
-            samples.append(float(Path("/proc/loadavg").read_text().split()[0]))
+            samples.append(round(os.getloadavg()[0], 2))
             stop.wait(30)
 
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    return thread
-
-
-def _mean_sd(values) -> list[float]:
-    values = np.asarray([v for v in values if v == v], dtype=float)
-    return [round(float(values.mean()), 3), round(float(values.std(ddof=1)), 3) if len(values) > 1 else 0.0]
+    threading.Thread(target=sample, daemon=True).start()
 
 
 def _column(runs, name: str, where=None) -> list[float]:
@@ -116,13 +115,10 @@ def summarise(row: str, sweep, runs) -> dict:
                 "open_heads": sweep.results(group_by=["pipeline", "lambda"], metric="open_heads").round(2)
                 .to_dict("records")}
     if row == "probes_pretrained":
-        keys = ([f"dep_probe/{r}" for r in ("nsubj", "det", "amod", "obj", "root")]
-                + [f"pos_centroid/{t}" for t in ("NOUN", "ADP", "DET", "ADJ")])
         fit = _label(ok, "centroids_from")
-        return {str(c): {k: _column(ok, k, lambda r, c=c: r[fit] == c) for k in keys} for c in ("fit", "scored")}
+        return {c: {k: _column(ok, k, lambda r, c=c: r[fit] == c) for k in DEP + POS} for c in ("fit", "scored")}
     if row == "probes_finetuned":
-        return {k: _column(ok, k) for k in [f"pos_centroid/{t}" for t in ("NOUN", "ADP", "DET", "ADJ")]
-                + [f"dep_probe/{r}" for r in ("nsubj", "det", "amod", "obj", "root")]}
+        return {k: _column(ok, k) for k in POS + DEP}
     if row == "michel":
         curve = {pct: _column(ok, f"accuracy_pruned_{pct}") for pct in (0, 30, 50, 70, 90)}
         agreement = sweep.agreement(across="seed", map="heads.importance")
@@ -143,7 +139,6 @@ def summarise(row: str, sweep, runs) -> dict:
                 "finetune_accuracy": _column(ok, "accuracy", lambda r: r["method"] == "head_ablation")}
     if row == "skill_perturbation":
         names = ["accuracy"] + [f"accuracy_noise_{w}_{f:g}" for f in (0.01, 0.02, 0.1) for w in ("top", "random")]
-        names += [f"loss_noise_{w}_0.1" for w in ("top", "random")]
         return {k: _column(ok, k) for k in names}
     if row == "transfer":
         answer = sweep.transfer(fraction=0.2)
@@ -159,7 +154,7 @@ def measure(row: str, out: Path) -> dict:
     grid = RUN | GRIDS[row] | {"name": f"parity-{row.replace('_', '-')}"}
     samples: list[float] = []
     stop = threading.Event()
-    _sampler(samples, stop)
+    _sample_load(samples, stop)
     start = time.monotonic()
     sweep = headsweep.submit(grid, wait=True)
     wall = time.monotonic() - start
@@ -170,18 +165,16 @@ def measure(row: str, out: Path) -> dict:
 def record(row: str, sweep, out: Path, **measured) -> dict:
     """The sweep's runs and the row's summary, appended to ``out``; the summary."""
     runs = sweep.runs()
-    with out.open("a") as f:
-        for run in runs.to_dict("records"):
-            f.write(json.dumps({"row": row, "run": run}, default=str) + "\n")
     try:
         numbers = summarise(row, sweep, runs)
-    except Exception as err:  # the runs are written: the summary can be redone from them (--sweep)
+    except Exception as err:  # the runs are still written: the summary can be redone (--sweep)
         numbers = {"error": f"{type(err).__name__}: {err}"}
     summary = {"row": row, "summary": numbers, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"),
                "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                         text=True).stdout.strip(),
                "statuses": runs["status"].value_counts().to_dict(), "sweep": sweep.id, **measured}
     with out.open("a") as f:
+        f.writelines(json.dumps({"row": row, "run": run}, default=str) + "\n" for run in runs.to_dict("records"))
         f.write(json.dumps(summary, default=str) + "\n")
     return summary
 
