@@ -4,7 +4,7 @@ A bench script prints one JSON line per figure through :func:`emit`: the measure
 ``target`` (text a person reads, e.g. ``"<= 1.5 x"``), ``met`` (computed here from the measured
 value, never typed in) and the machine's 1-minute load average (these machines are shared: read
 absolute times next to it). A target is always on a ratio against a peer measured side by side in
-the same run (``ratio``, ``speedup`` or a field ending in ``_ratio``: :data:`RATIO_FIELDS`), never
+the same run (``ratio``, ``speedup`` or a field ending in ``_ratio`` or ``_speedup``: :data:`RATIO_FIELDS`), never
 on an absolute time, which moves with the machine; absolute times ride along as information.
 Correctness checks are asserts (the script fails). A line with no target says why in its ``note``
 and carries ``"target": null, "met": null``. The script ends with :func:`finish`, which exits 1
@@ -43,10 +43,10 @@ _missed: list[str] = []
 
 def is_ratio(field: str) -> bool:
     """Whether a field may carry a target: a ratio of two things measured side by side."""
-    return field in ("ratio", "speedup") or field.endswith("_ratio")
+    return field in ("ratio", "speedup") or field.endswith(("_ratio", "_speedup"))
 
 
-RATIO_FIELDS = "'ratio', 'speedup' or a name ending in '_ratio'"
+RATIO_FIELDS = "'ratio', 'speedup' or a name ending in '_ratio' or '_speedup'"
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ from analysis.data.loading import clear_cache, load_sweep  # noqa: E402
 from analysis.questions import results  # noqa: E402
 from analysis.questions.agreement import across_runs, compare  # noqa: E402
 from analysis.views import answers  # noqa: E402
+from experiments import parse_config  # noqa: E402
 from orchestrator.registry import Registry, Run, RunMap, Sweep, SweepRun  # noqa: E402
 from orchestrator.registry.schema import pack_map  # noqa: E402
 
@@ -111,10 +112,14 @@ def fill(registry: Registry, rng: np.random.Generator, neurons: bool = False) ->
         gates = np.clip(profiles[task] + rng.normal(0, 0.3, (LAYERS, HEADS)), 0, 1).astype(np.float32)
         accuracy = 0.7 + 0.1 * (task == TASKS[1]) - 0.2 * sparsity + rng.normal(0, 0.01)
         key = f"{sweep_id[-6:]}{i:010x}"  # distinct across the sweeps of one registry
+        config = _config(task, pipeline, sparsity, float(lam), seed)
+        labels = {"task": task, "model": "minilm-l6", "method": "head_gates", "seed": seed, "pipeline": pipeline,
+                  "lambda": float(lam), "sparsity": sparsity}
+        if i == 0:  # the labels as the registry stores them (RunConfig.labels(), one column)
+            assert labels == parse_config(config).labels(), parse_config(config).labels()
         runs.append({
-            "run_key": key, "group_key": f"{i // len(SEEDS):016x}", "config": _config(task, pipeline, sparsity, float(lam), seed),
-            "task": task, "model": "minilm-l6", "method": "head_gates", "pipeline": pipeline, "seed": seed,
-            "sparsity": sparsity, "lambda": float(lam), "status": "finished", "attempts": 1,
+            "run_key": key, "group_key": f"{i // len(SEEDS):016x}", "config": config, "labels": labels,
+            "status": "finished", "attempts": 1,
             "created_at": now, "updated_at": now, "finished_at": now,
             "metrics": {"accuracy": accuracy, "loss": 1 - accuracy, "open_heads": float((gates > 0.5).sum())},
         })

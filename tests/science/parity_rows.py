@@ -23,7 +23,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import yaml
 
@@ -126,15 +125,14 @@ def summarise(row: str, sweep, runs) -> dict:
                 "seed_r_importance": round(agreement.value, 3),
                 "seed_r_table": agreement.table().round(3).to_dict("records")}
     if row == "kovaleva":
-        changes = sweep.map("heads.attention_change")
-        length = _label(changes.runs, "attention_change_length")
-        padded = (pd.to_numeric(changes.runs[length], errors="coerce") == 200).to_numpy() if length else \
-            np.zeros(len(changes.runs), bool)
+        changes = sweep.map("heads.attention_change")  # its runs carry the labels; the length is a param
+        length = runs.set_index("run_key")[_label(runs, "attention_change_length")]
+        padded = (pd.to_numeric(changes.runs["run_key"].map(length), errors="coerce") == 200).to_numpy()
         ablation = sweep.map("heads.ablation_delta")
         deltas = ablation.values.reshape(len(ablation.values), -1)
         return {"attention_change_per_layer_cropped": changes.values[~padded].mean(axis=2).round(3).tolist(),
                 "attention_change_per_layer_padded_200": changes.values[padded].mean(axis=2).round(3).tolist(),
-                "ablation": [{"raise": int((d > 0).sum()), "raise_by_0.01": int((d >= 0.01).sum()),
+                "ablation": [{"raise": int((d > 0).sum()), "raise_by_0.01": int((d >= 0.01 - 1e-9).sum()),
                               "best": round(float(d.max()), 3), "worst": round(float(d.min()), 3)} for d in deltas],
                 "finetune_accuracy": _column(ok, "accuracy", lambda r: r["method"] == "head_ablation")}
     if row == "skill_perturbation":
