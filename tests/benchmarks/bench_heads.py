@@ -3,8 +3,9 @@
     .venv/bin/python tests/benchmarks/bench_heads.py
 
 Prints one JSON line per figure. A and B are measured side by side in one
-process, repetitions interleaved (A, B, A, B, ...), and the medians compared,
-so machine noise hits both alike.
+process on one thread (``THREADS``), repetitions interleaved (A, B, A, B, ...), and the median
+of the paired ratios a_i / b_i taken with its 95 % interval (``paired``), so machine noise hits
+both alike.
 
 1. ``gated_train_step``: forward + backward + optimizer step (cross-entropy of
    a linear decoder over [CLS]) of MiniLM with Hard Concrete head gates
@@ -25,8 +26,8 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import statistics
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -60,44 +61,30 @@ def _batch(generator: torch.Generator) -> dict[str, torch.Tensor]:
     }
 
 
-def _timed(step) -> float:
-    start = time.perf_counter()
-    step()
-    return (time.perf_counter() - start) * 1000.0
-
-
-def _interleaved(step_a, step_b, reps: int, warmup: int = 1) -> tuple[list[float], list[float]]:
-    """Milliseconds of ``reps`` calls of each step, alternating A and B after ``warmup`` pairs."""
-    for _ in range(warmup):
-        step_a(), step_b()
-    times_a, times_b = [], []
-    for _ in range(reps):
-        times_a.append(_timed(step_a))
-        times_b.append(_timed(step_b))
-    return times_a, times_b
-
-
-def _ms(times: list[float]) -> float:
-    return round(statistics.median(times), 1)
+def paired(name_a: str, step_a, name_b: str, step_b) -> dict:
+    """``step_a`` against ``step_b``: interleaved pairs until the median paired ratio a_i / b_i is
+    resolved to ``RESOLVE`` (``_bench.resolved``: 10-60 pairs), with its 95 % bootstrap interval
+    (``lower_ratio``, ``upper_ratio``); a target goes on the interval's end, so a noisy run misses."""
+    times_a, times_b = resolved(step_a, step_b, RESOLVE)
+    ratio, low, high = ratio_interval(times_a, times_b)
+    return {
+        "upper_ratio": round(high, 4),
+        "ratio": round(ratio, 4),
+        "lower_ratio": round(low, 4),
+        f"{name_a}_ms": round(1000 * statistics.median(times_a), 1),
+        f"{name_b}_ms": round(1000 * statistics.median(times_b), 1),
+        "ratio_of_min": round(min(times_a) / min(times_b), 3),
+        "threads": torch.get_num_threads(),
+        "reps": len(times_a),
+    }
 
 
 def speedup_of(pruned, full, batch) -> dict:
-    """``pruned`` against ``full`` (inference on ``batch``): interleaved pairs
-    until the median paired speed-up (full_i / pruned_i) is resolved to ``RESOLVE``
-    (``_bench.resolved``), with its 95 % interval; the target goes on its lower end."""
+    """``pruned`` against ``full``, inference on ``batch``: ``paired`` full / pruned, named as a
+    speed-up (``speedup``, ``lower_speedup``, ``upper_speedup``)."""
     with torch.inference_mode():
-        full_times, pruned_times = resolved(lambda: full(**batch), lambda: pruned(**batch), RESOLVE)
-    speedup, low, high = ratio_interval(full_times, pruned_times)
-    return {
-        "lower_speedup": round(low, 4),
-        "speedup": round(speedup, 4),
-        "upper_speedup": round(high, 4),
-        "pruned_ms": round(1000 * statistics.median(pruned_times), 1),
-        "full_ms": round(1000 * statistics.median(full_times), 1),
-        "speedup_of_min": round(min(full_times) / min(pruned_times), 3),
-        "threads": torch.get_num_threads(),
-        "reps": len(full_times),
-    }
+        figure = paired("full", lambda: full(**batch), "pruned", lambda: pruned(**batch))
+    return {re.sub("ratio", "speedup", name): value for name, value in figure.items()}
 
 
 def _train_step(encoder, decoder, optimizers, batch, labels, head_gates=None):
@@ -131,23 +118,10 @@ def bench_gated_train_step(model, batch) -> dict:
     gated_opt = torch.optim.AdamW([*gated.parameters(), *gated_decoder.parameters()], lr=2e-5)
     gate_opt = torch.optim.Adam(head_gates.parameters(), lr=1e-3)
 
-    gated_times, plain_times = resolved(
-        _train_step(gated, gated_decoder, [gated_opt, gate_opt], batch, labels, head_gates),
-        _train_step(plain, plain_decoder, [plain_opt], batch, labels),
-        RESOLVE,
-    )
+    figure = paired("gated", _train_step(gated, gated_decoder, [gated_opt, gate_opt], batch, labels, head_gates),
+                    "plain", _train_step(plain, plain_decoder, [plain_opt], batch, labels))
     handle.remove()
-    ratio, low, high = ratio_interval(gated_times, plain_times)
-    return {
-        "upper_ratio": round(high, 4),
-        "ratio": round(ratio, 4),
-        "lower_ratio": round(low, 4),
-        "gated_ms": round(1000 * statistics.median(gated_times), 1),
-        "plain_ms": round(1000 * statistics.median(plain_times), 1),
-        "batch": [BATCH, TOKENS],
-        "threads": torch.get_num_threads(),
-        "reps": len(gated_times),
-    }
+    return {**figure, "batch": [BATCH, TOKENS]}
 
 
 def bench_pruned_inference(model, batch) -> dict:
