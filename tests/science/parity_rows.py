@@ -139,7 +139,7 @@ def summarise(row: str, sweep, runs) -> dict:
         names = ["accuracy"] + [f"accuracy_noise_{w}_{f:g}" for f in (0.01, 0.02, 0.1) for w in ("top", "random")]
         return {k: _column(ok, k) for k in names}
     if row == "transfer":
-        answer = sweep.transfer(fraction=0.2)
+        answer = sweep.transfer()  # the overlap is of the top 20 %; the perturbation the largest fraction
         return {"answer": json.loads(json.dumps(answer, default=str))}
     if row == "imp":
         return {k: _column(ok, k) for k in ("accuracy", "sparsity")}
