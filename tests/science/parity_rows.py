@@ -75,6 +75,10 @@ GRIDS: dict[str, dict] = {
                  "train": {"max_steps": 75, "batch_size": 16, "eval_every": 75},
                  "imp": {"pipeline": "prune_then_ft", "sparsity": 0.2}},
         "axes": {"seed": SEEDS}},
+    # Liu et al. mask training: examples/grid_sst2_masks.yaml's ft_then_prune cells and the fine-tunes they
+    # start from (its prune_only cells are tests/science/mask_row.py's, run in process)
+    "masks_ft_then_prune": (yaml.safe_load((ROOT / "examples" / "grid_sst2_masks.yaml").read_text())
+                            | {"axes": {"seed": SEEDS, "pipeline": ["ft_then_prune"], "sparsity": [0.5, 0.7]}}),
 }
 
 
@@ -143,6 +147,10 @@ def summarise(row: str, sweep, runs) -> dict:
         return {"answer": json.loads(json.dumps(answer, default=str))}
     if row == "imp":
         return {k: _column(ok, k) for k in ("accuracy", "sparsity")}
+    if row == "masks_ft_then_prune":
+        return {"accuracy": sweep.results(group_by=["method", "pipeline", "sparsity"]).round(4).to_dict("records"),
+                "by_run": [{k: run.get(k) for k in ("method", "pipeline", "sparsity", "seed", "metrics.accuracy")}
+                           for run in ok.to_dict("records")]}
     raise KeyError(row)
 
 
