@@ -66,7 +66,8 @@ real: venv
 # its peer (bare Ray Tune, a plain loop, mlflow, uvicorn, Optuna, scipy/statsmodels) in the same run; exits 1
 # at the end listing every missed ratio or failed check (absolute times are information beside the load).
 # BENCH_TIGHTEN=FIGURE makes one miss on purpose; BENCH_SCALE=0.1 shrinks the sizes for a quick check;
-# BENCH="tests/benchmarks/bench_x.py ..." runs only those scripts.
+# BENCH="tests/benchmarks/bench_x.py ..." runs only those scripts. The whole run took 23 min alone (2026-11-29,
+# load 1-3); run it alone: its ratios are for a quiet machine (two miss at load 6-8, tests/benchmarks/README.md).
 bench: venv
 	@HF_HUB_OFFLINE=1 $(PY) tests/benchmarks/_bench.py $(BENCH)
 
