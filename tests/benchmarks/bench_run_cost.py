@@ -116,13 +116,14 @@ def sweep_vs_loop(args) -> None:
     from orchestrator.driving.grid import expand, parse_grid
     from orchestrator.registry import Registry
 
-    def configs_of(seeds):
+    def cells(seeds) -> tuple[dict, object, list]:
+        """The grid of ``seeds``, its parsed spec and its expanded configs (each parsed and expanded once)."""
         grid = TINY_GRID | {"axes": {"seed": list(seeds)}}
-        return grid, parse_grid(grid), expand(parse_grid(grid))
+        spec = parse_grid(grid)
+        return grid, spec, expand(spec)
 
-    def sweep(seeds) -> tuple[float, str]:
-        """Wall seconds of a real sweep of ``seeds`` (registered, tracked, executed on Ray) and its id."""
-        grid, spec, configs = configs_of(seeds)
+    def sweep(grid, spec, configs) -> tuple[float, str]:
+        """Wall seconds of a real sweep of ``configs`` (registered, tracked, executed on Ray) and its id."""
         sweep_id, _ = registry.create_sweep(f"{spec.name}-{len(configs)}", yaml.safe_dump(grid), configs,
                                             spec.resources.model_dump(), spec.max_concurrent, spec.max_failures, force=True)
         experiment_id = tracking.ensure_experiment(mlflow, spec.name)
@@ -133,8 +134,9 @@ def sweep_vs_loop(args) -> None:
         assert counts == {"finished": len(configs)}, counts
         return time.perf_counter() - started, sweep_id
 
-    _, spec, configs = configs_of(range(args.runs))
-    _, _, more = configs_of(range(args.runs, 5 * args.runs))  # 4K other seeds: other runs, the same work
+    first, four, again = (cells(range(args.runs)), cells(range(args.runs, 5 * args.runs)),  # other seeds each:
+                          cells(range(5 * args.runs, 6 * args.runs)))  # other runs, the same work
+    spec, configs, more = first[1], first[2], four[2]
     plain_loop(configs[:1])  # the imports and the first model build, which the sweep's workers pay too
     loops, loops_4k = [plain_loop(configs)], [plain_loop(more)]
     registry = Registry(settings.registry_url())
@@ -142,9 +144,9 @@ def sweep_vs_loop(args) -> None:
     start_ray(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
               runtime_env={"env_vars": {"HEADSWEEP_HOME": os.environ["HEADSWEEP_HOME"]}})
     try:  # K, 4K, then K again (each of other seeds): a warm-up that favours later sweeps hits both sizes
-        first_s, sweep_id = sweep(range(args.runs))
-        sweep_4k_s, _ = sweep(range(args.runs, 5 * args.runs))
-        again_s, _ = sweep(range(5 * args.runs, 6 * args.runs))
+        first_s, sweep_id = sweep(*first)
+        sweep_4k_s, _ = sweep(*four)
+        again_s, _ = sweep(*again)
     finally:
         ray.shutdown()
     loops.append(plain_loop(configs))
