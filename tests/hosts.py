@@ -13,6 +13,11 @@ filesystem, the cluster's shared folder among it. A command enters all of them w
 remounts /sys and hides /sys/fs/cgroup, and slurmd will not start then). Host names do not resolve
 (/etc/hosts is the machine's, left alone), as on compute nodes without DNS.
 
+The shared folder is one kernel's: every host shares its locks, page cache and write order, which no
+network filesystem gives. Opt in to a real one with :func:`share_over_sshfs`: a storage host serves a
+folder over SSH and the others mount it with sshfs at the same path, each in its own mount namespace
+(tests/orchestrator/test_shared_fs.py; tests/shared_fs_sqlite.py shows SQLite written from two hosts).
+
 Everything is started by PID and stopped by PID (the whole tree, SIGKILL after a grace), the
 namespaces deleted and the base removed, pass or fail (:meth:`Hosts.close`, also on ``with``). A
 second ``Hosts`` in another process takes another subnet and other names (both keyed by PID).
@@ -29,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,6 +94,7 @@ class Hosts:
         self.hosts: dict[str, Host] = {}
         self.names = names
         self.up = False
+        self.closing: list[Callable[[], None]] = []  # run first by close(), last added first (unmounts)
         try:
             self._start()
         except BaseException:
@@ -210,6 +217,11 @@ class Hosts:
                 pass
 
     def close(self) -> None:
+        while self.closing:
+            try:
+                self.closing.pop()()
+            except Exception:  # noqa: BLE001 - teardown goes on
+                pass
         for name in self.hosts:
             try:
                 self.kill_host(name)
@@ -387,6 +399,66 @@ def start_sshd(hosts: Hosts, names: list[str]) -> Path:
     return ssh / "user"
 
 
+# --------------------------------------------------------------------------- a network filesystem between the hosts
+
+SSHFS_OPTIONS = ("reconnect", "ServerAliveInterval=2", "ServerAliveCountMax=3", "ConnectTimeout=5")
+"""sshfs's options on every client: a lost server is noticed after about 3 x 2 s of silence (its ssh
+exits, sshfs answers what waited with an error), and each later access tries one new connection
+within 5 s and fails, rather than hanging forever."""
+
+
+def share_over_sshfs(hosts: Hosts, storage: str, clients: list[str], folder: Path | None = None,
+                     key: Path | None = None) -> Path:
+    """A folder of host ``storage`` shared with ``clients`` over a real network filesystem, at the same
+    path on every host, as a cluster shares one (opt-in: without it the hosts' shared folders are one
+    kernel's, whose locks, page cache and ordering every host shares, which no network filesystem gives).
+
+    ``storage`` keeps the folder on its disk (``folder``, by default ``hosts.base / "nfs"``) and serves
+    it with sshd (``key``: the key :func:`start_sshd` returned there; started here when None); each
+    client mounts it with sshfs (SFTP over SSH to the storage host's address, across the hosts'
+    network) at that same path, in its own mount namespace only (this machine and the other hosts keep
+    seeing the folder itself). Each mount is a FUSE filesystem of its own: a client's locks and page
+    cache are its own, as with NFS or sshfs between machines. A cut client (:meth:`Hosts.cut`) loses
+    the folder: what waits on it fails once ssh gives up (``SSHFS_OPTIONS``). :meth:`Hosts.close`
+    unmounts (lazily, a cut host too) before it stops the hosts' processes, sshfs among them. Returns
+    the folder."""
+    lacking = [tool for tool in ("sshfs", "/usr/sbin/sshd", "ssh-keygen") if not shutil.which(tool)]
+    if lacking or not Path("/dev/fuse").exists():
+        raise RuntimeError(f"{', '.join(lacking) or '/dev/fuse'} not found: apt-get install sshfs openssh-server")
+    folder = Path(folder or hosts.base / "nfs")
+    folder.mkdir(parents=True, exist_ok=True)
+    key = key or start_sshd(hosts, [storage])
+    user = subprocess.check_output(["id", "-un"], text=True).strip()
+    options = ",".join([*SSHFS_OPTIONS, f"IdentityFile={key}", "BatchMode=yes", "StrictHostKeyChecking=no",
+                        "UserKnownHostsFile=/dev/null", "LogLevel=ERROR"])
+    for name in clients:
+        log = hosts.base / f"sshfs-{name}.log"
+        hosts.popen(name, ["sshfs", "-f", f"{user}@{hosts.address(storage)}:{folder}", str(folder), "-o", options],
+                    stdin=subprocess.DEVNULL, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+        hosts.closing.append(lambda name=name: unmount(hosts, name, folder))
+    for name in clients:
+        until(lambda name=name: mount_type(hosts, name, folder) == "fuse.sshfs", 30,
+              lambda name=name: f"sshfs did not mount on {name}:\n{(hosts.base / f'sshfs-{name}.log').read_text()}")
+    return folder
+
+
+def mount_type(hosts: Hosts, name: str, path: Path | str, timeout: float = 10) -> str | None:
+    """The type of the filesystem mounted last at ``path`` on host ``name`` (its /proc/self/mountinfo),
+    e.g. ``fuse.sshfs``; None when nothing is mounted there."""
+    done = hosts.run(name, ["cat", "/proc/self/mountinfo"], timeout=timeout)
+    found = None
+    for line in done.stdout.splitlines():
+        fields, _, rest = line.partition(" - ")
+        if fields.split()[4] == str(path):
+            found = rest.split()[0]
+    return found
+
+
+def unmount(hosts: Hosts, name: str, path: Path | str) -> None:
+    """Unmount ``path`` on host ``name`` lazily (``umount -l``: no wait on a server that is gone)."""
+    hosts.run(name, ["umount", "-l", str(path)], timeout=20)
+
+
 def clean_dead() -> list[str]:
     """Delete what a ``Hosts`` of a process that is gone left (its namespaces' processes killed, the
     namespaces deleted, its base removed): after a test run killed by a signal. Returns the namespaces."""
@@ -408,7 +480,8 @@ def _alive_tag(tag: int) -> bool:
     """Whether a live process could own tag ``tag`` (PID % 50,000)."""
     def pytest(pid: str) -> bool:
         try:
-            return b"pytest" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            return b"pytest" in command or b"shared_fs_sqlite" in command  # a test, or tests/shared_fs_sqlite.py
         except OSError:  # gone meanwhile
             return False
 

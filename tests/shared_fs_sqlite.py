@@ -1,0 +1,249 @@
+"""Today's failure mode of issue 42: one SQLite registry file written from two hosts over a network filesystem.
+
+``python tests/shared_fs_sqlite.py [--n 5000] [--journal wal|delete|both]`` (as root; sshfs and
+openssh-server installed) brings up three hosts (tests/hosts.py: network namespaces, each its own
+mounts): ``store`` keeps a folder on its disk and serves it over SSH; ``a`` and ``b`` mount it with
+sshfs at the same path (:func:`hosts.share_over_sshfs`), as a cluster's hosts share a network
+filesystem. A file with a registry-shaped table of ``2 n`` pending runs is made there; then ``a``
+and ``b`` each claim their own ``n`` runs at the same moment, one transaction per claim as
+``Registry.claim`` does (``BEGIN IMMEDIATE``, the run pending -> running with attempts + 1, an event
+row, ``COMMIT``), with the registry's own PRAGMAs (``orchestrator/registry/db.py`` ``make_engine``:
+busy_timeout 20000, foreign_keys ON, synchronous NORMAL, journal_mode WAL; ``--journal delete``: a
+rollback journal instead). Afterwards it counts what survived and runs ``PRAGMA integrity_check``, and
+prints: rows expected and present, the integrity check's answer, what each host's commits said,
+wall time and load (/proc/loadavg).
+
+Each host runs :data:`WRITERS` [``--writer``] ``(path_or_url, n, host_label, **options)`` in a process
+of its own (this file with ``--worker``): ``sqlite`` writes the file directly (today's way). Another
+way of writing (e.g. through the sweep's one writer) is one more entry there; the report counts the
+same table. Everything started is stopped by PID and the namespaces deleted, pass or fail
+(``python tests/hosts.py`` cleans up after a killed run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+RUNS = """CREATE TABLE hs_runs (run_key TEXT PRIMARY KEY, config TEXT NOT NULL, status TEXT NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 0, worker TEXT, started_at TEXT, heartbeat_at TEXT, updated_at TEXT)"""
+EVENTS = """CREATE TABLE hs_run_events (id INTEGER PRIMARY KEY AUTOINCREMENT,
+  run_key TEXT NOT NULL REFERENCES hs_runs(run_key), event TEXT NOT NULL, worker TEXT, at TEXT NOT NULL)"""
+CONFIG = json.dumps({"model": "tiny-bert", "task": {"name": "synthetic-cls", "num_train": 200}, "seed": 0,
+                     "train": {"max_steps": 20, "batch_size": 8}}, sort_keys=True)  # a row's usual bulk
+
+
+def run_keys(host_label: str, n: int) -> list[str]:
+    """The ``n`` runs ``host_label`` claims (each host its own: every claim must succeed)."""
+    return [f"{host_label}-{i:07d}" for i in range(n)]
+
+
+def _path(path_or_url: str) -> str:
+    return path_or_url.removeprefix("sqlite:///") if path_or_url.startswith("sqlite:///") else path_or_url
+
+
+class _Connection(sqlite3.Connection):
+    journal_mode = ""  # what PRAGMA journal_mode answered
+
+
+def connect(path_or_url: str, journal: str = "wal") -> _Connection:
+    """A connection as the registry's engine makes one (make_engine's PRAGMAs; BEGIN emitted by us)."""
+    connection = sqlite3.connect(_path(path_or_url), timeout=20, isolation_level=None, check_same_thread=False,
+                                 factory=_Connection)
+    connection.execute("PRAGMA busy_timeout = 20000")
+    connection.execute("PRAGMA foreign_keys = ON")
+    connection.execute("PRAGMA synchronous = NORMAL")
+    connection.journal_mode = connection.execute(f"PRAGMA journal_mode = {journal}").fetchone()[0]
+    return connection
+
+
+def create_store(path_or_url: str, labels: list[str], n: int, journal: str = "wal") -> None:
+    """The file with ``n`` pending runs per label, made where the folder is local (the storage host)."""
+    connection = connect(path_or_url, journal)
+    connection.execute(RUNS)
+    connection.execute(EVENTS)
+    connection.execute("BEGIN IMMEDIATE")
+    connection.executemany("INSERT INTO hs_runs (run_key, config, status) VALUES (?, ?, 'pending')",
+                           [(key, CONFIG) for label in labels for key in run_keys(label, n)])
+    connection.execute("COMMIT")
+    connection.close()
+
+
+def write_claims(path_or_url: str, n: int, host_label: str, journal: str = "wal",
+                 start_at: float | None = None) -> dict[str, Any]:
+    """Claim this host's ``n`` runs, one transaction each, straight into the SQLite file (today's way).
+    Returns ``{host, committed, claimed, errors: {message: count}, seconds}``: ``committed`` the
+    COMMITs that returned, ``claimed`` those whose UPDATE found the run pending."""
+    connection = connect(path_or_url, journal)
+    if start_at is not None:  # both hosts at once
+        time.sleep(max(0.0, start_at - time.time()))
+    committed = claimed = 0
+    errors: Counter[str] = Counter()
+    began = time.monotonic()
+    for key in run_keys(host_label, n):
+        when = time.strftime("%Y-%m-%d %H:%M:%S")
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            row = connection.execute(
+                "UPDATE hs_runs SET status = 'running', attempts = attempts + 1, worker = ?, started_at = ?,"
+                " heartbeat_at = ?, updated_at = ? WHERE run_key = ? AND status IN ('pending', 'failed')"
+                " RETURNING run_key, config, attempts", (host_label, when, when, when, key)).fetchone()
+            connection.execute("INSERT INTO hs_run_events (run_key, event, worker, at) VALUES (?, 'claimed', ?, ?)",
+                               (key, host_label, when))
+            connection.execute("COMMIT")
+            committed += 1
+            claimed += row is not None
+        except sqlite3.Error as error:
+            errors[f"{type(error).__name__}: {error}"] += 1
+            try:
+                connection.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+    seconds = time.monotonic() - began
+    connection.close()
+    return {"host": host_label, "journal_mode": connection.journal_mode, "committed": committed, "claimed": claimed,
+            "errors": dict(errors), "seconds": round(seconds, 2)}
+
+
+WRITERS: dict[str, Callable[..., dict[str, Any]]] = {"sqlite": write_claims}
+"""How a host writes its claims: ``(path_or_url, n, host_label, **options) -> {host, committed, ...}``."""
+
+
+def count(path: Path, n_hosts: int, n: int) -> dict[str, Any]:
+    """What the file holds once every writer is gone (read where it is local)."""
+    seen: dict[str, Any] = {"expected": n_hosts * n}
+    try:
+        connection = sqlite3.connect(path, timeout=20)
+    except sqlite3.Error as error:
+        return seen | {"open": str(error)}
+    for name, query in (("running", "SELECT count(*) FROM hs_runs WHERE status = 'running'"),
+                        ("attempts", "SELECT coalesce(sum(attempts), 0) FROM hs_runs"),
+                        ("events", "SELECT count(*) FROM hs_run_events"),
+                        ("runs", "SELECT count(*) FROM hs_runs")):
+        try:
+            seen[name] = connection.execute(query).fetchone()[0]
+        except sqlite3.Error as error:
+            seen[name] = f"{type(error).__name__}: {error}"
+    try:
+        seen["integrity_check"] = [line for row in connection.execute("PRAGMA integrity_check(100)")
+                                   for line in row[0].splitlines()]
+    except sqlite3.Error as error:
+        seen["integrity_check"] = [f"{type(error).__name__}: {error}"]
+    connection.close()
+    return seen
+
+
+def load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def demonstrate(cluster: Any, folder: Path, writers: list[str], n: int, journal: str, writer: str,
+                timeout: float) -> dict[str, Any]:
+    """One round: a fresh file in ``folder``, each of ``writers`` claiming ``n`` runs at once; what survived."""
+    path = folder / f"registry-{journal}.db"
+    create_store(str(path), writers, n, journal)
+    start_at = time.time() + 3  # every writer connected first, then all at once
+    load_before, began = load(), time.monotonic()
+    processes = {name: cluster.popen(name, [sys.executable, str(Path(__file__).resolve()), "--worker", str(path),
+                                            "--writer", writer, "--n", str(n), "--host", name,
+                                            "--journal", journal, "--start-at", str(start_at)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for name in writers}
+    said = {}
+    for name, process in processes.items():
+        try:
+            out, err = process.communicate(timeout=max(1.0, timeout - (time.monotonic() - began)))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+            said[name] = {"host": name, "timed_out": f"after {timeout:.0f} s"}
+            continue
+        lines = out.strip().splitlines()
+        said[name] = json.loads(lines[-1]) if process.returncode == 0 and lines else \
+            {"host": name, "exit": process.returncode, "stderr": err.strip()[-800:]}
+    return {"journal": journal, "writer": writer, "n": n, "hosts": said, "wall_s": round(time.monotonic() - began, 1),
+            "load_before": load_before, "load_after": load(), "found": count(path, len(writers), n),
+            "leftovers": sorted(p.name for p in folder.iterdir() if p.name.startswith(path.name))}
+
+
+SHOWN = 8  # integrity_check lines printed (up to 100 are kept in --json)
+
+
+def report(result: dict[str, Any]) -> str:
+    found = result["found"]
+    lines = [f"journal_mode={result['journal'].upper()} writer={result['writer']}: {len(result['hosts'])} hosts x "
+             f"{result['n']} claims at once",
+             f"  rows expected {found['expected']}: running {found.get('running')}, sum(attempts) "
+             f"{found.get('attempts')}, event rows {found.get('events')} (runs table {found.get('runs')})"]
+    checked = found.get("integrity_check", [found.get("open")])
+    shown = checked[:SHOWN] + ([f"... {len(checked)} lines in all"] if len(checked) > SHOWN else [])
+    lines.append(f"  integrity_check: {shown[0]}" + "".join(f"\n                   {line}" for line in shown[1:]))
+    for said in result["hosts"].values():
+        errors = "; ".join(f"{count} x {message}" for message, count in said.get("errors", {}).items()) or "none"
+        if "committed" in said:
+            lines.append(f"  host {said['host']} (journal_mode {said['journal_mode']}): {said['committed']} COMMITs returned, {said['claimed']} found their "
+                         f"run pending, errors: {errors}, {said['seconds']} s")
+        else:
+            lines.append(f"  host {said['host']}: {said}")
+    lines.append(f"  wall {result['wall_s']} s (3 s of it the common start); load before {result['load_before']}, "
+                 f"after {result['load_after']}; files left: {' '.join(result['leftovers'])}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=5000, help="claims per host (default 5000)")
+    parser.add_argument("--journal", choices=("wal", "delete", "both"), default="wal",
+                        help="journal_mode of the file: the registry's WAL, a rollback journal, or both in turn")
+    parser.add_argument("--folder", choices=("sshfs", "kernel"), default="sshfs",
+                        help="where the file lives: the storage host's folder over sshfs (a network filesystem), "
+                             "or the control: the hosts' folder of one kernel (tests/hosts.py's shared folder)")
+    parser.add_argument("--writer", choices=sorted(WRITERS), default="sqlite", help="how each host writes")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds the writers may take, per round")
+    parser.add_argument("--json", action="store_true", help="also print each round as JSON")
+    parser.add_argument("--worker", metavar="PATH_OR_URL", help=argparse.SUPPRESS)  # on a host: write, print JSON
+    parser.add_argument("--host", help=argparse.SUPPRESS)
+    parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        options = {"journal": args.journal, "start_at": args.start_at} if args.writer == "sqlite" else {}
+        print(json.dumps(WRITERS[args.writer](args.worker, args.n, args.host, **options)), flush=True)
+        return 0
+
+    import hosts  # tests/hosts.py
+
+    lacking = hosts.missing_tools()
+    if lacking:
+        print(f"needs {', '.join(lacking)}", file=sys.stderr)
+        return 2
+    began = time.monotonic()
+    with hosts.Hosts(["store", "a", "b"]) as cluster:
+        if args.folder == "sshfs":
+            folder = hosts.share_over_sshfs(cluster, "store", ["a", "b"])
+            print(f"store ({cluster.address('store')}) serves {folder}; a ({cluster.address('a')}) and b "
+                  f"({cluster.address('b')}) mount it with sshfs ({hosts.mount_type(cluster, 'a', folder)}) at that path")
+        else:
+            folder = cluster.shared
+            print(f"control: a and b write {folder}, one kernel's folder (no network filesystem between them)")
+        for journal in (("wal", "delete") if args.journal == "both" else (args.journal,)):
+            result = demonstrate(cluster, folder, ["a", "b"], args.n, journal, args.writer, args.timeout)
+            print(report(result), flush=True)
+            if args.json:
+                print(json.dumps(result), flush=True)
+    print(f"done in {time.monotonic() - began:.0f} s (hosts torn down)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
