@@ -87,7 +87,8 @@ def call(
 
 def transient_db_error(err: BaseException) -> bool:
     """A SQLAlchemy error worth a retry: the connection was lost or refused (a restarting
-    PostgreSQL), a deadlock or serialization failure, SQLite busy or locked.
+    PostgreSQL), a deadlock or serialization failure, SQLite busy or locked, or a SQLite page read torn by a write on another host (a network filesystem: its
+    one writer is elsewhere, and the next read sees the file whole).
 
     A refused connection has no SQLSTATE (psycopg says "connection failed: ... Connection
     refused", or "... the database system is starting up"); a wrong password looks the same
@@ -99,6 +100,8 @@ def transient_db_error(err: BaseException) -> bool:
     orig = err.orig
     text = str(orig).lower()
     if "database is locked" in text or "database is busy" in text:  # SQLite
+        return True
+    if "disk image is malformed" in text or "disk i/o error" in text:  # SQLite read on another host mid-write
         return True
     if not type(orig).__module__.startswith("psycopg"):
         return False

@@ -73,7 +73,7 @@ LEVELS = (
     ("experiments",),  # the package: run() and the method registry, lazily
     ("orchestrator",),  # the packages' own __init__ (empty)
     ("orchestrator.settings", "orchestrator.status"),
-    ("orchestrator.retry", "orchestrator.checkpoints", "orchestrator.hub"),
+    ("orchestrator.retry", "orchestrator.checkpoints", "orchestrator.hub", "orchestrator.filesystems"),
     ("orchestrator.registry", "orchestrator.tracking"),
     ("orchestrator.cluster", "orchestrator.report"),
     ("orchestrator.driving",),

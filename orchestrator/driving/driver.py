@@ -37,9 +37,8 @@ from ray.tune.search.basic_variant import BasicVariantGenerator  # noqa: E402
 from ray.tune.utils.object_cache import _ObjectCache  # noqa: E402
 
 from orchestrator import settings  # noqa: E402
-from orchestrator.driving import trial  # noqa: E402
-from orchestrator.driving.supervisor import reconcile  # noqa: E402  (the supervisor reconciles too, without Tune)
-from orchestrator.registry import Registry  # noqa: E402
+from orchestrator.driving import trial, writer  # noqa: E402
+from orchestrator.driving.writer import Remote, Writer  # noqa: E402
 from orchestrator.registry.history import WORKER_LOST, worker_trial  # noqa: E402
 from orchestrator.status import RunStatus, SweepStatus  # noqa: E402
 
@@ -54,8 +53,8 @@ class _Stopper(tune.Stopper):
     has its result by then): without stopping it there, Tune asks the worker for one more result
     only to learn that the function returned, a round trip per trial."""
 
-    def __init__(self, registry: Registry, sweep_id: str) -> None:
-        self.poll = trial._cancel_poll(registry, sweep_id)
+    def __init__(self, registry, sweep_id: str) -> None:
+        self.poll = trial.cancel_poll(registry, sweep_id)
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
         return "outcome" in result
@@ -90,8 +89,8 @@ class _WorkerLost(tune.Callback):
     so it shows in the failures and ``--rerun-failed`` requeues it instead of it waiting for the
     orphan reset and then never running."""
 
-    def __init__(self, registry: Registry, sweep: dict[str, Any], tracking_uri: str | None) -> None:
-        self.registry, self.sweep, self.tracking_uri = registry, sweep, tracking_uri
+    def __init__(self, states: Writer | Remote, sweep: dict[str, Any]) -> None:
+        self.states, self.registry, self.sweep = states, states.registry, sweep
 
     def _held(self, trial) -> dict[str, Any] | None:
         """The trial's run when its (dead) attempt still holds it: a raised error has failed it already."""
@@ -108,14 +107,8 @@ class _WorkerLost(tune.Callback):
                 error = (f"worker {run['worker']} died during attempt {run['attempts']} without a result or "
                          f"traceback (killed: out of memory?); no retry left (max_failures "
                          f"{self.sweep['max_failures']})")
-                if not self.registry.fail(run["run_key"], error, worker=run["worker"]):
+                if not self.states.fail(run["run_key"], error, run["worker"], run["mlflow_run_id"]):
                     return  # taken over meanwhile (an orphan reset, another sweep)
-                if self.tracking_uri and run["mlflow_run_id"]:
-                    from orchestrator import tracking
-
-                    mlflow = tracking.client(self.tracking_uri)
-                    mlflow.set_tag(run["mlflow_run_id"], "error", error)
-                    mlflow.set_terminated(run["mlflow_run_id"], status="FAILED")
             self.registry.add_event(self.sweep["id"], WORKER_LOST, {
                 "run_key": run["run_key"], "worker": run["worker"], "attempt": run["attempts"], "then": then})
         except Exception:  # noqa: BLE001 - never take Tune down; the orphan reset catches the run
@@ -139,7 +132,7 @@ class _WaveTrials(tune.Callback):
         self.ids.add(trial.trial_id)
 
 
-def _cancel_held(registry: Registry, keys: list[str], trial_ids: set[str], tracking_uri: str | None) -> None:
+def _cancel_held(states: Writer | Remote, keys: list[str], trial_ids: set[str]) -> None:
     """After a cancelled wave, the wave's runs still RUNNING under one of its (now ended) trials ->
     cancelled. Two polls race after ``headsweep cancel``: the trial's (it cancels its own run) and the
     driver's ``_Stopper.stop_all`` (Tune then ends every trial). When the driver's wins, the trial
@@ -147,13 +140,10 @@ def _cancel_held(registry: Registry, keys: list[str], trial_ids: set[str], track
     in a cancelled sweep (seen on a loaded machine, 2 of 4 runs). A run held by another driver's
     trial (a run shared with a live sweep) is left to that driver."""
     for key in keys:
-        run = registry.get_run(key)
+        run = states.registry.get_run(key)
         if run["status"] != RunStatus.RUNNING or worker_trial(run["worker"]) not in trial_ids:
             continue
-        if registry.cancel_run(key, worker=run["worker"]) and tracking_uri and run["mlflow_run_id"]:
-            from orchestrator import tracking
-
-            tracking.client(tracking_uri).set_terminated(run["mlflow_run_id"], status="KILLED")
+        states.cancel(key, run["worker"], run["mlflow_run_id"])
 
 
 @contextlib.contextmanager
@@ -257,14 +247,15 @@ def _trial_name(trial) -> str:
     return trial.config["run_key"]
 
 
-def _await_running(registry: Registry, sweep_id: str, stale_after_s: float, tracking_uri: str | None) -> bool:
+def _await_running(states: Writer | Remote, sweep_id: str, stale_after_s: float) -> bool:
     """Wait while runs of the sweep are RUNNING outside this driver's Tuner: a killed driver's
     trials (their heartbeats stop, so within ``stale_after_s`` they are orphans, pending again)
     or another sweep's trials of a shared run. True when one of them changed; False when none runs."""
+    registry = states.registry
     running = registry.sweep_counts(sweep_id).get("running", 0)
     while running and not registry.cancel_requested(sweep_id):
         time.sleep(min(trial.HEARTBEAT_S, stale_after_s / 4))
-        if reconcile(registry, sweep_id, stale_after_s, tracking_uri):
+        if states.reset_orphans(sweep_id, stale_after_s):
             return True
         if registry.sweep_counts(sweep_id).get("running", 0) < running:
             return True
@@ -272,7 +263,7 @@ def _await_running(registry: Registry, sweep_id: str, stale_after_s: float, trac
 
 
 def _run_wave(sweep: dict[str, Any], keys: list[str], env: dict[str, Any], run_fn: Callable | None,
-              registry: Registry) -> None:
+              states: Writer | Remote) -> None:
     """One Tune run over ``keys`` (a trial per run key), with the sweep's resources and retries; once
     it returns on a cancel, no run of it is left "running"."""
     wave_trials = _WaveTrials()
@@ -297,18 +288,18 @@ def _run_wave(sweep: dict[str, Any], keys: list[str], env: dict[str, Any], run_f
             storage_path=str(settings.home() / "ray_results"),
             failure_config=tune.FailureConfig(max_failures=sweep["max_failures"]),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            stop=_Stopper(registry, sweep["id"]),
-            callbacks=[_WorkerLost(registry, sweep, env["tracking_uri"]), wave_trials],
+            stop=_Stopper(states.registry, sweep["id"]),
+            callbacks=[_WorkerLost(states, sweep), wave_trials],
             verbose=0,
         ),
     )
     with _trainable_looked_up_once(), _actors_kept(sweep["max_concurrent"] or 0), _starting_actors_kept():
         tuner.fit()
-    if registry.cancel_requested(sweep["id"]):
-        _cancel_held(registry, keys, wave_trials.ids, env["tracking_uri"])
+    if states.registry.cancel_requested(sweep["id"]):
+        _cancel_held(states, keys, wave_trials.ids)
 
 
-def _left_pending(registry: Registry, sweep_id: str, keys: list[str]) -> list[str]:
+def _left_pending(registry, sweep_id: str, keys: list[str]) -> list[str]:
     """The wave's runs still pending once its Tuner returned: Tune gave their trial up without the
     run failing, or the orphan reset put them back. Seen with a lost node: both in-flight calls to a
     dead trial actor fail, Tune requeues the trial on the first failure and errors it on the second,
@@ -346,24 +337,20 @@ def execute_sweep(
     """Run every unfinished run of the sweep on the connected Ray; return counts per status."""
     registry_url = registry_url or settings.registry_url()
     tracking_uri = (tracking_uri or settings.tracking_uri()) if track else None
-    registry = Registry(registry_url)
+    states = _writer(sweep_id, registry_url, tracking_uri)
+    registry = states.registry
     sweep = registry.get_sweep(sweep_id)
-    reconcile(registry, sweep_id, stale_after_s, tracking_uri)
+    states.reset_orphans(sweep_id, stale_after_s)  # a dead driver's runs: pending again, their MLflow runs KILLED
     registry.unblock(sweep_id)  # a new driver retries what an upstream's failure blocked
-    registry.set_sweep(sweep_id, status="running")
-    mlflow = None
-    if tracking_uri:
-        from orchestrator import tracking
-
-        mlflow = tracking.client(tracking_uri)
-        mlflow.update_run(sweep["mlflow_parent_run_id"], status="RUNNING")
+    states.sweep_status(sweep_id, SweepStatus.RUNNING, sweep["mlflow_parent_run_id"] if tracking_uri else None)
 
     env = {
         "registry_url": registry_url, "tracking_uri": tracking_uri,
+        "writer": states.name if isinstance(states, Remote) else None,
         "experiment_id": sweep["mlflow_experiment_id"], "parent_run_id": sweep["mlflow_parent_run_id"],
         "checkpoint_every_s": checkpoint_every_s, "stale_after_s": stale_after_s,
         "checkpoints": settings.checkpoint_root(),
-        "name_keys": tracking.name_keys(registry.sweep_runs(sweep_id)["config"]) if tracking_uri else [],
+        "name_keys": _name_keys(registry.sweep_runs(sweep_id)["config"]) if tracking_uri else [],
     }
     attempted: set[str] = set()
     relaunched: dict[str, int] = {}
@@ -372,11 +359,11 @@ def execute_sweep(
     while not registry.cancel_requested(sweep_id):
         keys = registry.next_wave(sweep_id, attempted)
         if not keys:
-            if _await_running(registry, sweep_id, stale_after_s, tracking_uri):
+            if _await_running(states, sweep_id, stale_after_s):
                 continue  # some finished (their dependants may be ready) or were orphans: pending again
             break
         attempted.update(keys)
-        _run_wave(sweep, keys, env, run_fn, registry)
+        _run_wave(sweep, keys, env, run_fn, states)
         for key in _left_pending(registry, sweep_id, keys):  # in another wave, max_failures + 1 times at most
             relaunched[key] = relaunched.get(key, 0) + 1
             if relaunched[key] <= sweep["max_failures"] + 1:
@@ -384,10 +371,27 @@ def execute_sweep(
 
     counts = registry.sweep_counts(sweep_id)
     status = final_status(counts, registry.cancel_requested(sweep_id))
-    registry.set_sweep(sweep_id, status=status)
-    if mlflow is not None:
-        mlflow.set_terminated(sweep["mlflow_parent_run_id"], status={"finished": "FINISHED", "cancelled": "KILLED"}.get(status, "FAILED"))
+    states.sweep_status(sweep_id, status, sweep["mlflow_parent_run_id"] if tracking_uri else None)
+    if unwritten := states.flush():
+        logging.getLogger("headsweep.driver").warning("%d MLflow run status(es) could not be written", unwritten)
     return counts
+
+
+def _name_keys(configs) -> list[str]:
+    from orchestrator import tracking
+
+    return tracking.name_keys(configs)
+
+
+def _writer(sweep_id: str, registry_url: str, tracking_uri: str | None) -> Writer | Remote:
+    """The sweep's state changes: through a writer on this node when its stores are embedded files
+    and other hosts would write them (``writer.writer_needed``), else this process's own."""
+    import ray
+
+    nodes = sum(1 for node in ray.nodes() if node.get("Alive")) if ray.is_initialized() else 1
+    if writer.writer_needed(registry_url, tracking_uri, nodes):
+        return writer.start(sweep_id, registry_url, tracking_uri)
+    return Writer(registry_url, tracking_uri)
 
 
 def main(argv: list[str] | None = None) -> int:

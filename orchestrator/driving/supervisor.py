@@ -41,6 +41,7 @@ from orchestrator import settings
 from orchestrator.cluster import jobs
 from orchestrator.cluster.head import known_dashboard
 from orchestrator.cluster.packaging import job_runtime_env
+from orchestrator.driving import writer
 from orchestrator.driving.driver_job import driver_env, start_driver
 from orchestrator.registry import Registry
 from orchestrator.registry.history import ALIVE, GAVE_UP, LIVE, ORPHANED, RESUMED, decide
@@ -55,22 +56,6 @@ JOB_PREFIX = "headsweep-supervisor-"
 # --------------------------------------------------------------------------- doing it
 
 
-def reconcile(registry: Registry, sweep_id: str, stale_after_s: float, tracking_uri: str | None) -> dict[str, str]:
-    """Runs left RUNNING by a dead worker or driver: back to pending, their MLflow runs KILLED; each
-    run's key with the worker that held it ("" if none). (The driver's, at every start and while it
-    waits; the supervisor's while a driver runs.)"""
-    orphans = registry.reset_orphans(sweep_id, stale_after_s)
-    if orphans and tracking_uri:
-        from orchestrator import tracking
-
-        mlflow = tracking.client(tracking_uri)
-        for orphan in orphans:
-            if orphan.get("mlflow_run_id"):
-                mlflow.set_tag(orphan["mlflow_run_id"], "error", "orphaned: worker stopped heartbeating")
-                mlflow.set_terminated(orphan["mlflow_run_id"], status="KILLED")
-    return {orphan["run_key"]: orphan["worker"] or "" for orphan in orphans}
-
-
 def tick(registry: Registry, head: dict[str, str], job=jobs.job_state, start=start_driver) -> list[str]:
     """One look at every supervised sweep; returns what it did, one line each.
 
@@ -82,7 +67,8 @@ def tick(registry: Registry, head: dict[str, str], job=jobs.job_state, start=sta
         state, ended = job(head["dashboard"], sweep["driver"]) if sweep["status"] in LIVE else (None, None)
         action = decide(sweep, state)
         if action and action.kind == "reconcile":
-            orphans = reconcile(registry, sweep_id, ORPHAN_AFTER_S, settings.tracking_uri() if tracked else None)
+            states = writer.of_sweep(sweep_id, registry, settings.tracking_uri() if tracked else None)
+            orphans = states.reset_orphans(sweep_id, ORPHAN_AFTER_S)
             if orphans:
                 registry.add_event(sweep_id, ORPHANED, {"run_keys": list(orphans), "workers": list(orphans.values())})
                 done.append(f"{sweep_id}: {len(orphans)} orphaned runs back to pending: {', '.join(orphans)}")
@@ -103,10 +89,8 @@ def tick(registry: Registry, head: dict[str, str], job=jobs.job_state, start=sta
             done.append(f"{sweep_id}: resumed automatically ({action.attempt}/{action.of}): {detail}")
         elif action and action.kind == "give_up":
             registry.add_event(sweep_id, GAVE_UP, {"used": action.attempt, "of": action.of})
-            if tracked:
-                from orchestrator import tracking
-
-                tracking.client().set_terminated(sweep["mlflow_parent_run_id"], status="FAILED")
+            writer.of_sweep(sweep_id, registry, settings.tracking_uri() if tracked else None).sweep_mlflow_status(
+                sweep["mlflow_parent_run_id"], SweepStatus.FAILED)
             done.append(f"{sweep_id}: {action.of} automatic resumes used up; failed")
     return done
 

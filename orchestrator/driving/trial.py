@@ -26,21 +26,24 @@ from experiments.common.result import RunResult
 from experiments.core.context import RunCancelled, RunContext
 from experiments.core.tracking import MemoryTracker
 from experiments.keyed.config import parse_config
-from orchestrator.registry import Registry
+from orchestrator.driving.writer import Remote, Tracker, Writer
 from orchestrator.registry.history import worker_name, worker_trial
 from orchestrator.status import RunStatus
 
 HEARTBEAT_S = 5.0
 log = logging.getLogger("headsweep.trial")
 CANCEL_POLL_S = 2.0
-_registries: dict[str, Registry] = {}  # one per worker process; reused actors keep it
+_writers: dict[tuple, Writer | Remote] = {}  # one per worker process; reused actors keep it
 _worker_runs = {"started": 0}  # runs this worker process started: its first pays the imports
 
 
-def registry_for(url: str) -> Registry:
-    if url not in _registries:
-        _registries[url] = Registry(url)
-    return _registries[url]
+def writer_for(env: dict[str, Any]) -> Writer | Remote:
+    """Where this trial's state changes go: the sweep's writer over Ray (``env["writer"]``, its actor's
+    name), or a :class:`Writer` of this worker process's own on the sweep's stores."""
+    key = (env.get("writer"), env["registry_url"], env.get("tracking_uri"))
+    if key not in _writers:
+        _writers[key] = Remote(env["writer"]) if env.get("writer") else Writer(env["registry_url"], env.get("tracking_uri"))
+    return _writers[key]
 
 
 class TuneCheckpointer:
@@ -69,20 +72,21 @@ class TuneCheckpointer:
 class _Heartbeat(threading.Thread):
     """Touches the run's heartbeat so a reconciler can tell a live run from an orphan."""
 
-    def __init__(self, registry: Registry, run_key: str, worker: str) -> None:
+    def __init__(self, writer: Writer | Remote, run_key: str, worker: str) -> None:
         super().__init__(daemon=True)
-        self.registry, self.run_key, self.worker, self.stopped = registry, run_key, worker, threading.Event()
+        self.writer, self.run_key, self.worker, self.stopped = writer, run_key, worker, threading.Event()
 
     def run(self) -> None:
         while not self.stopped.wait(HEARTBEAT_S):
-            try:  # retried through a restarting database (registry.db.retrying)
-                self.registry.heartbeat(self.run_key, self.worker)
+            try:  # retried through a restarting database (registry.db.retrying) or writer
+                self.writer.heartbeat(self.run_key, self.worker)
             except Exception as err:  # noqa: BLE001 - a missed beat is not worth killing the run
                 log.warning("run %s: heartbeat missed (%s: %s); beating on", self.run_key,
                             type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
 
 
-def _cancel_poll(registry: Registry, sweep_id: str) -> Callable[[], bool]:
+def cancel_poll(registry: Any, sweep_id: str) -> Callable[[], bool]:
+    """``should_stop()``: the sweep's cancel flag, read at most every ``CANCEL_POLL_S`` seconds."""
     state = {"at": 0.0, "value": False}
 
     def should_stop() -> bool:
@@ -97,7 +101,7 @@ def _cancel_poll(registry: Registry, sweep_id: str) -> Callable[[], bool]:
     return should_stop
 
 
-def claim_when_free(registry: Registry, run_key: str, worker: str, stale_after_s: float) -> dict[str, Any] | None:
+def claim_when_free(writer: Writer | Remote, run_key: str, worker: str, stale_after_s: float) -> dict[str, Any] | None:
     """Claim the run, waiting while another live worker holds it; None once it is finished or cancelled.
 
     A Tune retry of this same trial (its worker was killed) takes the run over at
@@ -105,14 +109,14 @@ def claim_when_free(registry: Registry, run_key: str, worker: str, stale_after_s
     """
     trial_id = worker_trial(worker)
     while True:
-        claimed = registry.claim(run_key, worker, stale_after_s=stale_after_s)
+        claimed = writer.claim(run_key, worker, stale_after_s)
         if claimed is not None:
             return claimed
-        run = registry.get_run(run_key)
+        run = writer.registry.get_run(run_key)
         if run["status"] in (RunStatus.FINISHED, RunStatus.CANCELLED):
             return None
         if run["status"] == RunStatus.RUNNING and worker_trial(run["worker"]) == trial_id:
-            claimed = registry.claim(run_key, worker, stale_after_s=0)
+            claimed = writer.claim(run_key, worker, 0)
             if claimed is not None:
                 return claimed
         time.sleep(HEARTBEAT_S / 2)
@@ -146,18 +150,18 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
     costs = Costs(first_in_worker=_worker_runs["started"] == 0)  # cost.<part>_s: see record_costs
     run_key, sweep_id, env = config["run_key"], config["sweep_id"], config["env"]
     with costs.part("claim"):
-        registry = registry_for(env["registry_url"])
+        writer = writer_for(env)
         context = tune.get_context()
         worker = worker_name(context.get_trial_id(), ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
-        claimed = claim_when_free(registry, run_key, worker, env["stale_after_s"])
+        claimed = claim_when_free(writer, run_key, worker, env["stale_after_s"])
     if claimed is None:  # finished or cancelled meanwhile: never run twice
         tune.report({"outcome": "skipped"})
         return
     _worker_runs["started"] += 1
 
-    beat = _Heartbeat(registry, run_key, worker)
+    beat = _Heartbeat(writer, run_key, worker)
     beat.start()
-    mlflow_run = None
+    run_id = None
     try:  # from here, whatever fails (a database gone for longer than the retries wait) fails the run
         cpus = context.get_trial_resources().required_resources.get("CPU", 1)
         torch.set_num_threads(max(1, int(cpus)))  # a reused worker keeps its first trial's threads otherwise
@@ -168,42 +172,29 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
             with costs.part("mlflow"):
                 from orchestrator import tracking
 
-                mlflow = tracking.client(env["tracking_uri"])
-                retried = claimed.get("mlflow_run_id")  # an earlier attempt's MLflow run, reused
-                run_id = retried or tracking.start_run(
-                    mlflow, env["experiment_id"], tracking.run_name(cfg, env.get("name_keys", ())),
-                    tags={"sweep": sweep_id, "cell": tracking.run_name(cfg, env.get("name_keys", ()), seed=False)},
-                    parent_run_id=env.get("parent_run_id"),
-                )
-                tracker = mlflow_run = tracking.MlflowTracker(mlflow, run_id)
-                if retried:  # FAILED or KILLED by that attempt; a new run starts RUNNING (one write less)
-                    mlflow.update_run(run_id, status="RUNNING")
-                else:
-                    registry.set_mlflow_run(run_key, run_id)
+                name_keys = env.get("name_keys", ())
+                run_id = writer.track(  # an earlier attempt's MLflow run is reused
+                    run_key, claimed.get("mlflow_run_id"), env["experiment_id"], tracking.run_name(cfg, name_keys),
+                    {"sweep": sweep_id, "cell": tracking.run_name(cfg, name_keys, seed=False)}, env.get("parent_run_id"))
+                tracker = Tracker(writer, run_id)
 
         device = "cuda" if torch.cuda.is_available() and context.get_trial_resources().required_resources.get("GPU") else "cpu"
         ctx = RunContext(
             tracker=tracker, checkpointer=TuneCheckpointer(env["checkpoint_every_s"]),
-            should_stop=_cancel_poll(registry, sweep_id), device=device, costs=costs,
+            should_stop=cancel_poll(writer.registry, sweep_id), device=device, costs=costs,
             **stage_hooks(claimed, env.get("checkpoints")),
         )
         result = (run_fn or _default_run)(cfg, ctx)
-        # MLflow first: should the registry write then fail, the run is retried and its MLflow run
-        # reused; the other way round, a lost MLflow write would leave a finished run RUNNING there
-        with costs.part("finish"):
-            if mlflow_run:
-                mlflow_run.finish("FINISHED")
-            registry.finish(run_key, result.metrics | costs.metrics(), worker=worker, maps=result.maps)
+        with costs.part("finish"):  # the registry, then MLflow (the writer's one order)
+            writer.finish(run_key, result.metrics | costs.metrics(), worker, result.maps, run_id)
         costs.end()
-        record_costs(registry, run_key, mlflow_run, costs)
+        record_costs(writer, run_key, run_id, costs)
     except RunCancelled:
-        registry.cancel_run(run_key, worker)
-        if mlflow_run:
-            mlflow_run.finish("KILLED")
+        writer.cancel(run_key, worker, run_id)
         tune.report({"outcome": "cancelled"})
         return
     except Exception as err:
-        _record_failure(registry, run_key, worker, mlflow_run, err)
+        _record_failure(writer, run_key, worker, run_id, err)
         raise  # Tune retries it (FailureConfig.max_failures), from the last checkpoint
     finally:
         beat.stopped.set()
@@ -212,30 +203,25 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
     tune.report({"outcome": "finished"})
 
 
-def record_costs(registry: Registry, run_key: str, mlflow_run: Any, costs: Costs) -> None:
+def record_costs(writer: Writer | Remote, run_key: str, run_id: str | None, costs: Costs) -> None:
     """A finished run's ``cost.<part>_s``, once it is done: ``cost.finish_s`` and ``cost.total_s``
     (entered -> its result in the registry) join the parts its registry finish already holds, and
     MLflow gets them all as metrics. These two writes (one UPDATE, one MLflow batch) are the one
     cost the numbers leave out; a failed one is logged, never fails the finished run."""
     metrics = costs.metrics()
     try:
-        registry.add_metrics(run_key, {k: v for k, v in metrics.items() if k in ("cost.finish_s", "cost.total_s")})
-        if mlflow_run:
-            mlflow_run.log_metrics(metrics, 0)
+        writer.add_metrics(run_key, {k: v for k, v in metrics.items() if k in ("cost.finish_s", "cost.total_s")},
+                           run_id, metrics)
     except Exception as err:  # noqa: BLE001 - the run is finished; its costs are not worth more
         log.warning("run %s: could not record its costs (%s)", run_key, type(err).__name__)
 
 
-def _record_failure(registry: Registry, run_key: str, worker: str, mlflow_run: Any, err: Exception) -> None:
-    """The run -> failed with its traceback, its MLflow run FAILED; each as far as it goes (the
-    database may be what failed: then the run stays RUNNING and is reconciled as an orphan)."""
+def _record_failure(writer: Writer | Remote, run_key: str, worker: str, run_id: str | None, err: Exception) -> None:
+    """The run -> failed with its traceback, then its MLflow run FAILED with the error (the writer's
+    order); as far as it goes (the database may be what failed: then the run stays RUNNING and is
+    reconciled as an orphan)."""
     try:
-        registry.fail(run_key, traceback.format_exc(), worker)
+        writer.fail(run_key, traceback.format_exc(), worker, run_id,
+                    "".join(traceback.format_exception_only(err)).strip())
     except Exception:  # noqa: BLE001 - the original error is the one to raise
-        log.exception("run %s: could not record its failure in the registry", run_key)
-    if mlflow_run:
-        try:
-            mlflow_run.set_tags({"error": "".join(traceback.format_exception_only(err)).strip()[:4000]})
-            mlflow_run.finish("FAILED")
-        except Exception:  # noqa: BLE001
-            log.exception("run %s: could not mark its MLflow run FAILED", run_key)
+        log.exception("run %s: could not record its failure", run_key)

@@ -45,6 +45,7 @@ from sqlalchemy.pool import StaticPool
 
 from experiments.common.sections import ConfigError
 from orchestrator import retry
+from orchestrator.filesystems import on_network_filesystem
 from orchestrator.registry.schema import VERSION_TABLE, Base
 
 _MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
@@ -77,7 +78,8 @@ def retrying(method: Callable[..., _T]) -> Callable[..., _T]:
 
 
 def make_engine(url: str) -> Engine:
-    """An engine; for SQLite: WAL, busy_timeout, foreign keys, and BEGIN emitted by us.
+    """An engine; for SQLite: WAL (a rollback journal on a network filesystem), busy_timeout, foreign
+    keys, and BEGIN emitted by us.
 
     pysqlite starts a transaction only at the first write, so a read-then-write
     transaction can fail with "database is locked" without waiting; we turn
@@ -92,6 +94,9 @@ def make_engine(url: str) -> Engine:
             parsed = parsed.set(drivername="postgresql+psycopg")
         return create_engine(parsed, pool_pre_ping=True)
     memory = parsed.database in (None, "", ":memory:")
+    # WAL's shared memory is one host's: on a network filesystem a rollback journal (one writer
+    # host, DESIGN.md decision 16; readers elsewhere retry a torn read)
+    journal = "DELETE" if not memory and on_network_filesystem(parsed.database) else "WAL"
     engine = create_engine(
         url,
         connect_args={"timeout": 20, "check_same_thread": False},
@@ -106,7 +111,7 @@ def make_engine(url: str) -> Engine:
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.execute("PRAGMA synchronous = NORMAL")
         if not memory:
-            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute(f"PRAGMA journal_mode = {journal}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
