@@ -30,6 +30,7 @@ from experiments.common.sections import (
     ConfigError,
     Section,
     SharedConfig,
+    TaskConfig,
     parse_yaml,
     section_value,
     set_dotted,
@@ -38,7 +39,8 @@ from experiments.keyed.config_keys import method_labels, resolve, unknown_key, w
 from experiments.keyed.run_keys import extra_tasks, key_material, reseeded_keys, run_and_group_key
 from experiments.methods import METHODS, check_method
 from experiments.models import check_model_name
-from experiments.tasks import TASKS, bias_feature_names
+from experiments.tasks import TASKS, bias_feature_names, data_label, unread_key
+from experiments.tasks.reads import unread_line
 
 
 class RunConfig(SharedConfig):
@@ -68,8 +70,18 @@ class RunConfig(SharedConfig):
         The one place that says where each label lives in the config: MLflow tags, the registry's
         label columns, run names and the dry-run table all read it.
         """
-        return {"task": self.task.id or self.task.name, "model": self.model, "method": self.method, "seed": self.seed,
-                **method_labels(self.method, self.section)}
+        return {"task": self.task.id or self.task.name, "data": self._data, "model": self.model, "method": self.method,
+                "seed": self.seed, **method_labels(self.method, self.section)}
+
+    @cached_property
+    def _data(self) -> str:
+        """The ``data`` label: what the run trains on (the files and their content hash, or the
+        generator and its seed), so a run on the wrong data is seen at a glance."""
+        try:
+            fingerprint = self._key_material.get("data")
+        except (FileNotFoundError, ValueError):  # not validated against its files (yet)
+            fingerprint = None
+        return _data_label(self.task, fingerprint)
 
     def run_name(self, sep: str = "-") -> str:
         """``synthetic-tag-head_gates-dp-seed0``: task, method, pipeline (if it has one), seed."""
@@ -104,7 +116,7 @@ class RunConfig(SharedConfig):
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> RunConfig:
         """A copy without the cached keys (they would be stale after ``update``)."""
         copy = super().model_copy(update=update, deep=deep)
-        for cached in ("_keys", "_key_material", "upstreams", "_seeded"):
+        for cached in ("_keys", "_key_material", "upstreams", "_seeded", "_data"):
             copy.__dict__.pop(cached, None)
         return copy
 
@@ -127,6 +139,12 @@ class RunConfig(SharedConfig):
 
     def __reduce__(self):  # the class is made per method at run time: pickle the dict instead
         return (_rebuild, (self.to_dict(),))
+
+
+@lru_cache(maxsize=1024)
+def _data_label(task: TaskConfig, fingerprint: str | None) -> str:
+    """``data_label`` once per task section and content: the cells of a grid share a few."""
+    return data_label(task, fingerprint)
 
 
 def _rebuild(raw: dict[str, Any]) -> RunConfig:
@@ -191,12 +209,24 @@ def resolve_stage(cfg: RunConfig, role: str, *, check_files: bool = False) -> Ru
     partial = getattr(cfg, role)
     if not isinstance(partial.get("method"), str):
         raise ConfigError(f"{role}.method: name the upstream run's method (e.g. {role}: {{method: finetune}})")
-    shared = {"seed": cfg.seed, "model": cfg.model, "task": cfg.task.model_dump(by_alias=True, mode="json"),
+    shared = {"seed": cfg.seed, "model": cfg.model, "task": _inherited_task(cfg.task, partial.get("task")),
               "train": cfg.train.model_dump(by_alias=True, mode="json")}
     try:
         return _parse_stage(json.dumps(_deep_merge(shared, partial), sort_keys=True), check_files)
     except ConfigError as err:
         raise ConfigError(f"{role}.{err}" if not str(err).startswith(role) else str(err)) from None
+
+
+def _inherited_task(task: TaskConfig, stage_task: Any) -> dict[str, Any]:
+    """The dependant's task section as a stage inherits it: the keys the stage's task reads
+    (``READS``; the dependant's, unless the stage names another: ``source: {task: {name: sst2}}``).
+    A dependant on sst2 whose source stage is synthetic-cls sets ``num_train`` for the source;
+    its own init_from stage on sst2 does not inherit it (a key its task does not read is refused)."""
+    inherited = task.model_dump(by_alias=True, mode="json")
+    name = stage_task.get("name", task.name) if isinstance(stage_task, dict) else task.name
+    if not isinstance(name, str) or name not in TASKS:
+        return inherited
+    return {key: value for key, value in inherited.items() if key in TASKS[name].READS}
 
 
 @lru_cache(maxsize=4096)
@@ -239,12 +269,37 @@ def with_stages(cfg: RunConfig, *, check_files: bool = True) -> RunConfig:
     ``check_files`` is False, the data of the run and of its upstreams checked."""
     cfg = _with_default_stages(cfg)
     check_method_rules(cfg)
+    check_task_keys(cfg)
     for upstream in cfg.upstreams.values():
         if check_files:
             check_data(upstream)
     if check_files:
         check_data(cfg)
     return cfg
+
+
+class UnreadKey(ConfigError):
+    """A task key set that the run never reads: ``key`` (dotted, as written) and the ``task`` that
+    ignores it, so a grid can leave it out of the cells whose task does not read it."""
+
+    def __init__(self, line: str, key: str, task: str):
+        super().__init__(line)
+        self.key, self.task = key, task
+
+
+def check_task_keys(cfg: RunConfig) -> None:
+    """Refuse a task key set that the run does not read: it would change the run key and nothing
+    else (``task.train`` without ``task.name`` trained on synthetic-cls). A key is read when the
+    run's task reads it (``READS``) or a stage on another task inherits it (prompt_transfer's
+    source: the dependant's ``num_train`` sizes a synthetic source). The same for each task the
+    method reads besides ``task`` (multitask's, named by their key)."""
+    staged = {up.task.name for up in cfg.upstreams.values() if up.task.name != cfg.task.name}
+    for prefix, task in {"task": cfg.task, **extra_tasks(cfg)}.items():
+        also = set().union(*(TASKS[name].READS for name in staged)) if prefix == "task" else set()
+        key = unread_key(task, also)
+        if key is not None:
+            line = unread_line(key, task.name, TASKS, prefix=prefix, name_written="name" in task.model_fields_set)
+            raise UnreadKey(line, f"{prefix}.{key}", task.name)
 
 
 def check_method_rules(cfg: RunConfig) -> None:

@@ -159,7 +159,7 @@ def check(cfg) -> None:
     if cfg.model.startswith(RANDOM_PREFIX) and source.seed != target.seed:
         raise ConfigError(f"source.seed: a random-init model ({cfg.model}) is another network for each seed, "
                           f"so the prompts must share one (init_from: {target.seed}, source: {source.seed})")
-    if target.task != cfg.task:
+    if _differ(target.task, cfg.task, TASKS[cfg.task.name].READS):  # the keys its task reads: num_train may
         got = target.task.name if target.task.name != cfg.task.name else "it with other task keys"
         raise ConfigError(f"init_from.task: the target prompt must be trained on this run's task "
                           f"'{cfg.task.name}' (got {got}); source_task names the other task")
@@ -177,10 +177,11 @@ def check(cfg) -> None:
                           f"{', '.join('train.' + key for key in differ)}")
 
 
-def _differ(a, b) -> list[str]:
-    """The keys of two sections of one kind whose values differ."""
+def _differ(a, b, keys=None) -> list[str]:
+    """The keys (of ``keys``, else all) of two sections of one kind whose values differ."""
     theirs = b.model_dump(by_alias=True)
-    return [key for key, value in a.model_dump(by_alias=True).items() if theirs[key] != value]
+    return [key for key, value in a.model_dump(by_alias=True).items()
+            if theirs[key] != value and (keys is None or key in keys)]
 
 
 # ------------------------------------------------------------------------------ the run

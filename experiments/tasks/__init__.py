@@ -1,7 +1,8 @@
 """The tasks of headsweep: one plain module per task, registered in TASKS.
 
 Each task module exposes VERSION, KIND ("classification" | "tagging"), METRIC,
-check(cfg), load(cfg, tokenizer) -> TaskData, fingerprint(cfg) -> str | None,
+READS (the ``task.*`` keys it reads, experiments/tasks/reads.py: any other key set is
+refused at validation, :func:`unread_key`), check(cfg), load(cfg, tokenizer) -> TaskData, fingerprint(cfg) -> str | None,
 build_decoder(hidden_size, num_labels) -> nn.Module and
 compute_metrics(logits, labels) -> dict[str, float]. Bump a task's VERSION
 whenever its results would change for the same files. A task that reads files gets
@@ -46,6 +47,8 @@ which says clearly when a task defines none.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Collection
 from types import ModuleType
 
 from experiments.common.naming import suggest
@@ -62,7 +65,7 @@ from experiments.tasks import (
 )
 from experiments.tasks._common import Split, TaskData
 
-__all__ = ["TASKS", "Split", "TaskData", "bias_feature_names", "get_task"]
+__all__ = ["TASKS", "Split", "TaskData", "bias_feature_names", "data_label", "get_task", "unread_key"]
 
 TASKS: dict[str, ModuleType] = {
     "synthetic-cls": synthetic_cls,
@@ -98,3 +101,39 @@ def bias_feature_names(task_cfg) -> tuple[str, ...]:
         raise ValueError(f"task.name: task '{task_cfg.name}' defines no bias features "
                          f"(tasks that do: {with_features})")
     return names(task_cfg)
+
+
+def unread_key(task_cfg, also: Collection[str] = ()) -> str | None:
+    """The first key of ``task_cfg`` set away from its default that its task does not read
+    (``READS``, or ``also``: keys a stage reads), else None. Such a key would enter the run key and
+    change nothing else, and a user's ``train`` file under the default ``synthetic-cls`` would be a
+    run on synthetic data labelled as theirs. None for an unknown task (``check_names`` names it)."""
+    module = TASKS.get(task_cfg.name)
+    if module is None:
+        return None
+    for key, field in type(task_cfg).model_fields.items():
+        if key not in module.READS and key not in also and getattr(task_cfg, key) != field.get_default(
+                call_default_factory=True):
+            return key
+    return None
+
+
+def data_label(task_cfg, fingerprint: str | None) -> str:
+    """What a run's data is, short enough for a table cell: a generated task's name and
+    ``data_seed`` (``synthetic-cls(data_seed=0)``), or the files' folder and names with the first 8
+    hex of their content hash (``data/train.tsv+dev.tsv#1a2b3c4d``; ``hf:glue/sst2#...`` for a
+    hub dataset). ``fingerprint`` None (files not there yet): the names alone."""
+    module = TASKS[task_cfg.name]
+    if "num_train" in module.READS:  # generated
+        return f"{task_cfg.name}(data_seed={task_cfg.data_seed})"
+    try:  # a file task's files: its spec's (ud-dep: its own sources)
+        sources = module.sources(task_cfg) if hasattr(module, "sources") else module.spec(task_cfg).sources
+    except (FileNotFoundError, ValueError):
+        return task_cfg.name
+    if sources[0].format == "hub":
+        names = f"hf:{sources[0].path}" + (f"/{sources[0].config}" if sources[0].config else "")
+    else:
+        folders = {os.path.dirname(source.path) for source in sources}
+        where = (os.path.basename(folders.pop()) + "/") if len(folders) == 1 else ""
+        names = where + "+".join(os.path.basename(source.path) if where else source.path for source in sources)
+    return names + (f"#{fingerprint[:8]}" if fingerprint else "")

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
+from experiments.tasks import reads
 from experiments.tasks._common import (
     ClassificationDecoder,
     TaskData,
@@ -65,6 +66,7 @@ from experiments.tasks.sources import Source, as_label, file_sources, read_recor
 VERSION = "1"
 KIND = "classification"
 METRIC = "accuracy"
+READS = reads.CLASSIFICATION  # the task.* keys it reads; any other set is refused
 
 FORMATS = ("tsv", "csv", "jsonl", "hf")
 DEFAULT_TEXT = "text"

@@ -63,6 +63,10 @@ class Source:
 # --------------------------------------------------------------------------- paths and formats
 
 
+RELATIVE = " (a relative path is resolved against task.data_dir, else the current directory)"
+"""What a missing file's message adds: where a relative path was looked for (not the grid file's folder)."""
+
+
 def resolve_path(path: str, data_dir: str | None) -> str:
     """Absolute path: ``~`` expanded, a relative path taken against ``data_dir`` (else the current
     directory). Idempotent, so resolving an already validated config again changes nothing."""
@@ -74,7 +78,7 @@ def file_format(role: str, path: str, declared: str | None, allowed: tuple[str, 
     """The format of one file: ``declared`` (``task.format``) if given, else from its extension
     (a folder is ``hf``). A missing path fails first, naming it."""
     if not os.path.exists(path):
-        raise ValueError(f"task.{role}: no such file: {path}")
+        raise ValueError(f"task.{role}: no such file: {path}{RELATIVE}")
     if declared is not None:
         if declared not in FORMATS:
             raise ValueError(
@@ -108,7 +112,7 @@ def require(source: Source) -> None:
     exists = os.path.isdir(source.path) if source.format == "hf" else os.path.isfile(source.path)
     if not exists:
         kind = "folder" if source.format == "hf" else "file"
-        raise ValueError(f"task.{source.role}: no such {kind}: {source.path}")
+        raise ValueError(f"task.{source.role}: no such {kind}: {source.path}{RELATIVE}")
 
 
 def eval_set_items(cfg) -> list[tuple[str, str]]:

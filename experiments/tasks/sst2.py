@@ -13,13 +13,14 @@ files, so accuracy here reads higher than published SST-2 dev numbers.
 
 from __future__ import annotations
 
-from experiments.tasks import classification
+from experiments.tasks import classification, reads
 from experiments.tasks._common import ClassificationDecoder, classification_accuracy
 from experiments.tasks.files import file_task, fixed_sources
 
 VERSION = "1"
 KIND = "classification"
 METRIC = "accuracy"
+READS = reads.SHARED_FILES  # the task.* keys it reads; any other set is refused
 
 LABEL_NAMES = ("negative", "positive")
 _SUBDIR = "sst2"

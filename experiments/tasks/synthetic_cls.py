@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 
+from experiments.tasks import reads
 from experiments.tasks._common import (
     ClassificationDecoder,
     classification_accuracy,
@@ -23,6 +24,7 @@ from experiments.tasks._common import (
 VERSION = "1"
 KIND = "classification"
 METRIC = "accuracy"
+READS = reads.GENERATED  # the task.* keys it reads; any other set is refused
 
 LABEL_NAMES = ("negative", "positive")
 

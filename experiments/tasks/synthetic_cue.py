@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import random
 
+from experiments.tasks import reads
 from experiments.tasks._common import (
     TaggingDecoder,
     encode_words,
@@ -33,6 +34,7 @@ from experiments.tasks._common import (
 VERSION = "1"
 KIND = "tagging"
 METRIC = "accuracy"
+READS = reads.GENERATED  # the task.* keys it reads; any other set is refused
 
 CUES: dict[str, tuple[str, ...]] = {
     "ANIMAL": ("dog", "cat", "horse", "bird", "cow", "sheep", "goat", "mouse"),

@@ -31,6 +31,7 @@ import random
 
 import torch
 
+from experiments.tasks import reads
 from experiments.tasks._common import (
     ClassificationDecoder,
     TaskData,
@@ -46,6 +47,7 @@ from experiments.tasks.synthetic_cls import LABEL_NAMES, balanced_labels, join_c
 VERSION = "1"
 KIND = "classification"
 METRIC = "accuracy"
+READS = reads.GENERATED  # the task.* keys it reads; any other set is refused
 
 MARKERS = ("london", "paris")
 """The marker word of shortcut label 0 and of shortcut label 1 (one WordPiece each, never

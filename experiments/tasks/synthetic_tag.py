@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 
+from experiments.tasks import reads
 from experiments.tasks._common import (
     TaggingDecoder,
     encode_words,
@@ -23,6 +24,7 @@ from experiments.tasks._common import (
 VERSION = "1"
 KIND = "tagging"
 METRIC = "accuracy"
+READS = reads.GENERATED  # the task.* keys it reads; any other set is refused
 
 LABEL_NAMES = ("ADJ", "ADP", "ADV", "CCONJ", "DET", "NOUN", "PRON", "VERB")
 _TAG_ID = {tag: i for i, tag in enumerate(LABEL_NAMES)}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from experiments.tasks import reads
 from experiments.tasks._common import (
     TaggingDecoder,
     TaskData,
@@ -46,6 +47,7 @@ from experiments.tasks.sources import (
 VERSION = "1"
 KIND = "tagging"
 METRIC = "accuracy"
+READS = reads.TAGGING  # the task.* keys it reads; any other set is refused
 
 FORMATS = ("conllu", "bio", "hf")
 DEFAULT_CONLLU_COLUMN = "upos"

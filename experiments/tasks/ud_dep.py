@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from experiments.tasks import reads
 from experiments.tasks._common import (
     IGNORE_INDEX,
     TaggingDecoder,
@@ -45,6 +46,7 @@ from experiments.tasks.sources import CONLLU_COLUMNS, Source, conllu_sentences, 
 VERSION = "1"
 KIND = "tagging"
 METRIC = "accuracy"
+READS = reads.SHARED_FILES  # the task.* keys it reads; any other set is refused
 
 WINDOW = 5
 """Offsets -WINDOW..+WINDOW are their own classes; farther heads collapse into one class per side."""
@@ -94,26 +96,26 @@ def read_arcs(role: str, path: str) -> tuple[list[list[str]], list[list[int]]]:
     return words, labels
 
 
-def _sources(cfg) -> tuple[Source, ...]:
+def sources(cfg) -> tuple[Source, ...]:
     """The two CoNLL-U files; FileNotFoundError if either is missing."""
     return fixed_sources(cfg, _SUBDIR, _FILES, "conllu")
 
 
 def check(cfg) -> None:
     """FileNotFoundError if either CoNLL-U file is missing; ValueError for a bad HEAD (cached by content)."""
-    sources = _sources(cfg)
-    check_once("ud-dep", sources, lambda: [read_arcs(source.role, source.path) for source in sources])
+    found = sources(cfg)
+    check_once("ud-dep", found, lambda: [read_arcs(source.role, source.path) for source in found])
 
 
 def load(cfg, tokenizer) -> TaskData:
     """Read, subset (max_train / max_eval sentences, drawn from data_seed) and tokenise."""
-    files = {s.role: s.path for s in _sources(cfg)}
+    files = {s.role: s.path for s in sources(cfg)}
     return build_task_data(cfg, tokenizer, lambda role: read_arcs(role, files[role]), encode_words, LABEL_NAMES)
 
 
 def fingerprint(cfg) -> str:
     """Content hash of the two CoNLL-U files."""
-    return fingerprint_sources(_sources(cfg))
+    return fingerprint_sources(sources(cfg))
 
 
 build_decoder = TaggingDecoder  # (hidden_size, num_labels) -> nn.Module

@@ -10,7 +10,7 @@ and empty nodes are skipped; each word's first subword carries its tag.
 
 from __future__ import annotations
 
-from experiments.tasks import tagging
+from experiments.tasks import reads, tagging
 from experiments.tasks._common import TaggingDecoder, tagging_accuracy
 from experiments.tasks.files import file_task, fixed_sources
 from experiments.tasks.sources import Source
@@ -18,6 +18,7 @@ from experiments.tasks.sources import Source
 VERSION = "1"
 KIND = "tagging"
 METRIC = "accuracy"
+READS = reads.SHARED_FILES  # the task.* keys it reads; any other set is refused
 
 # The 17 UPOS tags in the order of the UD documentation: fixed label ids.
 LABEL_NAMES = (

@@ -47,7 +47,7 @@ import collections.abc
 import itertools
 import json
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +55,18 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from experiments.common.naming import suggest
-from experiments.common.sections import DEFAULT_METHOD, ConfigError, flatten, parse_yaml, read_yaml
+from experiments.common.sections import (
+    DEFAULT_METHOD,
+    ConfigError,
+    TaskConfig,
+    flatten,
+    parse_yaml,
+    read_yaml,
+)
 from experiments.keyed import config_keys as keys
 from experiments.keyed.config import (
     RunConfig,
+    UnreadKey,
     check_data,
     check_names,
     config_class,
@@ -66,6 +74,8 @@ from experiments.keyed.config import (
     with_stages,
 )
 from experiments.keyed.run_keys import fingerprints_memoised
+from experiments.tasks import TASKS
+from experiments.tasks.reads import unread_line
 from orchestrator.registry.db import gc_paused
 
 
@@ -284,10 +294,11 @@ def expand(spec: GridSpec) -> list[RunConfig]:
         for prefix, values, is_include in _candidates(spec):
             try:
                 flat, method, used = resolver.cell(spec.base, values, strict=is_include)
-                applied.update(used)
                 if not is_include and resolver.excluded(flat, method, spec.exclude):
+                    applied.update(used)
                     continue
-                cfg = validate(flat)
+                cfg, used = _without_unread(validate, flat, used, resolver.unread)
+                applied.update(used)
                 if on_cpu:
                     try:
                         check_precision(cfg, "cpu")
@@ -301,8 +312,27 @@ def expand(spec: GridSpec) -> list[RunConfig]:
                 raise ConfigError(f"cell {index} ({prefix}{_label(values)}): {err}") from None
             methods.add(cfg.method)
             index += 1
-    _check_applied(spec, applied, methods)
+    _check_applied(spec, applied, methods, resolver.unread)
     return list(configs.values())
+
+
+def _without_unread(validate: Callable[[dict[str, Any]], RunConfig], flat: dict[str, Any], used: list,
+                    unread: set[tuple[str, str, str]]) -> tuple[RunConfig, list]:
+    """The cell validated, less the base and axes task keys its run does not read, as a method's
+    keys leave the cells of other methods: a grid over sst2 and synthetic-cls may set
+    ``task.num_train`` for the cells that read it. Each left out is noted in ``unread`` as (base |
+    axes, grid key, task); a key an include writes itself stays, and its cell is refused as
+    ``headsweep run`` refuses it."""
+    while True:
+        try:
+            return validate(flat), used
+        except UnreadKey as err:
+            written = [(where, key) for where, key in used if key == err.key]
+            if err.key not in flat or not written or any(where == "include" for where, _ in written):
+                raise
+            unread.update((where, key, err.task) for where, key in written)
+            flat = {k: v for k, v in flat.items() if k != err.key}
+            used = [entry for entry in used if entry not in written]
 
 
 def _candidates(spec: GridSpec) -> Iterator[tuple[str, dict[str, Any], bool]]:
@@ -320,6 +350,7 @@ class _Resolver:
     def __init__(self) -> None:
         self._keys: dict[tuple[str, Any], tuple[str, bool]] = {}
         self._defaults: dict[Any, dict[str, Any]] = {}
+        self.unread: set[tuple[str, str, str]] = set()  # (base | axes, grid key, task) a cell's task did not read
 
     def key(self, key: str, method: Any) -> tuple[str, bool]:
         """(dotted key, whether it applies to a run of ``method``)."""
@@ -379,10 +410,19 @@ def _not_applicable(key: str, full: str, method: Any) -> str:
     return f"'{key}' is not a key of method '{method}' (it is a key of {', '.join(o for o in owners if o)})"
 
 
-def _check_applied(spec: GridSpec, applied: set[tuple[str, str]], methods: set[str]) -> None:
-    """Raise when a base or axes key applied to no cell (a key of a method no cell runs)."""
+def _check_applied(spec: GridSpec, applied: set[tuple[str, str]], methods: set[str],
+                   unread: set[tuple[str, str, str]] = frozenset()) -> None:
+    """Raise when a base or axes key applied to no cell (a key of a method no cell runs, or a task
+    key no cell's task reads: the line ``headsweep run`` gives for one of them)."""
+    order = list(TaskConfig.model_fields)  # task keys in the order headsweep run reports them
     for where, entries in (("axes", spec.axes), ("base", spec.base)):
-        for key in entries:
+        for key in sorted(entries, key=lambda k: order.index(k[5:]) if k.startswith("task.") and k[5:] in order else -1):
+            tasks = sorted({task for w, k, task in unread if (w, k) == (where, key)})
+            if (where, key) not in applied and tasks:
+                written = "task.name" in spec.base or "task.name" in spec.axes
+                line = unread_line(key.split(".", 1)[1], tasks[0], TASKS, name_written=written)
+                raise ConfigError(f"{where}: '{key}' applies to no cell: {line.split(': ', 1)[1]}"
+                                  + (f" (this grid's tasks: {', '.join(tasks)})" if len(tasks) > 1 else ""))
             if (where, key) not in applied:
                 owner = keys.owner(key)
                 owners = [owner] if owner else keys.owners_of(key)

@@ -36,14 +36,15 @@ def test_a_run_config_is_the_shared_sections_plus_its_method_section():
     # SP starts from a fine-tuned model: head_gates fills that stage by default
     assert list(cfg.to_dict()) == ["seed", "model", "method", "task", "train", "init_from", "head_gates"]
     assert cfg.init_from == {"method": "finetune"} and cfg.upstreams["init_from"].method == "finetune"
-    assert cfg.labels() == {"task": "synthetic-cls", "model": "minilm-l6", "method": "head_gates",
-                            "pipeline": "sp", "seed": 0, "sparsity": None, "lambda": 0.05}
+    assert cfg.labels() == {"task": "synthetic-cls", "data": "synthetic-cls(data_seed=0)", "model": "minilm-l6",
+                            "method": "head_gates", "pipeline": "sp", "seed": 0, "sparsity": None, "lambda": 0.05}
     assert cfg.run_name() == "synthetic-cls-head_gates-sp-seed0"
 
     ft = parse_config({"method": "finetune"})
     assert isinstance(ft.section, finetune.Config) and list(ft.to_dict())[-1] == "finetune"
     # its pipeline and its own short names are its labels: loss, no pipeline (it has one), sparsity or lambda
-    assert ft.labels() == {"task": "synthetic-cls", "model": "minilm-l6", "method": "finetune", "seed": 0,
+    assert ft.labels() == {"task": "synthetic-cls", "data": "synthetic-cls(data_seed=0)", "model": "minilm-l6",
+                           "method": "finetune", "seed": 0,
                            "pipeline": None, "loss": "ce"}
     assert ft.run_name() == "synthetic-cls-finetune-seed0"
 

@@ -33,7 +33,8 @@ def tiny(monkeypatch):
 def test_its_section_validates_with_the_same_messages(tiny):
     cfg = parse_config({"method": "tiny", "tiny": {"strength": 0.9, "pipeline": "twice"}})
     assert isinstance(cfg.section, tiny.Config) and (cfg.section.strength, cfg.section.pipeline) == (0.9, "twice")
-    assert cfg.labels() == {"task": "synthetic-cls", "model": "minilm-l6", "method": "tiny", "seed": 0,
+    assert cfg.labels() == {"task": "synthetic-cls", "data": "synthetic-cls(data_seed=0)", "model": "minilm-l6",
+                            "method": "tiny", "seed": 0,
                             "pipeline": "twice", "strength": 0.9}  # its pipeline and short names are its labels
     with pytest.raises(ConfigError, match=r"^unknown key 'tiny.strenght'; did you mean 'tiny.strength'\?$"):
         parse_config({"method": "tiny", "tiny": {"strenght": 0.9}})

@@ -189,7 +189,6 @@ def test_a_thousand_checks_of_the_same_files_read_them_once(tmp_path, monkeypatc
         ({"dev": "ragged.csv"}, "task.dev: {tmp}/ragged.csv line 2 has 3 fields, its header has 2"),
         ({"labels": ["pos", "neg"]}, "task.labels: label 'neu' (line 4 of {tmp}/train.csv) is not one of pos, neg"),
         ({"train": None}, "task.train: the classification task needs task.train and task.dev"),
-        ({"column": "upos"}, "task.column: only the tagging task reads task.column"),
         ({"dev": "dev.conllu"}, "is conllu, the classification task reads tsv, csv, jsonl, hf"),
     ],
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import textwrap
 import time
@@ -165,13 +166,20 @@ def test_no_axes_is_one_cell_of_the_base():
     assert [c.seed for c in expand(_spec(base={"seed": 3}))] == [3]
 
 
-def test_data_is_checked_once_per_task_and_data_dir(monkeypatch):
+def test_data_is_checked_once_per_task_and_data_dir(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(grid, "check_data", lambda cfg: calls.append((cfg.task.name, cfg.task.data_dir)))
-    expand(_spec(axes={"seed": list(range(50)), "task": ["synthetic-cls", "synthetic-tag"],
-                       "task.data_dir": ["/a", "/b"]}))
-    assert sorted(calls) == [("synthetic-cls", "/a"), ("synthetic-cls", "/b"),
-                             ("synthetic-tag", "/a"), ("synthetic-tag", "/b")]
+    for folder, name in itertools.product("ab", ("sst2/train.tsv", "sst2/dev.tsv", "ud_ewt/en_ewt-ud-dev.conllu",
+                                                 "ud_ewt/en_ewt-ud-test.conllu")):
+        (tmp_path / folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / name).write_text(f"{folder} {name}\n")  # hashed for the run key, never read here
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    expand(_spec(axes={"seed": list(range(50)), "task": ["sst2", "ud-pos"], "task.data_dir": [a, b]}))
+    assert sorted(calls) == [("sst2", a), ("sst2", b), ("ud-pos", a), ("ud-pos", b)]
+    # the synthetic tasks read no data_dir: a grid that sets it for them only is refused (issue 43)
+    with pytest.raises(ConfigError, match=r"^axes: 'task.data_dir' applies to no cell: the synthetic-cls task does "
+                                          r"not read task.data_dir; the tasks sst2, ud-pos, ud-dep, classification, "):
+        expand(_spec(axes={"task": ["synthetic-cls", "synthetic-tag"], "task.data_dir": [a, b]}))
 
 
 def test_ten_thousand_cells():
@@ -433,11 +441,14 @@ def test_set_with_a_bad_key_fails_as_a_grid_does(item, expected):
     assert _error(grid.with_sets, _spec(), [item]) == expected
 
 
-def test_include_lists_expand_as_a_product_within_the_entry():
+def test_include_lists_expand_as_a_product_within_the_entry(tmp_path):
+    for name in ("train.csv", "dev.csv"):
+        (tmp_path / name).write_text("text,label\ngood,pos\nbad,neg\n")
+    files = {"task": "classification", "task.train": str(tmp_path / "train.csv"), "task.dev": str(tmp_path / "dev.csv")}
     spec = _spec(base={"train": {"max_steps": 3}}, axes={"seed": [0]},
                  include=[{"task": "synthetic-tag", "seed": [0, 1, 2]},
                           {"seed": [5, 6], "lambda": [0.2, 0.3]},
-                          {"seed": 9, "task.labels": ["neg", "pos"]}])  # a key that takes a list keeps it
+                          {"seed": 9, **files, "task.labels": ["neg", "pos"]}])  # a key that takes a list keeps it
     assert len(spec.include) == 3 + 4 + 1
     configs = expand(spec)
     assert len(configs) == 1 + 3 + 4 + 1
