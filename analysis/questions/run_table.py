@@ -3,7 +3,7 @@
 The columns, MLflow's names where MLflow has them (``mlflow.search_runs``):
 
 - ``run_key``, ``group_key``, the labels (``LABELS``: task, model, method, pipeline, seed, sparsity,
-  lambda), ``status``;
+  lambda), ``data`` (what the run trained on), ``status``;
 - ``started_at``, ``finished_at`` (ISO 8601, UTC, as the registry recorded them) and ``duration_s``;
 - ``mlflow_run_id`` and ``artifact_uri`` (the MLflow store's, through an :data:`ArtifactUris` the
   caller passes: analysis never imports MLflow);
@@ -41,7 +41,9 @@ ArtifactUris = Callable[[Sequence[str]], Mapping[str, str]]
 """MLflow run ids -> their artifact URIs (ids the store does not know are left out)."""
 
 RECORD_COLUMNS = ("started_at", "finished_at", "duration_s", "mlflow_run_id", "artifact_uri")
-FIRST_COLUMNS = ("run_key", "group_key", *LABELS, "status", *RECORD_COLUMNS)
+FIRST_COLUMNS = ("run_key", "group_key", *LABELS, "data", "status", *RECORD_COLUMNS)
+"""``data``: the run's ``data`` label (its files and their content hash, or the generator and its seed),
+so a run on the wrong data shows; None for a run registered before runs had one."""
 _GRID_SECTIONS = ("base", "axes", "include")
 
 
@@ -120,6 +122,7 @@ def run_table(data: SweepData, filters: Filters | str | None = None, grid_text: 
         start, end, run_id = (records[name][i] for name in ("started_at", "finished_at", "mlflow_run_id"))
         row = {"run_key": str(sel.run_key[i]), "group_key": str(sel.group_key[i])}
         row |= {label: py(sel.labels[label][i]) if sel.labels[label][i] != "" else None for label in LABELS}
+        row["data"] = py(sel.labels["data"][i]) or None if "data" in sel.labels else None
         row |= {"status": str(sel.status[i]), "started_at": _iso(start), "finished_at": _iso(end),
                 "duration_s": _duration(start, end), "mlflow_run_id": run_id, "artifact_uri": uris.get(run_id)}
         row |= {PARAM_PREFIX + key: _param(config[key][i]) for key in params}

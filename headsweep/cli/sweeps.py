@@ -103,7 +103,8 @@ def show_status(sweep_id: str) -> None:
 
     out.print(f"[bold]{sweep_id}[/bold] ({sweep['name']}): {sweep['status']}: {_count_text(counts)}")
     out.print(ProgressBar(total=max(total, 1), completed=done, width=60), f"{done}/{total}")
-    collapsed = collapsed_text(registry.sweep_runs(sweep_id))
+    runs = registry.sweep_runs(sweep_id)
+    collapsed = collapsed_text(runs)
     if collapsed:
         out.print(f"[red]{escape(collapsed)}[/red]", highlight=False)
     for i, line in enumerate(history):  # lost drivers and resumes; the last in red while unanswered
@@ -112,6 +113,8 @@ def show_status(sweep_id: str) -> None:
     starting = driver_starting(sweep)
     if starting:
         out.print(f"[yellow]{escape(starting)}[/yellow]", highlight=False)
+    for line in data_lines(runs):
+        out.print(escape(line), highlight=False)
     dag = registry.sweep_dag(sweep_id)
     if dag["upstream"]:
         out.print(f"stages: {dag['upstream']} upstream runs that {dag['dependants']} runs start from "
@@ -149,6 +152,18 @@ def collapsed_text(runs: dict) -> str | None:
     more = f", ... ({len(hit)} in all)" if len(hit) > 5 else ""
     return (f"{len(hit)} of {len(checked)} checked runs collapsed (one class on dev, or the uniform guess's loss "
             f"ln K): {', '.join(names)}{more}; kept in results, counted in their column")
+
+
+def data_lines(runs: dict) -> list[str]:
+    """'data: mytask = data/train.tsv+dev.tsv#1a2b3c4d (6 runs)', one line per task of a sweep's runs
+    (``registry.sweep_runs``): what each task trained on, so a sweep on the wrong data is seen at a
+    glance. Runs registered before runs had a ``data`` label are left out."""
+    counts: dict[tuple[str, str], int] = {}
+    for labels in runs["labels"]:
+        if labels.get("data"):
+            pair = (str(labels.get("task")), str(labels["data"]))
+            counts[pair] = counts.get(pair, 0) + 1
+    return [f"data: {task} = {data} ({n} run{'s' if n != 1 else ''})" for (task, data), n in sorted(counts.items())]
 
 
 def _run_label(runs: dict, i: int) -> str:
