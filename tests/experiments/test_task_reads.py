@@ -174,3 +174,24 @@ def test_every_key_of_a_method_s_section_is_read_by_its_code(method):
     unread = [field.alias or name for name, field in module.Config.model_fields.items()
               if not re.search(rf"\.{name}\b|[\"']{field.alias or name}[\"']", text)]
     assert unread == [], f"{method} declares keys its code never names: {unread}"
+
+
+def test_the_cli_refuses_the_example_at_run_and_at_submit(tmp_path):
+    """The real commands, `headsweep run` and `headsweep submit --dry-run`, on the issue's example."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    task = "{id: mytask, columns: [text, label], train: does/not/exist/train.tsv, dev: does/not/exist/dev.tsv}"
+    (tmp_path / "run.yaml").write_text(f"task: {task}\n")
+    (tmp_path / "grid.yaml").write_text(f"name: mine\nbase:\n  task: {task}\naxes:\n  seed: [0, 1]\n")
+    line = ("the synthetic-cls task reads no files (task.name is unset, and synthetic-cls is its default); "
+            "the file tasks read it (set task.name: classification or tagging)")
+    cli = str(Path(sys.executable).parent / "headsweep")
+    env = os.environ | {"HEADSWEEP_HOME": str(tmp_path / "home")}
+    for args, expected in ((["run", "run.yaml"], f"headsweep: error: task.train: {line}"),
+                           (["submit", "grid.yaml", "--dry-run"],
+                            f"headsweep: error: base: 'task.train' applies to no cell: {line}")):
+        done = subprocess.run([cli, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0 and done.stderr.strip().splitlines()[-1] == expected, done.stderr
