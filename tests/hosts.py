@@ -408,7 +408,7 @@ within 5 s and fails, rather than hanging forever."""
 
 
 def share_over_sshfs(hosts: Hosts, storage: str, clients: list[str], folder: Path | None = None,
-                     key: Path | None = None) -> Path:
+                     key: Path | None = None, options: tuple[str, ...] = SSHFS_OPTIONS) -> Path:
     """A folder of host ``storage`` shared with ``clients`` over a real network filesystem, at the same
     path on every host, as a cluster shares one (opt-in: without it the hosts' shared folders are one
     kernel's, whose locks, page cache and ordering every host shares, which no network filesystem gives).
@@ -419,7 +419,8 @@ def share_over_sshfs(hosts: Hosts, storage: str, clients: list[str], folder: Pat
     network) at that same path, in its own mount namespace only (this machine and the other hosts keep
     seeing the folder itself). Each mount is a FUSE filesystem of its own: a client's locks and page
     cache are its own, as with NFS or sshfs between machines. A cut client (:meth:`Hosts.cut`) loses
-    the folder: what waits on it fails once ssh gives up (``SSHFS_OPTIONS``). :meth:`Hosts.close`
+    the folder: what waits on it fails once ssh gives up (``options``: by default ``SSHFS_OPTIONS``;
+    without them a read on a cut client blocks for as long as TCP keeps trying). :meth:`Hosts.close`
     unmounts (lazily, a cut host too) before it stops the hosts' processes, sshfs among them. Returns
     the folder."""
     lacking = [tool for tool in ("sshfs", "/usr/sbin/sshd", "ssh-keygen") if not shutil.which(tool)]
@@ -429,7 +430,7 @@ def share_over_sshfs(hosts: Hosts, storage: str, clients: list[str], folder: Pat
     folder.mkdir(parents=True, exist_ok=True)
     key = key or start_sshd(hosts, [storage])
     user = subprocess.check_output(["id", "-un"], text=True).strip()
-    options = ",".join([*SSHFS_OPTIONS, f"IdentityFile={key}", "BatchMode=yes", "StrictHostKeyChecking=no",
+    options = ",".join([*options, f"IdentityFile={key}", "BatchMode=yes", "StrictHostKeyChecking=no",
                         "UserKnownHostsFile=/dev/null", "LogLevel=ERROR"])
     for name in clients:
         log = hosts.base / f"sshfs-{name}.log"

@@ -148,18 +148,19 @@ def load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def demonstrate(cluster: Any, folder: Path, writers: list[str], n: int, journal: str, writer: str,
+def demonstrate(cluster: Any, folder: Path, writers: list[tuple[str, str]], n: int, journal: str, writer: str,
                 timeout: float) -> dict[str, Any]:
-    """One round: a fresh file in ``folder``, each of ``writers`` claiming ``n`` runs at once; what survived."""
+    """One round: a fresh file in ``folder``, each of ``writers`` (host, label: a process on that host)
+    claiming ``n`` runs at once; what survived."""
     path = folder / f"registry-{journal}.db"
-    create_store(str(path), writers, n, journal)
+    create_store(str(path), [label for _, label in writers], n, journal)
     start_at = time.time() + 3  # every writer connected first, then all at once
     load_before, began = load(), time.monotonic()
-    processes = {name: cluster.popen(name, [sys.executable, str(Path(__file__).resolve()), "--worker", str(path),
-                                            "--writer", writer, "--n", str(n), "--host", name,
-                                            "--journal", journal, "--start-at", str(start_at)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for name in writers}
+    processes = {label: cluster.popen(name, [sys.executable, str(Path(__file__).resolve()), "--worker", str(path),
+                                             "--writer", writer, "--n", str(n), "--host", label,
+                                             "--journal", journal, "--start-at", str(start_at)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for name, label in writers}
     said = {}
     for name, process in processes.items():
         try:
@@ -182,8 +183,8 @@ SHOWN = 8  # integrity_check lines printed (up to 100 are kept in --json)
 
 def report(result: dict[str, Any]) -> str:
     found = result["found"]
-    lines = [f"journal_mode={result['journal'].upper()} writer={result['writer']}: {len(result['hosts'])} hosts x "
-             f"{result['n']} claims at once",
+    lines = [f"journal_mode={result['journal'].upper()} writer={result['writer']}: {len(result['hosts'])} writers "
+             f"({result['where']}) x {result['n']} claims at once",
              f"  rows expected {found['expected']}: running {found.get('running')}, sum(attempts) "
              f"{found.get('attempts')}, event rows {found.get('events')} (runs table {found.get('runs')})"]
     checked = found.get("integrity_check", [found.get("open")])
@@ -192,10 +193,10 @@ def report(result: dict[str, Any]) -> str:
     for said in result["hosts"].values():
         errors = "; ".join(f"{count} x {message}" for message, count in said.get("errors", {}).items()) or "none"
         if "committed" in said:
-            lines.append(f"  host {said['host']} (journal_mode {said['journal_mode']}): {said['committed']} COMMITs returned, {said['claimed']} found their "
+            lines.append(f"  writer {said['host']} (journal_mode {said['journal_mode']}): {said['committed']} COMMITs returned, {said['claimed']} found their "
                          f"run pending, errors: {errors}, {said['seconds']} s")
         else:
-            lines.append(f"  host {said['host']}: {said}")
+            lines.append(f"  writer {said['host']}: {said}")
     lines.append(f"  wall {result['wall_s']} s (3 s of it the common start); load before {result['load_before']}, "
                  f"after {result['load_after']}; files left: {' '.join(result['leftovers'])}")
     return "\n".join(lines)
@@ -209,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folder", choices=("sshfs", "kernel"), default="sshfs",
                         help="where the file lives: the storage host's folder over sshfs (a network filesystem), "
                              "or the control: the hosts' folder of one kernel (tests/hosts.py's shared folder)")
+    parser.add_argument("--same-host", action="store_true",
+                        help="the control for locks: both writers are processes on host a (one sshfs mount)")
     parser.add_argument("--writer", choices=sorted(WRITERS), default="sqlite", help="how each host writes")
     parser.add_argument("--timeout", type=float, default=900, help="seconds the writers may take, per round")
     parser.add_argument("--json", action="store_true", help="also print each round as JSON")
@@ -237,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
             folder = cluster.shared
             print(f"control: a and b write {folder}, one kernel's folder (no network filesystem between them)")
         for journal in (("wal", "delete") if args.journal == "both" else (args.journal,)):
-            result = demonstrate(cluster, folder, ["a", "b"], args.n, journal, args.writer, args.timeout)
+            writers = [("a", "a1"), ("a", "a2")] if args.same_host else [("a", "a"), ("b", "b")]
+            result = demonstrate(cluster, folder, writers, args.n, journal, args.writer, args.timeout)
+            result["where"] = "both on host a" if args.same_host else "on hosts a and b"
             print(report(result), flush=True)
             if args.json:
                 print(json.dumps(result), flush=True)
