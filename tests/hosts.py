@@ -254,11 +254,12 @@ SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "scancel", "scontrol",
 
 
 def start_slurm(hosts: Hosts, controller: str, computes: list[str], cpus: int, gpus: int,
-                first_job: int) -> dict[str, str]:
+                first_job: int, munge_per_host: bool = False) -> dict[str, str]:
     """SLURM on the hosts: slurmctld on ``controller``, a slurmd on each of ``computes`` (its own
     hostname and NodeAddr, ``cpus`` CPUs and ``gpus`` GPUs as gres without devices), one munged (its
-    socket a path every host reaches), the config on the shared filesystem; the environment its
-    clients need (``SLURM_CONF``). Its daemons are processes of ``hosts``: :meth:`Hosts.close` stops
+    socket a path every host reaches; ``munge_per_host``: a munged on every host instead, as on a real
+    cluster, each with its own copy of the key and its socket in the host's /tmp), the config on the
+    shared filesystem; the environment its clients need (``SLURM_CONF``). Its daemons are processes of ``hosts``: :meth:`Hosts.close` stops
     them, jobs and all."""
     lacking = [tool for tool in SLURM_TOOLS if not shutil.which(tool)]
     if lacking:
@@ -277,7 +278,8 @@ def start_slurm(hosts: Hosts, controller: str, computes: list[str], cpus: int, g
     conf.write_text("\n".join([
         "ClusterName=hsmulti", f"SlurmctldHost={controller}({hosts.address(controller)})",
         f"SlurmUser={user}", f"SlurmdUser={user}", "SlurmctldPort=6817", "SlurmdPort=6818",
-        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge}/socket",
+        "AuthType=auth/munge", "CredType=cred/munge",
+        f"AuthInfo=socket={'/tmp/munge' if munge_per_host else munge}/socket",
         f"StateSaveLocation={base}/state", f"SlurmdSpoolDir={base}/spool/%n",
         f"SlurmctldPidFile={base}/slurmctld.pid", f"SlurmdPidFile={base}/slurmd-%n.pid",
         f"SlurmctldLogFile={base}/log/slurmctld.log", f"SlurmdLogFile={base}/log/slurmd-%n.log",
@@ -297,10 +299,22 @@ def start_slurm(hosts: Hosts, controller: str, computes: list[str], cpus: int, g
         (base / "gres.conf").write_text(f"AutoDetect=off\nName=gpu File={base}/dev/gpu[0-{gpus - 1}]\n")
     env = {**os.environ, "SLURM_CONF": str(conf)}
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
-    hosts.popen(controller, ["munged", "--foreground", "--force", f"--socket={munge}/socket",
-                             f"--key-file={munge}/key", f"--pid-file={munge}/pid", f"--seed-file={munge}/seed",
-                             f"--log-file={munge}/log"], **quiet)
-    until(lambda: (munge / "socket").exists(), 30, "munged did not start")
+    if munge_per_host:  # every host: SLURM's clients (a login host's sbatch) authenticate through theirs too
+        for name, host in hosts.hosts.items():
+            local = host.tmp / "munge"  # /tmp/munge on that host
+            local.mkdir(mode=0o711)
+            shutil.copyfile(munge / "key", local / "key")
+            (local / "key").chmod(0o400)
+            hosts.popen(name, ["munged", "--foreground", "--force", "--socket=/tmp/munge/socket",
+                               "--key-file=/tmp/munge/key", "--pid-file=/tmp/munge/pid", "--seed-file=/tmp/munge/seed",
+                               "--log-file=/tmp/munge/log"], **quiet)
+        for name, host in hosts.hosts.items():
+            until(lambda host=host: (host.tmp / "munge" / "socket").exists(), 30, f"munged did not start on {name}")
+    else:
+        hosts.popen(controller, ["munged", "--foreground", "--force", f"--socket={munge}/socket",
+                                 f"--key-file={munge}/key", f"--pid-file={munge}/pid", f"--seed-file={munge}/seed",
+                                 f"--log-file={munge}/log"], **quiet)
+        until(lambda: (munge / "socket").exists(), 30, "munged did not start")
     hosts.popen(controller, ["slurmctld", "-D", "-f", str(conf)], **quiet)
     for name in computes:
         (base / "spool" / name).mkdir()
