@@ -11,7 +11,10 @@ row, ``COMMIT``), with the registry's own PRAGMAs (``orchestrator/registry/db.py
 busy_timeout 20000, foreign_keys ON, synchronous NORMAL, journal_mode WAL; ``--journal delete``: a
 rollback journal instead). Afterwards it counts what survived and runs ``PRAGMA integrity_check``, and
 prints: rows expected and present, the integrity check's answer, what each host's commits said,
-wall time and load (/proc/loadavg).
+wall time and load (/proc/loadavg). Controls: ``--same-host`` (both writers are processes on host ``a``,
+one mount: its kernel's locks hold) and ``--folder kernel`` (hosts ``a`` and ``b`` writing the hosts'
+one-kernel shared folder, as every multi-host test did before sshfs). Measured numbers: docs/clusters.md
+"What must be shared between hosts".
 
 Each host runs :data:`WRITERS` [``--writer``] ``(path_or_url, n, host_label, **options)`` in a process
 of its own (this file with ``--worker``): ``sqlite`` writes the file directly (today's way). Another
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -166,8 +171,8 @@ def demonstrate(cluster: Any, folder: Path, writers: list[tuple[str, str]], n: i
         try:
             out, err = process.communicate(timeout=max(1.0, timeout - (time.monotonic() - began)))
         except subprocess.TimeoutExpired:
-            process.kill()
-            out, err = process.communicate()
+            os.killpg(process.pid, signal.SIGKILL)  # nsenter and the writer it forked (they hold the pipes)
+            process.wait(30)
             said[name] = {"host": name, "timed_out": f"after {timeout:.0f} s"}
             continue
         lines = out.strip().splitlines()
