@@ -41,13 +41,15 @@ def mounts(mountinfo: str) -> list[tuple[str, str]]:
 
 
 def filesystem_type(path: str | os.PathLike[str], mountinfo: str | None = None) -> str:
-    """The type of the filesystem ``path`` is on (``ext4``, ``nfs4``, ``fuse.sshfs``, ...): its
-    nearest existing folder's mount, the last one mounted there when several are stacked."""
+    """The type of the filesystem ``path`` is on (``ext4``, ``nfs4``, ``fuse.sshfs``, ...): the mount
+    of its nearest existing folder (symbolic links resolved), the last one when several are stacked.
+    ``mountinfo``: a ``/proc/self/mountinfo`` text to read instead of this process's (then ``path``
+    is taken as it is)."""
     target = Path(os.path.abspath(path))
-    while not target.exists() and target != target.parent:
-        target = target.parent
-    target = target.resolve()
     if mountinfo is None:
+        while not target.exists() and target != target.parent:
+            target = target.parent
+        target = target.resolve()
         try:
             mountinfo = Path("/proc/self/mountinfo").read_text()
         except OSError:

@@ -218,7 +218,8 @@ def sweep_note(experiment_id: str, sweep_id: str, runs: int, configs: Sequence[A
     flat = [flatten(cfg.to_dict()) for cfg in configs]
     pipelines = sorted({key for row in flat for key in row if key.endswith(".pipeline")})  # the name shows them bare
     for key in ["seed", *pipelines, *keys]:
-        values = sorted({row.get(key) for row in flat} - {None}, key=str)
+        # a list value (``task.text: [premise, hypothesis]``) is compared as MLflow logged it: its string
+        values = sorted({_hashable(row.get(key)) for row in flat} - {None}, key=str)
         if len(values) < 2:
             continue
         field = f"params.`{key}`"
@@ -228,6 +229,10 @@ def sweep_note(experiment_id: str, sweep_id: str, runs: int, configs: Sequence[A
         more = "" if len(values) <= _MAX_LINKED_VALUES else f" (one of {len(values)} values; search ``{field} = '...'``)"
         lines.append(f"- {key}: {links}{more}")
     return "\n".join(lines)
+
+
+def _hashable(value: Any) -> Any:
+    return str(value) if isinstance(value, list | dict) else value
 
 
 def parent_tags(sweep_id: str, grid_name: str, grid_tags: Mapping[str, str]) -> dict[str, str]:

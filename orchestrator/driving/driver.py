@@ -338,6 +338,15 @@ def execute_sweep(
     registry_url = registry_url or settings.registry_url()
     tracking_uri = (tracking_uri or settings.tracking_uri()) if track else None
     states = _writer(sweep_id, registry_url, tracking_uri)
+    try:
+        return _drive(sweep_id, states, registry_url, tracking_uri, run_fn, checkpoint_every_s, stale_after_s)
+    finally:
+        if isinstance(states, Remote):
+            states.stop()
+
+
+def _drive(sweep_id: str, states: Writer | Remote, registry_url: str, tracking_uri: str | None, run_fn: Callable | None,
+           checkpoint_every_s: float, stale_after_s: float) -> dict[str, int]:
     registry = states.registry
     sweep = registry.get_sweep(sweep_id)
     states.reset_orphans(sweep_id, stale_after_s)  # a dead driver's runs: pending again, their MLflow runs KILLED

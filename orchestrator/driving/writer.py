@@ -130,6 +130,12 @@ class Writer:
 
     # ------------------------------------------------------------------ one run
 
+    def _ended_by(self, run_key: str, worker: str | None, status: str) -> bool:
+        """Whether the run already has ``status`` from ``worker``: a retried call whose first try
+        committed before its writer died (its MLflow write may not have happened: it is made now)."""
+        run = self.registry.get_run(run_key)
+        return worker is not None and run["status"] == status and run["worker"] == worker
+
     def claim(self, run_key: str, worker: str, stale_after_s: float) -> dict[str, Any] | None:
         return self.registry.claim(run_key, worker, stale_after_s=stale_after_s)
 
@@ -154,7 +160,7 @@ class Writer:
         """The run's result -> finished (False: it was not running by ``worker``: never twice), then
         its MLflow run FINISHED."""
         done = self.registry.finish(run_key, metrics, worker=worker, maps=maps)
-        if done:
+        if done or self._ended_by(run_key, worker, RunStatus.FINISHED):
             self._set_mlflow_status(run_id, RunStatus.FINISHED)
         return done
 
@@ -170,13 +176,13 @@ class Writer:
         """A running run -> failed with ``error`` (its traceback), then its MLflow run FAILED with the
         error's ``summary`` as a tag; False when it was not running (by ``worker``)."""
         done = self.registry.fail(run_key, error, worker)
-        if done:
+        if done or self._ended_by(run_key, worker, RunStatus.FAILED):
             self._set_mlflow_status(run_id, RunStatus.FAILED, error=summary or error)
         return done
 
     def cancel(self, run_key: str, worker: str | None, run_id: str | None) -> bool:
         done = self.registry.cancel_run(run_key, worker)
-        if done:
+        if done or self._ended_by(run_key, worker, RunStatus.CANCELLED):
             self._set_mlflow_status(run_id, RunStatus.CANCELLED)
         return done
 
@@ -251,7 +257,7 @@ def start(sweep_id: str, registry_url: str, tracking_uri: str | None) -> Remote:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     actor = ray.remote(Writer).options(
-        name=actor_name(sweep_id), namespace=NAMESPACE, num_cpus=0, max_restarts=-1, max_concurrency=8,
+        name=actor_name(sweep_id), namespace=NAMESPACE, get_if_exists=True, num_cpus=0, max_restarts=-1, max_concurrency=8,
         scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
         runtime_env={"env_vars": {key: os.environ[key] for key in _PASSED if key in os.environ}},
     ).remote(registry_url, tracking_uri)
@@ -281,11 +287,22 @@ class Remote:
     Picklable by the actor's name (a trial looks it up where it runs)."""
 
     def __init__(self, name: str, actor: Any = None) -> None:
-        self.name, self._actor = name, actor
+        # the driver's handle (the actor's owner's) is kept while the driver runs: a non-detached
+        # actor whose owner drops every handle is ended for good, where a killed one is restarted
+        self.name, self._owned, self._actor = name, actor, actor
         self.registry = _RemoteRegistry(self)
 
     def __reduce__(self) -> tuple[type, tuple[str]]:
         return (type(self), (self.name,))
+
+    def stop(self) -> None:
+        """End the writer (the driver, once the sweep's last state is written)."""
+        import ray
+
+        try:
+            ray.kill(self._handle(), no_restart=True)
+        except ValueError:  # gone already
+            pass
 
     def _handle(self) -> Any:
         if self._actor is None:
@@ -301,14 +318,14 @@ class Remote:
             try:
                 return ray.get(getattr(self._handle(), method).remote(*args, **kwargs), timeout=_CALL_TIMEOUT_S)
             except Exception as err:
-                if _writer_gone(err):
-                    self._actor = None  # looked up again by name: a restarted or new writer
+                if _writer_gone(err) and self._owned is None:
+                    self._actor = None  # looked up again by name: a new writer (a resumed driver's)
                 raise
 
         return retry.call(once, _writer_gone, retry.Backoff(max_delay_s=5.0), what=f"writer {method}")
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
-        if method.startswith("_") or method in ("name", "registry"):
+        if method.startswith("_") or method in ("name", "registry", "stop"):
             raise AttributeError(method)
         return lambda *args, **kwargs: self.call(method, *args, **kwargs)
 

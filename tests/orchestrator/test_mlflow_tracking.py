@@ -162,3 +162,18 @@ def test_a_grids_description_and_tags_reach_the_sweeps_parent_run(tmp_path, monk
         "paper": "stem-cells", "owner": "ana", "sweep": sweep_id, "grid": "grid.yaml"}
     assert run.data.tags[tracking.NOTE_TAG].startswith("Do seeds keep the same heads at lambda 0.1?\n\n**2 runs**")
     assert registry.get_sweep(sweep_id)["mlflow_parent_run_id"] == parent and run.data.params["runs"] == "2"
+
+
+def test_sweep_note_takes_an_axis_whose_values_are_lists():
+    """A key with a list value that varies (``task.text: [premise, hypothesis]`` in one cell, one
+    column in another) is linked by the string MLflow logs it as; it once failed the whole submit
+    with ``unhashable type: 'list'``."""
+    from experiments.keyed.config import parse_config
+    from orchestrator import tracking
+
+    configs = [parse_config({"seed": 0, "model": "tiny-bert", "task": {"name": "classification", "train": "a.tsv",
+                                                                          "text": text}}, check_files=False)
+               for text in (["premise", "hypothesis"], "sentence")]
+    keys = tracking.name_keys([c.to_dict() for c in configs])
+    note = tracking.sweep_note("1", "sw-1", 2, configs, keys)
+    assert keys == ["task.text"] and "[['premise', 'hypothesis']](" in note and "[sentence](" in note
