@@ -53,8 +53,8 @@ class _Stopper(tune.Stopper):
     has its result by then): without stopping it there, Tune asks the worker for one more result
     only to learn that the function returned, a round trip per trial."""
 
-    def __init__(self, registry, sweep_id: str) -> None:
-        self.poll = trial.cancel_poll(registry, sweep_id)
+    def __init__(self, states: Writer | Remote, sweep_id: str) -> None:
+        self.poll = trial.cancel_poll(states, sweep_id)
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
         return "outcome" in result
@@ -253,7 +253,7 @@ def _await_running(states: Writer | Remote, sweep_id: str, stale_after_s: float)
     or another sweep's trials of a shared run. True when one of them changed; False when none runs."""
     registry = states.registry
     running = registry.sweep_counts(sweep_id).get("running", 0)
-    while running and not registry.cancel_requested(sweep_id):
+    while running and not states.cancel_requested(sweep_id):
         time.sleep(min(trial.HEARTBEAT_S, stale_after_s / 4))
         if states.reset_orphans(sweep_id, stale_after_s):
             return True
@@ -288,14 +288,14 @@ def _run_wave(sweep: dict[str, Any], keys: list[str], env: dict[str, Any], run_f
             storage_path=str(settings.home() / "ray_results"),
             failure_config=tune.FailureConfig(max_failures=sweep["max_failures"]),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            stop=_Stopper(states.registry, sweep["id"]),
+            stop=_Stopper(states, sweep["id"]),
             callbacks=[_WorkerLost(states, sweep), wave_trials],
             verbose=0,
         ),
     )
     with _trainable_looked_up_once(), _actors_kept(sweep["max_concurrent"] or 0), _starting_actors_kept():
         tuner.fit()
-    if states.registry.cancel_requested(sweep["id"]):
+    if states.cancel_requested(sweep["id"]):
         _cancel_held(states, keys, wave_trials.ids)
 
 
@@ -365,7 +365,7 @@ def _drive(sweep_id: str, states: Writer | Remote, registry_url: str, tracking_u
     relaunched: dict[str, int] = {}
     # Waves (DESIGN.md decision 10): the runs whose upstream runs have all finished, until none is
     # left; a run whose upstream failed is blocked, not run. Without stages this is one wave.
-    while not registry.cancel_requested(sweep_id):
+    while not states.cancel_requested(sweep_id):
         keys = registry.next_wave(sweep_id, attempted)
         if not keys:
             if _await_running(states, sweep_id, stale_after_s):
@@ -379,7 +379,7 @@ def _drive(sweep_id: str, states: Writer | Remote, registry_url: str, tracking_u
                 attempted.discard(key)
 
     counts = registry.sweep_counts(sweep_id)
-    status = final_status(counts, registry.cancel_requested(sweep_id))
+    status = final_status(counts, states.cancel_requested(sweep_id))
     states.sweep_status(sweep_id, status, sweep["mlflow_parent_run_id"] if tracking_uri else None)
     if unwritten := states.flush():
         logging.getLogger("headsweep.driver").warning("%d MLflow run status(es) could not be written", unwritten)

@@ -17,7 +17,7 @@ from experiments.common.sections import ConfigError
 from orchestrator import hub, settings
 from orchestrator.cluster.head import cluster_in_use
 from orchestrator.cluster.jobs import cluster_nodes
-from orchestrator.driving import supervisor
+from orchestrator.driving import supervisor, writer
 from orchestrator.driving.driver_job import (
     driver_alive,
     driver_env,
@@ -26,7 +26,7 @@ from orchestrator.driving.driver_job import (
     start_driver,
 )
 from orchestrator.driving.grid import GridSpec, check_resources, expand, grid_text, load_grid
-from orchestrator.registry import Registry
+from orchestrator.registry import Registry, RegistryReader
 from orchestrator.registry.history import RESUMED, resume_pending
 from orchestrator.status import SWEEP_DONE
 
@@ -79,6 +79,7 @@ def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, t
     nodes = cluster_nodes(where["dashboard"])
     check_resources(resources, nodes)
     check_shared(configs, where, track, len(nodes))
+    writer.refuse_if_written_elsewhere(settings.registry_url(), "submit")
     registry = Registry(settings.registry_url())
     sweep_id, counts = registry.create_sweep(
         spec.name, grid_text(grid_path, sets), configs, resources,
@@ -133,6 +134,7 @@ def resume(sweep_id: str, track: bool = True, by: str | None = None) -> str | No
     refuses while the old driver still runs.
     Recorded in the sweep's history (``by``: who, when not a person, e.g. "SLURM job 4242"); its
     automatic resumes start again from 0 (and its supervisor is started if none runs)."""
+    writer.refuse_if_written_elsewhere(settings.registry_url(), "resume")
     registry = Registry(settings.registry_url())
     sweep = registry.get_sweep(sweep_id)
     if driver_alive(sweep):
@@ -153,7 +155,12 @@ def resume(sweep_id: str, track: bool = True, by: str | None = None) -> str | No
 
 
 def cancel(sweep_id: str) -> dict[str, int]:
-    """Stop scheduling; running trials stop at their next check (within seconds) and are marked cancelled."""
+    """Stop scheduling; running trials stop at their next check (within seconds) and are marked cancelled.
+    A registry that another host's writer holds (a SQLite file on a network filesystem) is not written
+    from here: the request is left beside it, and that writer records it within seconds."""
+    if writer.lease_holder(settings.registry_url()):
+        writer.cancel_flag(settings.registry_url(), sweep_id).touch()
+        return RegistryReader(settings.registry_url()).sweep_counts(sweep_id)
     registry = Registry(settings.registry_url())
     sweep = registry.get_sweep(sweep_id)
     running = registry.cancel_sweep(sweep_id)

@@ -85,15 +85,16 @@ class _Heartbeat(threading.Thread):
                             type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
 
 
-def cancel_poll(registry: Any, sweep_id: str) -> Callable[[], bool]:
-    """``should_stop()``: the sweep's cancel flag, read at most every ``CANCEL_POLL_S`` seconds."""
+def cancel_poll(states: Writer | Remote, sweep_id: str) -> Callable[[], bool]:
+    """``should_stop()``: the sweep's cancel flag (``Writer.cancel_requested``), read at most every
+    ``CANCEL_POLL_S`` seconds."""
     state = {"at": 0.0, "value": False}
 
     def should_stop() -> bool:
         if time.monotonic() - state["at"] > CANCEL_POLL_S:
             state["at"] = time.monotonic()
             try:  # retried through a restarting database; past that, the run goes on uncancelled
-                state["value"] = registry.cancel_requested(sweep_id)
+                state["value"] = states.cancel_requested(sweep_id)
             except Exception as err:  # noqa: BLE001 - asked again at the next poll
                 log.warning("sweep %s: could not read its cancel flag: %s", sweep_id, type(err).__name__)
         return state["value"]
@@ -181,7 +182,7 @@ def trial(config: dict[str, Any], run_fn: Callable[..., RunResult] | None = None
         device = "cuda" if torch.cuda.is_available() and context.get_trial_resources().required_resources.get("GPU") else "cpu"
         ctx = RunContext(
             tracker=tracker, checkpointer=TuneCheckpointer(env["checkpoint_every_s"]),
-            should_stop=cancel_poll(writer.registry, sweep_id), device=device, costs=costs,
+            should_stop=cancel_poll(writer, sweep_id), device=device, costs=costs,
             **stage_hooks(claimed, env.get("checkpoints")),
         )
         result = (run_fn or _default_run)(cfg, ctx)

@@ -22,10 +22,17 @@ the sweep), so the MLflow UI never shows a finished run RUNNING while the regist
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import socket
+import threading
+import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
+
+from experiments.common.sections import ConfigError
 
 from orchestrator import filesystems, retry
 from orchestrator.registry import Registry
@@ -76,15 +83,97 @@ def writer_needed(registry_url: str, tracking_uri: str | None, nodes: int) -> bo
     return bool(files) and (nodes > 1 or any(filesystems.on_network_filesystem(path) for path in files))
 
 
+# ---------------------------------------------------------------------- one writer host: the lease
+
+LEASE_S = 30.0
+"""A writer's lease on a SQLite registry on a network filesystem is renewed every third of this;
+one older than this is a dead writer's."""
+
+
+def lease_path(registry_url: str) -> Path | None:
+    """``<registry file>.writer`` when the registry is a SQLite file on a network filesystem (where
+    one host may write it at a time), else None."""
+    path = filesystems.sqlite_path(registry_url)
+    return Path(path + ".writer") if path and filesystems.on_network_filesystem(path) else None
+
+
+def lease_holder(registry_url: str) -> dict[str, Any] | None:
+    """The live writer's lease on the registry (``{"host", "pid", "sweep", "at"}``), None when there
+    is none, it is this host's, or it is older than :data:`LEASE_S` (its writer died)."""
+    path = lease_path(registry_url)
+    try:
+        held = json.loads(path.read_text()) if path else None
+    except (OSError, ValueError):
+        return None
+    if not held or held.get("host") == socket.gethostname() or time.time() - float(held.get("at", 0)) > LEASE_S:
+        return None
+    return held
+
+
+def refuse_if_written_elsewhere(registry_url: str, doing: str) -> None:
+    """One line, before anything is written, when another host's writer holds the registry: two
+    hosts writing one SQLite file over a network filesystem lose rows with every COMMIT succeeding."""
+    held = lease_holder(registry_url)
+    if held:
+        where = filesystems.sqlite_path(registry_url)
+        age = max(0.0, time.time() - float(held["at"]))
+        raise ConfigError(
+            f"{doing}: sweep {held.get('sweep')}'s writer on host {held.get('host')} is writing the SQLite registry "
+            f"{where} on a network filesystem ({filesystems.filesystem_type(where)}), and two hosts cannot write one "
+            "SQLite file at once (rows are lost with every COMMIT succeeding): wait until that sweep ends "
+            f"(`headsweep status`; a writer that died holds it {LEASE_S - age:.0f} s more), or use a PostgreSQL "
+            "registry (HEADSWEEP_DB)")
+
+
+def cancel_flag(registry_url: str, sweep_id: str) -> Path | None:
+    """Where ``headsweep cancel`` on another host asks a leased registry's writer to cancel a sweep."""
+    path = lease_path(registry_url)
+    return path.with_name(f"{path.name}.cancel-{sweep_id}") if path else None
+
+
 class Writer:
     """Run and sweep state changes over one registry and one MLflow store (``tracking_uri`` None:
-    untracked). A run's MLflow logging (params, metrics, artifacts) goes through it too."""
+    untracked). A run's MLflow logging (params, metrics, artifacts) goes through it too. ``lease``
+    (the sweep's id): hold the registry's lease (:func:`lease_path`) while it lives."""
 
-    def __init__(self, registry: Registry | str, tracking_uri: str | None) -> None:
+    def __init__(self, registry: Registry | str, tracking_uri: str | None, lease: str | None = None) -> None:
         self.registry = Registry(registry) if isinstance(registry, str) else registry
         self.tracking_uri = tracking_uri
         self._mlflow = None
         self._unsynced: dict[str, str] = {}  # MLflow run id -> status its last try did not write
+        self._lease = lease_path(self.registry.url) if lease else None
+        if self._lease is not None:
+            self._released = threading.Event()
+            self._renew(lease)
+            threading.Thread(target=self._renewing, args=(lease,), daemon=True).start()
+
+    def _renew(self, sweep_id: str) -> None:
+        held = {"host": socket.gethostname(), "pid": os.getpid(), "sweep": sweep_id, "at": time.time()}
+        partial = self._lease.with_name(f"{self._lease.name}.{os.getpid()}")
+        partial.write_text(json.dumps(held))
+        partial.replace(self._lease)  # whole or not at all, for a reader on another host
+
+    def _renewing(self, sweep_id: str) -> None:
+        while not self._released.wait(LEASE_S / 3):
+            try:
+                self._renew(sweep_id)
+            except OSError as err:  # the filesystem is away for a moment: the next renewal tries again
+                log.warning("could not renew the registry's writer lease: %s", err)
+
+    def release(self) -> None:
+        """Give the lease up (the sweep's driver, once it is done)."""
+        if self._lease is not None:
+            self._released.set()
+            self._lease.unlink(missing_ok=True)
+
+    def cancel_requested(self, sweep_id: str) -> bool:
+        """The sweep's cancel flag; a ``headsweep cancel`` from another host (a file beside a leased
+        registry, :func:`cancel_flag`) is recorded here first, by the one writer."""
+        flag = cancel_flag(self.registry.url, sweep_id) if self._lease is not None else None
+        if flag is not None and flag.exists():
+            self.registry.cancel_sweep(sweep_id)
+            flag.unlink(missing_ok=True)
+        return self.registry.cancel_requested(sweep_id)
 
     @property
     def mlflow(self):
@@ -260,7 +349,7 @@ def start(sweep_id: str, registry_url: str, tracking_uri: str | None) -> Remote:
         name=actor_name(sweep_id), namespace=NAMESPACE, get_if_exists=True, num_cpus=0, max_restarts=-1, max_concurrency=8,
         scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
         runtime_env={"env_vars": {key: os.environ[key] for key in _PASSED if key in os.environ}},
-    ).remote(registry_url, tracking_uri)
+    ).remote(registry_url, tracking_uri, lease=sweep_id)
     remote = Remote(actor_name(sweep_id), actor)
     log.info("sweep %s: its writer runs at %s", sweep_id, remote.ping())
     return remote
@@ -300,6 +389,7 @@ class Remote:
         import ray
 
         try:
+            self.call("release")
             ray.kill(self._handle(), no_restart=True)
         except ValueError:  # gone already
             pass

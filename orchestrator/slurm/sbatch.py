@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 from experiments.common.sections import ConfigError
 from orchestrator import settings
+from orchestrator.driving.writer import refuse_if_written_elsewhere
 
 WARN_S = 90
 """Seconds before the time limit that SLURM warns the job (SIGUSR1): time to record and stop."""
@@ -151,6 +152,7 @@ def plan_job(grid_path: str, nodes: int, gpus_per_node: int, time_limit: str, cp
         raise ConfigError(f"--time: expected a SLURM time (minutes, HH:MM:SS or D-HH:MM:SS), got '{time_limit}'")
     spec = load_grid(grid_path)
     expand(spec)
+    refuse_if_written_elsewhere(settings.registry_url(), "slurm")  # the allocation would write it from its node
     res = spec.resources
     cpus = cpus_per_node or default_cpus(res.cpus, res.gpus, spec.max_concurrent, nodes, gpus_per_node)
     check_resources(res, {"CPU": cpus, "GPU": gpus_per_node})

@@ -5,7 +5,9 @@ once in both; a writer killed mid-sweep loses no run; and the rules that decide 
 from __future__ import annotations
 
 import gc
+import json
 import os
+import re
 import signal
 import threading
 import time
@@ -191,3 +193,65 @@ def test_a_writer_killed_mid_sweep_loses_no_run(local_ray, tmp_path, monkeypatch
     assert all(run["attempts"] <= 2 for run in runs), [run["attempts"] for run in runs]
     assert set(_mlflow_children(uri, registry, sweep_id).values()) == {"FINISHED"}
     assert registry.get_sweep(sweep_id)["status"] == "finished"
+
+
+# ---------------------------------------------------------------------- one writer host: the lease
+
+
+@pytest.fixture
+def shared_registry(tmp_path, monkeypatch):
+    """A real SQLite registry with one sweep, its folder taken for a network filesystem (the one
+    fake: what mountinfo would say on a cluster's shared home)."""
+    monkeypatch.setattr(filesystems, "on_network_filesystem", lambda path, mountinfo=None: True)
+    monkeypatch.setattr(filesystems, "filesystem_type", lambda path, mountinfo=None: "nfs4")
+    monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
+    for name in ("HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    url = f"sqlite:///{tmp_path}/registry.db"
+    grid = {"name": "lease", "base": {"model": "tiny-bert", "task": {"name": "synthetic-cls"}}, "axes": {"seed": [0, 1]}}
+    registry = Registry(url)
+    sweep_id, _ = registry.create_sweep("lease", "", expand(parse_grid(grid)), {"cpus": 1}, None, 1)
+    return url, registry, sweep_id
+
+
+def _held_by(url: str, host: str, age_s: float, sweep: str = "sw-other") -> None:
+    writer.lease_path(url).write_text(json.dumps({"host": host, "pid": 1, "sweep": sweep, "at": time.time() - age_s}))
+
+
+def test_a_writer_holds_the_lease_of_a_registry_on_a_network_filesystem_while_it_lives(shared_registry):
+    url, registry, sweep_id = shared_registry
+    held = writer.Writer(url, None, lease=sweep_id)
+    lease = json.loads(writer.lease_path(url).read_text())
+    assert lease["sweep"] == sweep_id and lease["pid"] == os.getpid()
+    assert writer.lease_holder(url) is None  # this host's own lease: another driver here may write
+    held.release()
+    assert not writer.lease_path(url).exists()
+
+
+def test_submit_and_resume_from_another_host_are_refused_in_one_line_while_a_writer_holds_it(shared_registry):
+    from experiments.common.sections import ConfigError
+    from orchestrator.driving import sweeps
+
+    url, registry, sweep_id = shared_registry
+    _held_by(url, "n1", age_s=3)
+    with pytest.raises(ConfigError) as refused:
+        sweeps.resume(sweep_id)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("resume: sweep sw-other's writer on host n1 is writing the SQLite")
+    assert "nfs4" in line and "HEADSWEEP_DB" in line and re.search(r"holds it 2\d s more", line)
+    _held_by(url, "n1", age_s=writer.LEASE_S + 1)  # not renewed: its writer died
+    writer.refuse_if_written_elsewhere(url, "resume")
+
+
+def test_cancel_on_another_host_is_left_for_the_writer_which_records_it(shared_registry):
+    from orchestrator.driving import sweeps
+
+    url, registry, sweep_id = shared_registry
+    held = writer.Writer(url, None, lease=sweep_id)  # the writer "on n1": its lease, renewed as it runs
+    _held_by(url, "n1", age_s=0, sweep=sweep_id)
+    sweeps.cancel(sweep_id)
+    assert not registry.cancel_requested(sweep_id)  # nothing written from here
+    assert writer.cancel_flag(url, sweep_id).exists()
+    assert held.cancel_requested(sweep_id)  # the writer records it at its next poll
+    assert registry.cancel_requested(sweep_id) and not writer.cancel_flag(url, sweep_id).exists()
+    held.release()
