@@ -20,7 +20,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 SCALABLE = ["bench_analysis.py", "bench_orchestration.py", "bench_registry.py", "bench_run_cost.py",
-            "bench_stats.py", "bench_tracking.py"]
+            "bench_stats.py", "bench_tracking.py", "bench_writer.py"]
 
 
 @pytest.mark.slow
