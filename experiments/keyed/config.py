@@ -17,7 +17,7 @@ is the one validation path: ``headsweep run``, ``--set`` and every grid cell.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from functools import cached_property, lru_cache
 from typing import Any, Literal
 
@@ -31,6 +31,7 @@ from experiments.common.sections import (
     Section,
     SharedConfig,
     TaskConfig,
+    TrainConfig,
     parse_yaml,
     section_value,
     set_dotted,
@@ -38,6 +39,7 @@ from experiments.common.sections import (
 from experiments.keyed.config_keys import method_labels, resolve, unknown_key, wrong_section
 from experiments.keyed.run_keys import extra_tasks, key_material, reseeded_keys, run_and_group_key
 from experiments.methods import METHODS, check_method
+from experiments.methods import reads as method_reads
 from experiments.models import check_model_name
 from experiments.tasks import TASKS, bias_feature_names, data_label, unread_key
 from experiments.tasks.reads import unread_line
@@ -211,8 +213,10 @@ def resolve_stage(cfg: RunConfig, role: str, *, check_files: bool = False) -> Ru
         raise ConfigError(f"{role}.method: name the upstream run's method (e.g. {role}: {{method: finetune}})")
     shared = {"seed": cfg.seed, "model": cfg.model, "task": _inherited_task(cfg.task, partial.get("task")),
               "train": cfg.train.model_dump(by_alias=True, mode="json")}
+    own = partial.get("train") if isinstance(partial.get("train"), dict) else {}
+    inherited = tuple(key for key in TrainConfig.model_fields if key not in own)
     try:
-        return _parse_stage(json.dumps(_deep_merge(shared, partial), sort_keys=True), check_files)
+        return _parse_stage(json.dumps(_deep_merge(shared, partial), sort_keys=True), check_files, inherited)
     except ConfigError as err:
         raise ConfigError(f"{role}.{err}" if not str(err).startswith(role) else str(err)) from None
 
@@ -230,10 +234,11 @@ def _inherited_task(task: TaskConfig, stage_task: Any) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=4096)
-def _parse_stage(text: str, check_files: bool) -> RunConfig:
+def _parse_stage(text: str, check_files: bool, inherited: tuple[str, ...]) -> RunConfig:
     """An upstream config from its canonical JSON, parsed once: the 24 cells of a grid that start
-    from one fine-tune share one (frozen) config object and its cached run key."""
-    return parse_config(json.loads(text), check_files=check_files)
+    from one fine-tune share one (frozen) config object and its cached run key. ``inherited``: the
+    ``train.*`` keys it carries from its dependant, which it need not read (the dependant does)."""
+    return parse_config(json.loads(text), check_files=check_files, inherited=inherited)
 
 
 def _with_default_stages(cfg: RunConfig) -> RunConfig:
@@ -245,12 +250,14 @@ def _with_default_stages(cfg: RunConfig) -> RunConfig:
     return cfg.model_copy(update=wanted) if wanted else cfg
 
 
-def parse_config(raw: dict[str, Any], *, check_files: bool = True) -> RunConfig:
+def parse_config(raw: dict[str, Any], *, check_files: bool = True, inherited: Collection[str] = ()) -> RunConfig:
     """Validate a nested dict into a RunConfig, or raise a one-line ConfigError.
 
     The one validation path (``headsweep run``, ``--set``, every grid cell): the method
     first (it says which section is allowed), then keys and types, then names (task,
-    model, pipeline), then, unless ``check_files`` is False, the task's data.
+    model, pipeline), then, unless ``check_files`` is False, the task's data. ``inherited``: the
+    ``train.*`` keys a stage's config carries from its dependant (not refused when it does not read
+    them: :func:`check_run_keys`).
     """
     if not isinstance(raw, dict):
         raise ConfigError(f"a run config must be a mapping of keys, got {type(raw).__name__}")
@@ -260,16 +267,17 @@ def parse_config(raw: dict[str, Any], *, check_files: bool = True) -> RunConfig:
     except ValidationError as err:
         raise ConfigError(_describe(err, method)) from None
     check_names(cfg)
-    return with_stages(cfg, check_files=check_files)
+    return with_stages(cfg, check_files=check_files, inherited=inherited)
 
 
-def with_stages(cfg: RunConfig, *, check_files: bool = True) -> RunConfig:
+def with_stages(cfg: RunConfig, *, check_files: bool = True, inherited: Collection[str] = ()) -> RunConfig:
     """The last step of validation, after keys, types and names: the method's default stages
     filled in, every upstream resolved (so a typo in a stage fails at submit too) and, unless
     ``check_files`` is False, the data of the run and of its upstreams checked."""
     cfg = _with_default_stages(cfg)
     check_method_rules(cfg)
     check_task_keys(cfg)
+    check_run_keys(cfg, inherited)
     for upstream in cfg.upstreams.values():
         if check_files:
             check_data(upstream)
@@ -279,10 +287,10 @@ def with_stages(cfg: RunConfig, *, check_files: bool = True) -> RunConfig:
 
 
 class UnreadKey(ConfigError):
-    """A task key set that the run never reads: ``key`` (dotted, as written) and the ``task`` that
-    ignores it, so a grid can leave it out of the cells whose task does not read it."""
+    """A key set that the run never reads: ``key`` (dotted, as written) and, for a task key, the
+    ``task`` that ignores it, so a grid can leave it out of the cells that do not read it."""
 
-    def __init__(self, line: str, key: str, task: str):
+    def __init__(self, line: str, key: str, task: str | None = None):
         super().__init__(line)
         self.key, self.task = key, task
 
@@ -300,6 +308,43 @@ def check_task_keys(cfg: RunConfig) -> None:
         if key is not None:
             line = unread_line(key, task.name, TASKS, prefix=prefix, name_written="name" in task.model_fields_set)
             raise UnreadKey(line, f"{prefix}.{key}", task.name)
+
+
+def check_run_keys(cfg: RunConfig, inherited: Collection[str] = ()) -> None:
+    """Refuse a key of the method's section or a ``train.*`` key set away from its default that the
+    run does not read: it would change the run key and nothing else (``train.grad_clip`` on probes,
+    ``head_gates.sp_finetune_steps`` on dp). The method says what it reads (``READS`` and
+    ``unread(section, train)``: experiments/methods/reads.py); a ``train.*`` key also counts as read
+    when a stage inherits it and reads it (head_ablation's finetune stage reads ``train.lr``).
+    ``inherited``: the keys a stage carries from its dependant, which reads them."""
+    module = METHODS[cfg.method]
+    skipped = method_reads.unread(module, cfg.section, cfg.train)
+    for name, field in type(cfg.section).model_fields.items():
+        key = field.alias or name
+        if key in skipped and getattr(cfg.section, name) != field.get_default(call_default_factory=True):
+            raise UnreadKey(f"{cfg.method}.{key}: {skipped[key]}", f"{cfg.method}.{key}")
+    read = train_read(cfg)
+    for key, field in TrainConfig.model_fields.items():
+        if key in read or key in inherited or getattr(cfg.train, key) == field.get_default(call_default_factory=True):
+            continue
+        why = skipped.get(f"train.{key}", "")
+        own = [role for role, up in cfg.upstreams.items() if key in train_read(up)]
+        if own:  # a stage would read it, but sets its own
+            why += f" (its {' and '.join(own)} stage sets its own train.{key})"
+        raise UnreadKey(method_reads.unread_line(key, cfg.method, METHODS, why.strip() or None), f"train.{key}")
+
+
+def train_read(cfg: RunConfig) -> set[str]:
+    """The ``train.*`` keys (names) a run of ``cfg`` reads: its method's, and those each stage
+    inherits (sets none of its own) and reads."""
+    module = METHODS[cfg.method]
+    skipped = method_reads.unread(module, cfg.section, cfg.train)
+    read = {key for key in method_reads.reads(module) if f"train.{key}" not in skipped}
+    for role, upstream in cfg.upstreams.items():
+        partial = getattr(cfg, role)
+        own = partial.get("train") if isinstance(partial.get("train"), dict) else {}
+        read |= {key for key in train_read(upstream) if key not in own}
+    return read
 
 
 def check_method_rules(cfg: RunConfig) -> None:

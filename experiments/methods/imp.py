@@ -54,11 +54,14 @@ from experiments.interventions.masks import (
     uses_pooler,
 )
 from experiments.maths.schedules import linear_warmup_decay, restarted_linear_decay
+from experiments.methods.reads import FINE_TUNING
 
 VERSION = "2"  # 2: the reference rounds: first prune at step 0, encoder-only rewinding, pooler read and pruned,
 # rounds of a tenth of the train section, their lr as the reference rebuilds it (no warm-up, decay to 0.9)
 PIPELINES = ("ft_then_prune", "prune_then_ft")
 SHORT_NAMES = ("sparsity", "pipeline", "loss")
+READS = FINE_TUNING
+"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): every train key."""
 OUTPUTS = outputs.Outputs(maps=outputs.MASK_DENSITIES, metrics=(*outputs.EVALUATION, outputs.SPARSITY))
 """What its runs report (experiments.common.outputs)."""
 ROUNDS = 10
@@ -109,8 +112,13 @@ def stages(section: Config) -> dict[str, dict]:
 
 def check(cfg) -> None:
     check_loss(cfg, cfg.section.loss)
-    if cfg.section.rewind_steps is not None and cfg.section.pipeline != "prune_then_ft":
-        raise ValueError("imp.rewind_steps: only prune_then_ft rewinds (ft_then_prune keeps training)")
+
+
+def unread(section: Config, train) -> dict[str, str]:
+    """Keys a run of ``section`` does not read (experiments/methods/reads.py)."""
+    if section.pipeline != "prune_then_ft":
+        return {"rewind_steps": "only prune_then_ft rewinds (ft_then_prune keeps training)"}
+    return {}
 
 
 class FixedMasks(nn.Module):

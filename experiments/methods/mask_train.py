@@ -61,6 +61,7 @@ from experiments.interventions.masks import (
     uses_pooler,
 )
 from experiments.maths.schedules import cubic_sparsity, linear_warmup_decay
+from experiments.methods.reads import FINE_TUNING
 
 VERSION = "4"  # 4: gradual schedules start from soft magnitude scores (|W|, threshold the k-th |W|), as the
 # reference's gradual scripts; the initial mask stored beside the final one (initial_masks.npz)
@@ -68,6 +69,9 @@ VERSION = "4"  # 4: gradual schedules start from soft magnitude scores (|W|, thr
 # with warm-up, decay and clipping, the cubic schedule ending at the last step, the threshold guard
 PIPELINES = ("prune_only", "ft_then_prune", "prune_then_ft")
 SHORT_NAMES = ("sparsity", "pipeline", "loss")
+READS = FINE_TUNING
+"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): every train key; prune_only and
+ft_then_prune train masks at mask_train.lr, not the model (``unread``)."""
 OUTPUTS = outputs.Outputs(maps=outputs.MASK_DENSITIES, metrics=(*outputs.EVALUATION, outputs.SPARSITY))
 """What its runs report (experiments.common.outputs)."""
 REFERENCE: dict[str, Any] = {}
@@ -153,6 +157,20 @@ def masked_linears(encoder, decoder, hp: Config, pooled: bool) -> dict[str, torc
     and the classifier's unless it trains (prune_then_ft: masks from its upstream, which had them)."""
     mask_decoder = hp.pipeline != "prune_then_ft" and not hp.train_classifier
     return maskable_weights(encoder, decoder if mask_decoder else None, pooler=pooled)
+
+
+def unread(section: Config, train) -> dict[str, str]:
+    """The ``train.*`` keys of the model's optimiser, which prune_only and ft_then_prune do not read:
+    their masks learn at ``mask_train.lr`` over frozen weights; ``train_classifier`` trains the
+    classifier at ``train.decoder_lr`` (``train.lr`` when that is null), with ``train.weight_decay``."""
+    if section.pipeline == "prune_then_ft":
+        return {}
+    why = f"with pipeline {section.pipeline} (its masks learn at mask_train.lr over frozen weights"
+    keys = ["lr", "decoder_lr", "weight_decay"]
+    if section.train_classifier:
+        keys = [] if train.decoder_lr is None else ["lr"]
+        why += "; train_classifier trains the classifier at train.decoder_lr"
+    return {f"train.{key}": why + ")" for key in keys}
 
 
 def run(cfg, ctx: RunContext) -> RunResult:

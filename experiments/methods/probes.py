@@ -62,6 +62,9 @@ from experiments.tasks.ud_pos import LABEL_NAMES as UPOS
 VERSION = "2"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
+READS = ("precision",)
+"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): forwards only; an init_from stage
+reads the rest."""
 OUTPUTS = outputs.Outputs(
     maps=(outputs.DEP_PROBE, outputs.POS_CENTROID),
     metrics=(outputs.Metric("dep_probe", "the best head's DEP probe score (/<relation>: on that relation)"),

@@ -92,6 +92,9 @@ from experiments.models import RANDOM_PREFIX, load_tokenizer
 VERSION = "2"
 PIPELINES = ("none",)
 SHORT_NAMES = ("source_task",)
+READS = ()
+"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): none itself: its two skill_neurons
+stages read theirs (inherited from this run's train)."""
 OUTPUTS = outputs.Outputs(metrics=(
     outputs.ACCURACY, outputs.SOURCE_NOISE, outputs.TRANSFER_RELATIVE, outputs.TRANSFER_ACCURACY, outputs.OVERLAP_TOP20,
     outputs.OVERLAP_ACTIVE, outputs.Metric("own_accuracy", "the target prompt on its own task"),

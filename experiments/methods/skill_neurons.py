@@ -122,6 +122,9 @@ from experiments.models import MODELS, RANDOM_PREFIX
 VERSION = "3"
 PIPELINES = ("none",)
 SHORT_NAMES = ("prompt_length", "verbalizer", "readout")
+READS = ("epochs", "max_steps", "batch_size", "pooler", "eval_every", "precision")
+"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): the prompt and read-out train at
+skill_neurons.lr / readout_lr, with no clipping, warm-up or weight decay."""
 OUTPUTS = outputs.Outputs(
     maps=(outputs.PREDICTIVITY,),
     metrics=(*outputs.EVALUATION, outputs.NOISE, outputs.PRUNED, outputs.PRUNED_KEPT_FRACTION,
@@ -137,8 +140,15 @@ REFERENCE: dict[str, Any] = {"prune_fold": "all"}
 """The keys whose default is ours, and the value that restores the reference protocol."""
 
 
+def unread(section: Config, train) -> dict[str, str]:
+    """Keys a run of ``section`` does not read (experiments/methods/reads.py): those of another verbalizer."""
+    own = {"label_words": "label_words", "word_seed": "random_words"}
+    return {key: f"read only with verbalizer {verbalizer} (it is {section.verbalizer})"
+            for key, verbalizer in own.items() if section.verbalizer != verbalizer}
+
+
 def check(cfg) -> None:
-    """A classification task; keys that only one verbalizer reads set only with it; the prompt fits
+    """A classification task; the prompt fits
     the model's positions; a frozen verbalizer needs embeddings as wide as the hidden states."""
     from experiments.tasks import TASKS
 
@@ -146,10 +156,6 @@ def check(cfg) -> None:
     if task.KIND != "classification":
         raise ConfigError(f"task.name: skill_neurons needs a sentence classification task, and '{cfg.task.name}' "
                           f"is {task.KIND} (a neuron at the soft prompt predicts one label per sentence)")
-    if hp.label_words is not None and hp.verbalizer != "label_words":
-        raise ConfigError(f"skill_neurons.label_words: read only with verbalizer label_words (it is {hp.verbalizer})")
-    if hp.word_seed is not None and hp.verbalizer != "random_words":
-        raise ConfigError(f"skill_neurons.word_seed: read only with verbalizer random_words (it is {hp.verbalizer})")
     names = getattr(task, "LABEL_NAMES", None) or cfg.task.labels
     if hp.label_words is not None and names is not None and len(hp.label_words) != len(names):
         raise ConfigError(f"skill_neurons.label_words: {len(hp.label_words)} words for the {len(names)} "

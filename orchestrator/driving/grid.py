@@ -297,7 +297,7 @@ def expand(spec: GridSpec) -> list[RunConfig]:
                 if not is_include and resolver.excluded(flat, method, spec.exclude):
                     applied.update(used)
                     continue
-                cfg, used = _without_unread(validate, flat, used, resolver.unread)
+                cfg, used = _without_unread(validate, flat, used, resolver, method)
                 applied.update(used)
                 if on_cpu:
                     try:
@@ -317,20 +317,21 @@ def expand(spec: GridSpec) -> list[RunConfig]:
 
 
 def _without_unread(validate: Callable[[dict[str, Any]], RunConfig], flat: dict[str, Any], used: list,
-                    unread: set[tuple[str, str, str]]) -> tuple[RunConfig, list]:
-    """The cell validated, less the base and axes task keys its run does not read, as a method's
+                    resolver: _Resolver, method: Any) -> tuple[RunConfig, list]:
+    """The cell validated, less the base and axes keys its run does not read, as a method's
     keys leave the cells of other methods: a grid over sst2 and synthetic-cls may set
-    ``task.num_train`` for the cells that read it. Each left out is noted in ``unread`` as (base |
-    axes, grid key, task); a key an include writes itself stays, and its cell is refused as
-    ``headsweep run`` refuses it."""
+    ``task.num_train`` for the cells that read it, one over finetune and probes ``train.lr`` for the
+    finetune cells, one over dp and sp ``sp_finetune_steps`` for the sp cells. Each left out is
+    noted in ``resolver.unread`` as (base | axes, grid key, task or None, the line); a key an
+    include writes itself stays, and its cell is refused as ``headsweep run`` refuses it."""
     while True:
         try:
             return validate(flat), used
         except UnreadKey as err:
-            written = [(where, key) for where, key in used if key == err.key]
+            written = [(where, key) for where, key in used if resolver.key(key, method)[0] == err.key]
             if err.key not in flat or not written or any(where == "include" for where, _ in written):
                 raise
-            unread.update((where, key, err.task) for where, key in written)
+            resolver.unread.update((where, key, err.task, str(err)) for where, key in written)
             flat = {k: v for k, v in flat.items() if k != err.key}
             used = [entry for entry in used if entry not in written]
 
@@ -350,7 +351,7 @@ class _Resolver:
     def __init__(self) -> None:
         self._keys: dict[tuple[str, Any], tuple[str, bool]] = {}
         self._defaults: dict[Any, dict[str, Any]] = {}
-        self.unread: set[tuple[str, str, str]] = set()  # (base | axes, grid key, task) a cell's task did not read
+        self.unread: set[tuple[str, str, str | None, str]] = set()  # (base | axes, grid key, task, line) a cell did not read
 
     def key(self, key: str, method: Any) -> tuple[str, bool]:
         """(dotted key, whether it applies to a run of ``method``)."""
@@ -369,8 +370,9 @@ class _Resolver:
         method = values.get("method", base.get("method", DEFAULT_METHOD))
         flat: dict[str, Any] = {}
         used = []
+        layers: dict[str, dict[str, str]] = {}
         for where, layer in (("base", base), ("include" if strict else "axes", values)):
-            written: dict[str, str] = {}
+            written = layers[where] = {}
             for key, value in layer.items():
                 full, applies = self.key(key, method)
                 if not applies:
@@ -381,7 +383,26 @@ class _Resolver:
                     raise ConfigError(f"'{written[full]}' and '{key}' are the same key '{full}'")
                 written[full], flat[full] = key, value
                 used.append((where, key))
+        self._base_id_of_its_task(flat, used, layers, base)
         return flat, method, used
+
+    def _base_id_of_its_task(self, flat: dict[str, Any], used: list, layers: dict[str, dict[str, str]],
+                             base: dict[str, Any]) -> None:
+        """A base ``task.id`` names the base's task: a cell that runs another task (an axis or an
+        include sets ``task.name``) and sets no id of its own does not carry it, so its runs are not
+        labelled with another task's id (issue 43). Noted in ``unread`` for the cells it left."""
+        own, cell = layers["base"], next(layer for where, layer in layers.items() if where != "base")
+        if "task.id" not in own or "task.id" in cell or "task.name" not in cell:
+            return
+        named = base.get(own["task.name"], "synthetic-cls") if "task.name" in own else "synthetic-cls"
+        if flat.get("task.name") == named:
+            return
+        key = own["task.id"]
+        line = (f"task.id: the base's task.id names its task {named}, and a cell of task {flat.get('task.name')} "
+                f"does not take it (set task.id beside the task.name that changes it)")
+        del flat["task.id"]
+        used.remove(("base", key))
+        self.unread.add(("base", key, None, line))
 
     def excluded(self, flat: dict[str, Any], method: Any, exclude: list[dict[str, Any]]) -> bool:
         """Whether an exclude entry matches: each of its keys equals the cell's value (or the
@@ -411,13 +432,17 @@ def _not_applicable(key: str, full: str, method: Any) -> str:
 
 
 def _check_applied(spec: GridSpec, applied: set[tuple[str, str]], methods: set[str],
-                   unread: set[tuple[str, str, str]] = frozenset()) -> None:
-    """Raise when a base or axes key applied to no cell (a key of a method no cell runs, or a task
-    key no cell's task reads: the line ``headsweep run`` gives for one of them)."""
+                   unread: set[tuple[str, str, str | None, str]] = frozenset()) -> None:
+    """Raise when a base or axes key applied to no cell (a key of a method no cell runs, or a key
+    no cell's run reads: the line ``headsweep run`` gives for one of them)."""
     order = list(TaskConfig.model_fields)  # task keys in the order headsweep run reports them
     for where, entries in (("axes", spec.axes), ("base", spec.base)):
         for key in sorted(entries, key=lambda k: order.index(k[5:]) if k.startswith("task.") and k[5:] in order else -1):
-            tasks = sorted({task for w, k, task in unread if (w, k) == (where, key)})
+            tasks = sorted({task for w, k, task, _ in unread if (w, k) == (where, key) and task is not None})
+            lines = sorted(line for w, k, task, line in unread if (w, k) == (where, key) and task is None)
+            if (where, key) not in applied and lines and not tasks:  # a train key's line names it
+                line = lines[0].split(": ", 1)[1] if lines[0].startswith("train.") else lines[0]
+                raise ConfigError(f"{where}: '{key}' applies to no cell: {line}")
             if (where, key) not in applied and tasks:
                 written = "task.name" in spec.base or "task.name" in spec.axes
                 line = unread_line(key.split(".", 1)[1], tasks[0], TASKS, name_written=written)

@@ -37,6 +37,8 @@ def _one_thread():
 def _cfg(**section):
     raw = copy.deepcopy(TINY)
     raw["multitask"] |= section
+    if raw["multitask"].get("pipeline", "none") == "none":  # no gates: their lambda and lr are not read (issue 43)
+        raw["multitask"] = {k: v for k, v in raw["multitask"].items() if k not in ("lambda", "lr") or k in section}
     return parse_config(raw)
 
 
