@@ -231,3 +231,13 @@ def test_an_axis_over_tasks_keeps_the_base_s_task_id_on_its_own_task_only():
     with pytest.raises(ConfigError, match=r"^base: 'task.id' applies to no cell: task.id: the base's task.id names its "
                                           r"task synthetic-cls, and a cell of task synthetic-\w+ does not take it"):
         _grid(base={"model": "tiny-bert", "task": {"id": "mine"}}, axes={"task": ["synthetic-tag", "synthetic-cue"]})
+
+
+def test_the_methods_page_says_what_each_method_reads():
+    import re
+
+    text = (Path(__file__).parents[2] / "docs" / "methods.md").read_text()
+    for name, module in METHODS.items():
+        row = re.search(rf"^\| `{name}`.*\|$", text, re.MULTILINE).group(0)
+        said = row.strip("|").split("|")[4].strip()
+        assert said == ("all" if tuple(module.READS) == FINE_TUNING else ", ".join(module.READS) or "-"), name
