@@ -216,6 +216,12 @@ def resolve_stage(cfg: RunConfig, role: str, *, check_files: bool = False) -> Ru
     own = partial.get("train") if isinstance(partial.get("train"), dict) else {}
     inherited = tuple(key for key in TrainConfig.model_fields if key not in own)
     try:
+        stage = _parse_stage(json.dumps(_deep_merge(shared, partial), sort_keys=True), check_files, inherited)
+        read = train_read(stage)  # the stage inherits only the train keys it reads, as its task keys:
+        unread = [key for key in inherited if key not in read and key in cfg.train.model_fields_set]
+        if not unread:  # a bias_only stage is one run for every train.lr of its dependants
+            return stage
+        shared["train"] = {key: value for key, value in shared["train"].items() if key not in unread}
         return _parse_stage(json.dumps(_deep_merge(shared, partial), sort_keys=True), check_files, inherited)
     except ConfigError as err:
         raise ConfigError(f"{role}.{err}" if not str(err).startswith(role) else str(err)) from None

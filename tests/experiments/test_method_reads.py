@@ -149,15 +149,30 @@ def test_a_train_key_a_stage_reads_is_accepted_and_reaches_the_stage():
         parse_config(tiny("prompt_transfer", train={"grad_clip": 0.5}), check_files=False)
 
 
-def test_a_stage_need_not_read_what_it_inherits_but_refuses_what_it_is_given():
-    """A debiasing fine-tune's bias_only stage inherits train.lr from it (unread there, read by the
-    fine-tune: accepted, the stage's key unchanged); the same key set on the stage itself is refused."""
+def test_a_stage_inherits_only_the_train_keys_it_reads_and_refuses_what_it_is_given():
+    """A debiasing fine-tune's bias_only stage does not inherit its train.lr or max_steps (it reads only
+    eval_every): it is the bias_only run a grid cell of the same task would be, one run for every lr
+    of its dependants, as a stage inherits only the task keys its task reads. The same key written on
+    the stage itself is refused."""
     raw = tiny("finetune", task={"name": "synthetic-shortcut"}, train={"lr": 1e-3}, finetune={"loss": "poe"})
     cfg = parse_config(raw, check_files=False)
-    assert cfg.upstreams["bias_model"].method == "bias_only" and cfg.upstreams["bias_model"].train.lr == 1e-3
+    stage = cfg.upstreams["bias_model"]
+    alone = parse_config({"model": "tiny-bert", "method": "bias_only", "task": raw["task"],
+                          "train": {"eval_every": raw["train"]["eval_every"]}}, check_files=False)
+    assert stage.method == "bias_only" and stage.train.lr == TrainConfig().lr and stage.run_key == alone.run_key
     with pytest.raises(ConfigError) as err:
         parse_config(raw | {"bias_model": {"method": "bias_only", "train": {"lr": 0.1}}}, check_files=False)
     assert str(err.value).startswith("bias_model.train.lr: the bias_only method does not read train.lr; ")
+
+
+def test_a_grid_cell_and_the_stage_it_equals_are_one_run():
+    """liu_2022's shape: prune_then_ft starts from a prune_only run; the grid's own prune_only cell,
+    which does not read train.weight_decay, and that stage are one run (one key)."""
+    cells = _grid(base={"model": "tiny-bert", "method": "mask_train", "train": {"weight_decay": 0.0}},
+                  axes={"pipeline": ["prune_only", "prune_then_ft"]})
+    alone, then_ft = cells
+    assert then_ft.train.weight_decay == 0.0 and alone.train.weight_decay == TrainConfig().weight_decay
+    assert then_ft.upstreams["init_from"].run_key == alone.run_key
 
 
 def test_a_key_at_its_default_is_not_set():

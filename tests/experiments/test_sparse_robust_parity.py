@@ -41,7 +41,20 @@ def _one_thread():
 def _cfg(method: str, train: dict | None = None, **section):
     raw = copy.deepcopy(TINY) | {"method": method, method: section}
     raw["train"] |= train or {}
-    return parse_config(raw)
+    return _without_unread_train(raw)
+
+
+def _without_unread_train(raw: dict):
+    """``parse_config(raw)``, less the shared train keys its method does not read (refused, issue 43)."""
+    from experiments.keyed.config import UnreadKey
+
+    while True:
+        try:
+            return parse_config(raw)
+        except UnreadKey as err:
+            if not err.key.startswith("train.") or err.key[6:] not in raw["train"]:
+                raise
+            del raw["train"][err.key[6:]]
 
 
 def _start(cfg):
