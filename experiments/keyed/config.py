@@ -39,7 +39,7 @@ from experiments.common.sections import (
 from experiments.keyed.config_keys import method_labels, resolve, unknown_key, wrong_section
 from experiments.keyed.run_keys import extra_tasks, key_material, reseeded_keys, run_and_group_key
 from experiments.methods import METHODS, check_method
-from experiments.methods import reads as method_reads
+from experiments.core import reads as method_reads
 from experiments.models import check_model_name
 from experiments.tasks import TASKS, bias_feature_names, data_label, unread_key
 from experiments.tasks.reads import unread_line
@@ -320,7 +320,7 @@ def check_run_keys(cfg: RunConfig, inherited: Collection[str] = ()) -> None:
     """Refuse a key of the method's section or a ``train.*`` key set away from its default that the
     run does not read: it would change the run key and nothing else (``train.grad_clip`` on probes,
     ``head_gates.sp_finetune_steps`` on dp). The method says what it reads (``READS`` and
-    ``unread(section, train)``: experiments/methods/reads.py); a ``train.*`` key also counts as read
+    ``unread(section, train)``: experiments/core/reads.py); a ``train.*`` key also counts as read
     when a stage inherits it and reads it (head_ablation's finetune stage reads ``train.lr``).
     ``inherited``: the keys a stage carries from its dependant, which reads them."""
     module = METHODS[cfg.method]

@@ -73,13 +73,13 @@ from experiments.maths.probes import (
     segments,
 )
 from experiments.tasks.dependencies import FILES, UD_RELATIONS, arcs, load_ud_ewt, read_trees
-from experiments.methods.reads import FORWARDS
+from experiments.core.reads import FORWARDS
 
 VERSION = "1"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
 READS = FORWARDS
-"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): forwards only, in its own batches;
+"""The ``train.*`` keys its own code reads (experiments/core/reads.py): forwards only, in its own batches;
 its finetune stage reads the rest."""
 OUTPUTS = outputs.Outputs(
     maps=(outputs.ATTENTION_CHANGE, outputs.CLS_SEP_SHARE, outputs.PATTERN, outputs.CONFIDENCE, outputs.POSITIONAL,

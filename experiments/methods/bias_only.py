@@ -40,7 +40,7 @@ VERSION = "1"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
 READS = ("eval_every",)
-"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): a logistic regression on the bias
+"""The ``train.*`` keys its own code reads (experiments/core/reads.py): a logistic regression on the bias
 features, at bias_only.lr for bias_only.steps: only its evaluations' period."""
 OUTPUTS = outputs.Outputs(metrics=outputs.EVALUATION)
 """What its runs report (experiments.common.outputs): the evaluation's metrics, no map."""

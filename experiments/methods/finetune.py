@@ -19,13 +19,13 @@ from experiments.components.debias import LOSSES, check_loss, loss_stages, objec
 from experiments.core.context import RunContext
 from experiments.core.loop import forward_logits, num_steps, train_steps, update
 from experiments.core.state import fine_tuning, set_up
-from experiments.methods.reads import FINE_TUNING
+from experiments.core.reads import FINE_TUNING
 
 VERSION = "1"
 PIPELINES = ("none",)
 SHORT_NAMES = ("loss",)
 READS = FINE_TUNING
-"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): every train key."""
+"""The ``train.*`` keys its own code reads (experiments/core/reads.py): every train key."""
 OUTPUTS = outputs.Outputs(metrics=(*outputs.EVALUATION, outputs.OPEN_HEADS))
 """What its runs report (experiments.common.outputs)."""
 

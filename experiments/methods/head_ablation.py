@@ -37,13 +37,13 @@ from experiments.core.loop import evaluate
 from experiments.core.state import RunState, set_up
 from experiments.interventions.attention import disable_heads
 from experiments.tasks import Split
-from experiments.methods.reads import BATCHED_FORWARDS
+from experiments.core.reads import BATCHED_FORWARDS
 
 VERSION = "1"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
 READS = BATCHED_FORWARDS
-"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): forwards in batches of
+"""The ``train.*`` keys its own code reads (experiments/core/reads.py): forwards in batches of
 train.batch_size; its finetune stage reads the rest."""
 OUTPUTS = outputs.Outputs(
     maps=(outputs.HEAD_ABLATION, outputs.LAYER_ABLATION),

@@ -50,13 +50,13 @@ from experiments.interventions.gates import HeadGates
 from experiments.interventions.heads import attach_head_gates
 from experiments.maths.hard_concrete import eval_gates, l0_penalty, open_heads, prob_open
 from experiments.maths.losses import task_loss
-from experiments.methods.reads import FINE_TUNING
+from experiments.core.reads import FINE_TUNING
 
 VERSION = "2"  # 2: sparsity evaluates z * keep (learned gates stay heads.gate); SP starts from a finetune stage
 PIPELINES = ("dp", "sp")
 SHORT_NAMES = ("lambda", "sparsity", "pipeline")  # grid axes and --set: lambda = head_gates.lambda
 READS = FINE_TUNING
-"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): every train key: the gates train
+"""The ``train.*`` keys its own code reads (experiments/core/reads.py): every train key: the gates train
 with the model (dp) or on the fine-tuned one (sp)."""
 PROGRESS = {outputs.OPEN_HEADS.name: "open heads"}  # beside the loss on `headsweep run`'s progress bar
 OUTPUTS = outputs.Outputs(
@@ -97,7 +97,7 @@ def stages(section: Config) -> dict[str, dict]:
 
 
 def unread(section: Config, train) -> dict[str, str]:
-    """Keys a run of ``section`` does not read (experiments/methods/reads.py): dp starts from no stage."""
+    """Keys a run of ``section`` does not read (experiments/core/reads.py): dp starts from no stage."""
     if section.pipeline != "sp":
         return {"sp_finetune_steps": f"read only with pipeline sp (it is {section.pipeline})"}
     return {}

@@ -68,14 +68,14 @@ from experiments.maths.head_importance import (
     pruning_counts,
 )
 from experiments.maths.losses import task_loss
-from experiments.methods.reads import BATCHED_FORWARDS
+from experiments.core.reads import BATCHED_FORWARDS
 
 VERSION = "2"  # 2: |dL/dxi| per example and token (was: of the batch mean); 5 % steps, ranking fixed,
 # floor counts, all training examples by default (the reference's protocol)
 PIPELINES = ("none",)
 SHORT_NAMES = ()
 READS = BATCHED_FORWARDS
-"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): forwards and backwards in batches
+"""The ``train.*`` keys its own code reads (experiments/core/reads.py): forwards and backwards in batches
 of train.batch_size; its finetune stage reads the rest."""
 PROGRESS = {outputs.OPEN_HEADS.name: "open heads"}  # heads left after each pruning step
 OUTPUTS = outputs.Outputs(maps=(outputs.IMPORTANCE, outputs.PRUNED_AT),

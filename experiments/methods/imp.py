@@ -54,14 +54,14 @@ from experiments.interventions.masks import (
     uses_pooler,
 )
 from experiments.maths.schedules import linear_warmup_decay, restarted_linear_decay
-from experiments.methods.reads import FINE_TUNING
+from experiments.core.reads import FINE_TUNING
 
 VERSION = "2"  # 2: the reference rounds: first prune at step 0, encoder-only rewinding, pooler read and pruned,
 # rounds of a tenth of the train section, their lr as the reference rebuilds it (no warm-up, decay to 0.9)
 PIPELINES = ("ft_then_prune", "prune_then_ft")
 SHORT_NAMES = ("sparsity", "pipeline", "loss")
 READS = FINE_TUNING
-"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): every train key."""
+"""The ``train.*`` keys its own code reads (experiments/core/reads.py): every train key."""
 OUTPUTS = outputs.Outputs(maps=outputs.MASK_DENSITIES, metrics=(*outputs.EVALUATION, outputs.SPARSITY))
 """What its runs report (experiments.common.outputs)."""
 ROUNDS = 10
@@ -115,7 +115,7 @@ def check(cfg) -> None:
 
 
 def unread(section: Config, train) -> dict[str, str]:
-    """Keys a run of ``section`` does not read (experiments/methods/reads.py)."""
+    """Keys a run of ``section`` does not read (experiments/core/reads.py)."""
     if section.pipeline != "prune_then_ft":
         return {"rewind_steps": "only prune_then_ft rewinds (ft_then_prune keeps training)"}
     return {}

@@ -61,7 +61,7 @@ from experiments.interventions.masks import (
     uses_pooler,
 )
 from experiments.maths.schedules import cubic_sparsity, linear_warmup_decay
-from experiments.methods.reads import FINE_TUNING
+from experiments.core.reads import FINE_TUNING
 
 VERSION = "4"  # 4: gradual schedules start from soft magnitude scores (|W|, threshold the k-th |W|), as the
 # reference's gradual scripts; the initial mask stored beside the final one (initial_masks.npz)
@@ -70,7 +70,7 @@ VERSION = "4"  # 4: gradual schedules start from soft magnitude scores (|W|, thr
 PIPELINES = ("prune_only", "ft_then_prune", "prune_then_ft")
 SHORT_NAMES = ("sparsity", "pipeline", "loss")
 READS = FINE_TUNING
-"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): every train key; prune_only and
+"""The ``train.*`` keys its own code reads (experiments/core/reads.py): every train key; prune_only and
 ft_then_prune train masks at mask_train.lr, not the model (``unread``)."""
 OUTPUTS = outputs.Outputs(maps=outputs.MASK_DENSITIES, metrics=(*outputs.EVALUATION, outputs.SPARSITY))
 """What its runs report (experiments.common.outputs)."""

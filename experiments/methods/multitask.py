@@ -90,13 +90,13 @@ from experiments.maths.task_sampling import (
 from experiments.models import load_tokenizer
 from experiments.tasks import TASKS, TaskData
 from experiments.tasks.cache import load_task
-from experiments.methods.reads import FINE_TUNING
+from experiments.core.reads import FINE_TUNING
 
 VERSION = "1"
 PIPELINES = ("none", "shared", "per_task")
 SHORT_NAMES = ("pipeline", "lambda")
 READS = FINE_TUNING
-"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): every train key."""
+"""The ``train.*`` keys its own code reads (experiments/core/reads.py): every train key."""
 PROGRESS = {outputs.OPEN_HEADS.name: "open heads"}  # heads some task keeps open
 OUTPUTS = outputs.Outputs(
     maps=(outputs.GATE, outputs.LOG_ALPHA),  # per task (heads.gate.<task>) when pipeline is per_task
@@ -140,7 +140,7 @@ def extra_tasks(section: Config) -> dict[str, TaskConfig]:
 
 
 def unread(section: Config, train) -> dict[str, str]:
-    """Keys a run of ``section`` does not read (experiments/methods/reads.py): the gates' keys without gates."""
+    """Keys a run of ``section`` does not read (experiments/core/reads.py): the gates' keys without gates."""
     if section.pipeline == "none":
         return {key: "read only with pipeline shared or per_task (it is none: no gates)" for key in ("lambda", "lr")}
     return {}

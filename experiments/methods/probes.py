@@ -63,7 +63,7 @@ VERSION = "2"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
 READS = ("precision",)
-"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): forwards only; an init_from stage
+"""The ``train.*`` keys its own code reads (experiments/core/reads.py): forwards only; an init_from stage
 reads the rest."""
 OUTPUTS = outputs.Outputs(
     maps=(outputs.DEP_PROBE, outputs.POS_CENTROID),

@@ -93,7 +93,7 @@ VERSION = "2"
 PIPELINES = ("none",)
 SHORT_NAMES = ("source_task",)
 READS = ()
-"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): none itself: its two skill_neurons
+"""The ``train.*`` keys its own code reads (experiments/core/reads.py): none itself: its two skill_neurons
 stages read theirs (inherited from this run's train)."""
 OUTPUTS = outputs.Outputs(metrics=(
     outputs.ACCURACY, outputs.SOURCE_NOISE, outputs.TRANSFER_RELATIVE, outputs.TRANSFER_ACCURACY, outputs.OVERLAP_TOP20,

@@ -123,7 +123,7 @@ VERSION = "3"
 PIPELINES = ("none",)
 SHORT_NAMES = ("prompt_length", "verbalizer", "readout")
 READS = ("epochs", "max_steps", "batch_size", "pooler", "eval_every", "precision")
-"""The ``train.*`` keys its own code reads (experiments/methods/reads.py): the prompt and read-out train at
+"""The ``train.*`` keys its own code reads (experiments/core/reads.py): the prompt and read-out train at
 skill_neurons.lr / readout_lr, with no clipping, warm-up or weight decay."""
 OUTPUTS = outputs.Outputs(
     maps=(outputs.PREDICTIVITY,),
@@ -141,7 +141,7 @@ REFERENCE: dict[str, Any] = {"prune_fold": "all"}
 
 
 def unread(section: Config, train) -> dict[str, str]:
-    """Keys a run of ``section`` does not read (experiments/methods/reads.py): those of another verbalizer."""
+    """Keys a run of ``section`` does not read (experiments/core/reads.py): those of another verbalizer."""
     own = {"label_words": "label_words", "word_seed": "random_words"}
     return {key: f"read only with verbalizer {verbalizer} (it is {section.verbalizer})"
             for key, verbalizer in own.items() if section.verbalizer != verbalizer}

@@ -19,7 +19,7 @@ import pytest
 from experiments.common.sections import ConfigError, TrainConfig
 from experiments.keyed.config import parse_config
 from experiments.methods import METHODS, bias_only, probes
-from experiments.methods.reads import FINE_TUNING
+from experiments.core.reads import FINE_TUNING
 from orchestrator.driving.grid import expand, parse_grid
 
 sys.path.insert(0, str(Path(__file__).parent))  # the recorder beside this file
