@@ -171,3 +171,14 @@ def _run_chain(cfg, tracker=None):
 def run_chain():
     """``run_chain(cfg, tracker=None)``: see ``_run_chain``."""
     return _run_chain
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A private local Ray for a module's tests (tests/local_ray.py), shut down after them."""
+    import ray
+    from local_ray import start_local_ray
+
+    start_local_ray()
+    yield
+    ray.shutdown()

@@ -36,10 +36,10 @@ from experiments.common.sections import (
     section_value,
     set_dotted,
 )
+from experiments.core import reads as method_reads
 from experiments.keyed.config_keys import method_labels, resolve, unknown_key, wrong_section
 from experiments.keyed.run_keys import extra_tasks, key_material, reseeded_keys, run_and_group_key
 from experiments.methods import METHODS, check_method
-from experiments.core import reads as method_reads
 from experiments.models import check_model_name
 from experiments.tasks import TASKS, bias_feature_names, data_label, unread_key
 from experiments.tasks.reads import unread_line

@@ -53,6 +53,7 @@ from experiments.components.finetuning import finetune_stage
 from experiments.components.probing import boundary_ids, pretrained, sentence_maps, ud_folder
 from experiments.core.context import RunContext
 from experiments.core.precision import autocast
+from experiments.core.reads import FORWARDS
 from experiments.core.state import set_up
 from experiments.interventions.attention import record_attention
 from experiments.maths.probes import (
@@ -73,7 +74,6 @@ from experiments.maths.probes import (
     segments,
 )
 from experiments.tasks.dependencies import FILES, UD_RELATIONS, arcs, load_ud_ewt, read_trees
-from experiments.core.reads import FORWARDS
 
 VERSION = "1"
 PIPELINES = ("none",)

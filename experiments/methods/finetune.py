@@ -18,8 +18,8 @@ from experiments.common.sections import Section
 from experiments.components.debias import LOSSES, check_loss, loss_stages, objective
 from experiments.core.context import RunContext
 from experiments.core.loop import forward_logits, num_steps, train_steps, update
-from experiments.core.state import fine_tuning, set_up
 from experiments.core.reads import FINE_TUNING
+from experiments.core.state import fine_tuning, set_up
 
 VERSION = "1"
 PIPELINES = ("none",)

@@ -34,10 +34,10 @@ from experiments.common.sections import Section
 from experiments.components.finetuning import finetune_stage
 from experiments.core.context import RunContext
 from experiments.core.loop import evaluate
+from experiments.core.reads import BATCHED_FORWARDS
 from experiments.core.state import RunState, set_up
 from experiments.interventions.attention import disable_heads
 from experiments.tasks import Split
-from experiments.core.reads import BATCHED_FORWARDS
 
 VERSION = "1"
 PIPELINES = ("none",)

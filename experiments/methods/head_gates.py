@@ -44,13 +44,13 @@ from experiments.common.sections import Section
 from experiments.components.finetuning import finetune_stage
 from experiments.core.context import RunContext
 from experiments.core.loop import evaluate_all, forward_logits, num_steps, train_steps, update
+from experiments.core.reads import FINE_TUNING
 from experiments.core.seeding import generator
 from experiments.core.state import adam, fine_tuning, set_up
 from experiments.interventions.gates import HeadGates
 from experiments.interventions.heads import attach_head_gates
 from experiments.maths.hard_concrete import eval_gates, l0_penalty, open_heads, prob_open
 from experiments.maths.losses import task_loss
-from experiments.core.reads import FINE_TUNING
 
 VERSION = "2"  # 2: sparsity evaluates z * keep (learned gates stay heads.gate); SP starts from a finetune stage
 PIPELINES = ("dp", "sp")

@@ -58,6 +58,7 @@ from experiments.common.sections import Section
 from experiments.components.finetuning import finetune_stage
 from experiments.core.context import RunContext
 from experiments.core.loop import batches, evaluate_all, forward_logits
+from experiments.core.reads import BATCHED_FORWARDS
 from experiments.core.state import RunState, set_up
 from experiments.interventions.heads import attach_head_gates, attach_token_gates
 from experiments.maths.head_importance import (
@@ -68,7 +69,6 @@ from experiments.maths.head_importance import (
     pruning_counts,
 )
 from experiments.maths.losses import task_loss
-from experiments.core.reads import BATCHED_FORWARDS
 
 VERSION = "2"  # 2: |dL/dxi| per example and token (was: of the batch mean); 5 % steps, ranking fixed,
 # floor counts, all training examples by default (the reference's protocol)

@@ -43,6 +43,7 @@ from experiments.common.sections import Section
 from experiments.components.debias import LOSSES, check_loss, loss_stages, objective
 from experiments.core.context import RunContext
 from experiments.core.loop import forward_logits, num_steps, train_steps, update
+from experiments.core.reads import FINE_TUNING
 from experiments.core.state import fine_tuning, set_up
 from experiments.interventions.masks import (
     attach_masks,
@@ -54,7 +55,6 @@ from experiments.interventions.masks import (
     uses_pooler,
 )
 from experiments.maths.schedules import linear_warmup_decay, restarted_linear_decay
-from experiments.core.reads import FINE_TUNING
 
 VERSION = "2"  # 2: the reference rounds: first prune at step 0, encoder-only rewinding, pooler read and pruned,
 # rounds of a tenth of the train section, their lr as the reference rebuilds it (no warm-up, decay to 0.9)

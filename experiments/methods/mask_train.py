@@ -50,6 +50,7 @@ from experiments.common.sections import Section
 from experiments.components.debias import LOSSES, check_loss, loss_stages, objective
 from experiments.core.context import RunContext
 from experiments.core.loop import forward_logits, num_steps, train_steps, update
+from experiments.core.reads import FINE_TUNING
 from experiments.core.state import adam, fine_tuning, set_up, upstream_weights
 from experiments.interventions.masks import (
     MaskScores,
@@ -61,7 +62,6 @@ from experiments.interventions.masks import (
     uses_pooler,
 )
 from experiments.maths.schedules import cubic_sparsity, linear_warmup_decay
-from experiments.core.reads import FINE_TUNING
 
 VERSION = "4"  # 4: gradual schedules start from soft magnitude scores (|W|, threshold the k-th |W|), as the
 # reference's gradual scripts; the initial mask stored beside the final one (initial_masks.npz)

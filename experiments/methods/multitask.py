@@ -74,6 +74,7 @@ from experiments.core.loop import (
     train_steps,
     update,
 )
+from experiments.core.reads import FINE_TUNING
 from experiments.core.seeding import derive_seed, generator
 from experiments.core.state import adam, adamw, set_up
 from experiments.interventions.gates import HeadGates
@@ -90,7 +91,6 @@ from experiments.maths.task_sampling import (
 from experiments.models import load_tokenizer
 from experiments.tasks import TASKS, TaskData
 from experiments.tasks.cache import load_task
-from experiments.core.reads import FINE_TUNING
 
 VERSION = "1"
 PIPELINES = ("none", "shared", "per_task")

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common.sections import ConfigError
-
 from orchestrator import filesystems, retry
 from orchestrator.registry import Registry
 from orchestrator.status import RunStatus, SweepStatus

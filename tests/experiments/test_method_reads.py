@@ -17,14 +17,13 @@ from pathlib import Path
 import pytest
 
 from experiments.common.sections import ConfigError, TrainConfig
+from experiments.core.reads import FINE_TUNING
 from experiments.keyed.config import parse_config
 from experiments.methods import METHODS, bias_only, probes
-from experiments.core.reads import FINE_TUNING
 from orchestrator.driving.grid import expand, parse_grid
 
 sys.path.insert(0, str(Path(__file__).parent))  # the recorder beside this file
 from method_reads import consulted, tiny  # noqa: E402 (tests/experiments/method_reads.py)
-
 
 TRAIN = {"epochs": 2.0, "max_steps": 3, "batch_size": 4, "lr": 1e-3, "decoder_lr": 2e-3, "weight_decay": 0.0,
          "pooler": True, "warmup_ratio": 0.2, "eval_every": 1, "grad_clip": 0.5, "precision": "bf16"}

@@ -22,14 +22,6 @@ from orchestrator.registry import Registry
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    # imported here: Ray's workers import this module without tests/ on their path
-    from local_ray import start_local_ray
-
-    start_local_ray()
-    yield
-    ray.shutdown()
 
 
 def _slow_run(cfg, ctx) -> RunResult:

@@ -12,7 +12,6 @@ import time
 
 import numpy as np
 import pytest
-import ray
 import yaml
 
 from experiments.common.result import RunResult
@@ -39,14 +38,6 @@ GRID = {
 }
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    # imported here: Ray's workers import this module without tests/ on their path
-    from local_ray import start_local_ray
-
-    start_local_ray()
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 
 from experiments.common.result import RunResult, UnitMap
 from orchestrator import filesystems
@@ -78,13 +77,6 @@ def test_one_module_writes_run_and_sweep_state_to_mlflow():
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    from local_ray import start_local_ray  # here: Ray's workers import this module without tests/ on their path
-
-    start_local_ray()
-    yield
-    ray.shutdown()
 
 
 def _stores_opened_here() -> dict[str, float]:
