@@ -105,6 +105,11 @@ def _job_state(cluster, job_id: str) -> str:
     return found.group(1) if found else "?"
 
 
+def _node_state(cluster, name: str) -> str:
+    shown = cluster.run("login", ["sinfo", "-h", "-n", name, "-o", "%t"], env=cluster.slurm_env, timeout=60)
+    return shown.stdout.strip()
+
+
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY")
 
 
@@ -121,6 +126,24 @@ def _submit_slurm(cluster, env, grid: Path, *options: str) -> tuple[str, Path]:
     job_id = re.search(r"SLURM job (\d+)", done.stdout).group(1)
     (folder,) = (Path(env["HEADSWEEP_HOME"]) / "slurm").iterdir()
     return job_id, folder
+
+
+def _resubmit(cluster, env, grid: Path, *options: str, timeout: float = 180) -> tuple[str, list[str]]:
+    """``headsweep slurm GRID`` again as a user does after an allocation ended: refused while the dead
+    writer's lease on the registry lasts (writer.LEASE_S), then accepted. The new job's id, and what
+    each refusal said."""
+    refusals: list[str] = []
+
+    def accepted() -> str | None:
+        done = _headsweep(cluster, env, "slurm", str(grid), "--cpus-per-node", "2", "--time", "00:30:00", *options)
+        if done.returncode == 0:
+            return re.search(r"SLURM job (\d+)", done.stdout).group(1)
+        refusals.append(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}")
+        assert "writer on host" in refusals[-1], (done.stdout[-2000:], done.stderr[-3000:])
+        time.sleep(5)
+        return None
+
+    return until(accepted, timeout, lambda: f"headsweep slurm refused for {timeout} s: {refusals[-3:]}", every_s=0), refusals
 
 
 def _counts_ro(home: Path, sweep_id: str) -> dict[str, int]:
@@ -193,15 +216,15 @@ class Watch:
     line (a Ray actor's is ``ray::Writer...``); and the Ray worker logs that name the Writer actor
     (``:actor_name:Writer``), by host (the job removes its Ray temp dir at its end: read as it runs)."""
 
-    def __init__(self, cluster: hosts.Hosts, home: Path, job_id: str):
-        self.cluster, self.home, self.job_id = cluster, home, job_id
+    def __init__(self, cluster: hosts.Hosts, home: Path, job_id: str, names: list[str] = CLIENTS):
+        self.cluster, self.home, self.job_id, self.names = cluster, home, job_id, names
         self.holders: dict[str, dict[int, str]] = {}  # host -> {pid: command line}
         self.writer_logs: dict[str, set[str]] = {}  # host -> the Writer actor's worker log names
         self.samples = 0
 
     def sample(self) -> None:
         stores = tuple(str(self.home / name) for name in ("registry.db", "mlflow.db"))
-        for name in CLIENTS:
+        for name in self.names:
             for pid in self.cluster.pids(name):
                 try:
                     opened = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
@@ -364,3 +387,170 @@ def _tree(pid: int) -> set[int]:
     return found
 
 
+
+# --------------------------------------------------------------------------- 2-4. a sweep interrupted
+
+LONG_SEEDS = 5
+LONG = {  # 5 seeds x 2 lambdas x DP/SP + 5 fine-tunes = 25 runs long enough to be caught running
+    **GRID, "axes": {"seed": list(range(LONG_SEEDS)), "lambda": [0.05, 0.2], "pipeline": ["dp", "sp"]},
+    "base": {**GRID["base"], "train": {"max_steps": 300, "batch_size": 8, "eval_every": 100}},
+}
+LONG_RUNS = LONG_SEEDS * 2 * 2 + LONG_SEEDS
+
+
+def _running_ro(home: Path, sweep_id: str) -> dict[str, str] | None:
+    """{run_key: host} of the sweep's running runs, read-only; None when unreadable at this moment."""
+    try:
+        with closing(sqlite3.connect(f"file:{home}/registry.db?mode=ro", uri=True, timeout=5)) as db:
+            rows = db.execute("SELECT r.run_key, r.worker FROM hs_runs r JOIN hs_sweep_runs s ON s.run_key = r.run_key "
+                              "WHERE s.sweep_id = ? AND r.status = 'running'", (sweep_id,)).fetchall()
+    except sqlite3.Error:
+        return None
+    return {key: (worker or "").split("@")[-1].split("[")[0] for key, worker in rows}
+
+
+def _status_ro(home: Path, sweep_id: str) -> dict[str, tuple[str, int]] | None:
+    """{run_key: (status, attempts)} of every run of the sweep, read-only; None when unreadable."""
+    try:
+        with closing(sqlite3.connect(f"file:{home}/registry.db?mode=ro", uri=True, timeout=5)) as db:
+            rows = db.execute("SELECT r.run_key, r.status, r.attempts FROM hs_runs r JOIN hs_sweep_runs s "
+                              "ON s.run_key = r.run_key WHERE s.sweep_id = ?", (sweep_id,)).fetchall()
+    except sqlite3.Error:
+        return None
+    return {key: (status, attempts) for key, status, attempts in rows}
+
+
+def _start_long(cluster, name: str, *options: str):
+    home = cluster.share / f"home-{name}"
+    grid = cluster.share / f"{name}.yaml"
+    grid.write_text(yaml.safe_dump({**LONG, "name": f"shared-home-{name}"}))
+    env = _user_env(cluster, home)
+    job_id, folder = _submit_slurm(cluster, env, grid, *options)
+    log = lambda job=job_id: (folder / f"slurm-{job}.out").read_text(errors="replace")  # noqa: E731
+    watch = Watch(cluster, home, job_id)
+
+    def started() -> bool:
+        watch.sample()
+        return (folder / "sweep").exists() and "Ray: 3 node(s)" in log()
+
+    until(started, 300, lambda: log()[-3000:], every_s=2)
+    return home, grid, env, job_id, folder, log, watch, (folder / "sweep").read_text().strip()
+
+
+def _mid_sweep(home: Path, sweep_id: str, watch: Watch, log, finished: int = 4, running: int = 2,
+               on: str | None = None) -> dict[str, int]:
+    """Wait until ``finished`` runs finished and ``running`` run (on host ``on``, when given)."""
+    def there():
+        watch.sample()
+        counts = _counts_ro(home, sweep_id)
+        if counts.get("finished", 0) < finished or counts.get("running", 0) < running:
+            return None
+        if on is not None and on not in (_running_ro(home, sweep_id) or {}).values():
+            return None
+        return counts
+
+    return until(there, 480, lambda: f"not mid-sweep: {_counts_ro(home, sweep_id)}\n{log()[-3000:]}", every_s=1)
+
+
+@pytest.mark.timeout(2100)
+def test_scancel_mid_sweep_then_the_same_command_finishes_every_run_once(cluster):
+    """``scancel`` while runs run (some finished), then the same ``headsweep slurm`` again: the new
+    allocation resumes the sweep; the runs killed at the cancel run again (attempts 2, their MLflow run
+    reused), no run finishes twice, both files intact."""
+    start = time.monotonic()
+    home, grid, env, job_id, folder, log, watch, sweep_id = _start_long(cluster, "cancel")
+    at_cancel = _mid_sweep(home, sweep_id, watch, log)
+    assert cluster.run("login", ["scancel", job_id], env=cluster.slurm_env).returncode == 0
+    assert _wait_job(cluster, job_id, log, timeout=240) == "CANCELLED", log()[-3000:]
+    head1 = _head_host(cluster, log())
+    left = until(lambda: _status_ro(home, sweep_id), 60, "registry unreadable after the cancel")
+    unfinished = {key for key, (status, _) in left.items() if status != "finished"}
+    left_running = {key for key, (status, _) in left.items() if status == "running"}
+    done_before = {key for key, (status, _) in left.items() if status == "finished"}
+
+    job2, refusals = _resubmit(cluster, env, grid, "--nodes", "3")
+    assert job2 != job_id
+    log2 = lambda: (folder / f"slurm-{job2}.out").read_text(errors="replace")  # noqa: E731
+    watch2 = Watch(cluster, home, job2)
+    assert _wait_job_watching(cluster, job2, log2, watch2, timeout=900) == "COMPLETED", log2()[-4000:]
+    head2 = _head_host(cluster, log2())
+    runs = _runs(home, sweep_id)
+    took = time.monotonic() - start
+    attempts = Counter(attempts for _, _, attempts in runs.values())
+    again = {key for key, (_, _, attempts) in runs.items() if attempts > 1}
+    print(f"\n[2] at the cancel {at_cancel}; after it {Counter(s for s, _ in left.values())}; "
+          f"job {job_id} (head {head1}) then {job2} (head {head2}); attempts {dict(attempts)}; ran again "
+          f"{len(again)} (left running {len(left_running)}); resubmit refused {len(refusals)} time(s) first "
+          f"({refusals[:1]}); first {watch.summary()}; second {watch2.summary()}")
+    assert len(runs) == LONG_RUNS and Counter(s for s, _, _ in runs.values()) == {"finished": LONG_RUNS}, runs
+    assert all(runs[key][2] == 1 for key in done_before), {k: runs[k] for k in done_before if runs[k][2] != 1}
+    assert again <= unfinished, (again, left_running, unfinished)  # a run finished before the cancel never reran
+    assert set(attempts) <= {1, 2}, attempts
+    stores = _check_stores(home, sweep_id, runs)
+    _assert_one_writer_host(watch, head1)
+    _assert_one_writer_host(watch2, head2)
+    told = _headsweep(cluster, env, "status", sweep_id).stdout
+    history = [line.strip() for line in told.splitlines() if "SLURM" in line or "allocation" in line]
+    print(f"[2] {len(runs)} runs on {dict(Counter(h for _, h, _ in runs.values()))}; MLflow FINISHED "
+          f"{stores['mlflow_finished']} (statuses {dict(stores['mlflow_statuses'])}); integrity {stores['integrity']}; "
+          f"status says {history}; {took:.0f} s; load {_load()}")
+
+
+@pytest.mark.timeout(2100)
+def test_a_worker_host_cut_mid_sweep_loses_its_share_and_the_sweep_finishes_every_run_once(cluster):
+    """A compute host that is not the driver's cut off the network while it runs trials: it loses the
+    sshfs share too (a read there fails); its runs run again on the others, the sweep finishes with
+    every run once, both files intact; restored, it gets the share back."""
+    start = time.monotonic()
+    home, grid, env, job_id, folder, log, watch, sweep_id = _start_long(cluster, "cut")
+    head = _head_host(cluster, log())
+    others = [name for name in COMPUTES if name != head]
+    victim = None
+
+    def victim_busy() -> str | None:
+        watch.sample()
+        if _counts_ro(home, sweep_id).get("finished", 0) < 3:
+            return None
+        running = _running_ro(home, sweep_id) or {}
+        return next((name for name in others if list(running.values()).count(name) >= 1), None)
+
+    victim = until(victim_busy, 480, lambda: f"no run on {others}: {_counts_ro(home, sweep_id)}\n{log()[-3000:]}")
+    cut_keys = {key for key, host in (_running_ro(home, sweep_id) or {}).items() if host == victim}
+    cluster.cut(victim)
+    cut_at = time.monotonic()
+    try:
+        lost = cluster.run(victim, ["timeout", "-s", "KILL", "45", "stat", str(home / "registry.db")], timeout=90)
+        assert lost.returncode not in (0, 137), (lost.returncode, lost.stdout, lost.stderr)
+
+        def moved() -> bool:
+            watch.sample()
+            now = _status_ro(home, sweep_id) or {}
+            running = _running_ro(home, sweep_id) or {}
+            return bool(now) and all(now[key][0] == "finished" or (key in running and running[key] != victim)
+                                     for key in cut_keys)
+
+        until(moved, 600, lambda: f"the cut host's runs {cut_keys} did not move: {_running_ro(home, sweep_id)}\n"
+              f"{log()[-3000:]}", every_s=2)
+        moved_s = time.monotonic() - cut_at
+    finally:
+        cluster.restore(victim)
+
+    def ended() -> bool:
+        watch.sample()
+        return _job_state(cluster, job_id) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
+
+    until(ended, 900, lambda: log()[-3000:], every_s=2)
+    assert _job_state(cluster, job_id) == "COMPLETED", log()[-4000:]
+    until(lambda: cluster.run(victim, ["timeout", "20", "stat", str(home / "registry.db")], timeout=60).returncode == 0,
+          120, f"{victim} did not get the share back")
+    runs = _runs(home, sweep_id)
+    attempts = Counter(attempts for _, _, attempts in runs.values())
+    took = time.monotonic() - start
+    print(f"\n[3] {victim} cut with {len(cut_keys)} run(s) on it (driver on {head}); moved in {moved_s:.0f} s; "
+          f"attempts {dict(attempts)}; runs per host {dict(Counter(h for _, h, _ in runs.values()))}; {watch.summary()}")
+    assert len(runs) == LONG_RUNS and Counter(s for s, _, _ in runs.values()) == {"finished": LONG_RUNS}, runs
+    assert all(runs[key][1] != victim and runs[key][2] >= 2 for key in cut_keys), {k: runs[k] for k in cut_keys}
+    stores = _check_stores(home, sweep_id, runs)
+    _assert_one_writer_host(watch, head)
+    print(f"[3] MLflow FINISHED {stores['mlflow_finished']} (statuses {dict(stores['mlflow_statuses'])}); "
+          f"integrity {stores['integrity']}; {took:.0f} s; load {_load()}")
