@@ -554,3 +554,83 @@ def test_a_worker_host_cut_mid_sweep_loses_its_share_and_the_sweep_finishes_ever
     _assert_one_writer_host(watch, head)
     print(f"[3] MLflow FINISHED {stores['mlflow_finished']} (statuses {dict(stores['mlflow_statuses'])}); "
           f"integrity {stores['integrity']}; {took:.0f} s; load {_load()}")
+
+
+@pytest.mark.timeout(2400)
+def test_the_drivers_host_cut_mid_sweep_then_resumed_on_the_others(cluster):
+    """The driver's host (the Ray head, the sweep's writer, the batch script) cut off mid-sweep: it
+    loses the share, SLURM fails the job; ``headsweep slurm`` with the same grid on the two other
+    nodes resumes the sweep (the cut host left out); every run finishes once, both files intact. Then
+    the cut host comes back: what the old job left there writes nothing more (both files still
+    intact, every run still finished once, the sweep finished)."""
+    start = time.monotonic()
+    home, grid, env, job_id, folder, log, watch, sweep_id = _start_long(cluster, "driver-cut")
+    head = _head_host(cluster, log())
+    at_cut = _mid_sweep(home, sweep_id, watch, log, finished=3, running=2)
+    cluster.cut(head)
+    cut_at = time.monotonic()
+    try:
+        # the job runs with --no-kill: SLURM marks the batch host down (SlurmdTimeout 30 s) and keeps the
+        # job RUNNING on the other nodes, its batch script (the driver) out of reach: the user cancels it
+        until(lambda: "down" in _node_state(cluster, head), 180, lambda: f"{head} not marked down")
+        seen = _job_state(cluster, job_id)
+        assert cluster.run("login", ["scancel", job_id], env=cluster.slurm_env).returncode == 0
+        state = f"{seen} after {head} went down; scancel: " + _wait_job(cluster, job_id, log, timeout=240)
+        failed_s = time.monotonic() - cut_at
+        left = until(lambda: _status_ro(home, sweep_id), 60, "registry unreadable after the cut")
+        others = [name for name in COMPUTES if name != head]
+        job2, refusals = _resubmit(cluster, env, grid, "--nodes", "2")
+        log2 = lambda: (folder / f"slurm-{job2}.out").read_text(errors="replace")  # noqa: E731
+        # the cut host's old processes (the failed job's allocation, supervisor, writer) live on there, the
+        # files still open on its dead mount: the new job is watched on the hosts that reach the share
+        watch2 = Watch(cluster, home, job2, names=["login", *others])
+        assert _wait_job_watching(cluster, job2, log2, watch2, timeout=900) == "COMPLETED", log2()[-4000:]
+        head2 = next(name for name in others if re.search(rf"head {re.escape(cluster.address(name))}:", log2()))
+        runs = _runs(home, sweep_id)
+        stores = _check_stores(home, sweep_id, runs)
+    finally:
+        cluster.restore(head)
+    attempts = Counter(attempts for _, _, attempts in runs.values())
+    print(f"\n[4] driver's host {head} cut at {at_cut}; job {job_id} {state} {failed_s:.0f} s later; left "
+          f"{Counter(s for s, _ in left.values())}; resubmit refused {len(refusals)} time(s) first ({refusals[:1]}); "
+          f"resumed by job {job2} on {others} (head {head2}); attempts "
+          f"{dict(attempts)}; runs per host {dict(Counter(h for _, h, _ in runs.values()))}; first {watch.summary()}; "
+          f"second {watch2.summary()}")
+    assert len(runs) == LONG_RUNS and Counter(s for s, _, _ in runs.values()) == {"finished": LONG_RUNS}, runs
+    assert set(attempts) <= {1, 2}, attempts
+    _assert_one_writer_host(watch2, head2)
+    print(f"[4] MLflow FINISHED {stores['mlflow_finished']} (statuses {dict(stores['mlflow_statuses'])}); "
+          f"integrity {stores['integrity']}")
+
+    # the cut host back: SLURM ends what the failed job left there; nothing of it writes the stores again
+    until(lambda: hosts.mount_type(cluster, head, cluster.share) == "fuse.sshfs"
+          and cluster.run(head, ["timeout", "20", "stat", str(home)], timeout=60).returncode == 0, 120,
+          f"{head} did not get the share back")
+    back = time.monotonic()
+    stale = sorted({_command(pid)[:60] for pid in cluster.pids(head) if _is_ours(pid)})
+    until(lambda: not any(_is_ours(pid) for pid in cluster.pids(head)), 240,
+          lambda: f"the failed job's processes live on on {head}: "
+          f"{[_command(pid) for pid in cluster.pids(head) if _is_ours(pid)]}")
+    print(f"[4] {head} back: the failed job's processes there ({len(stale)} kinds: {stale[:4]}) gone "
+          f"{time.monotonic() - back:.0f} s later")
+    time.sleep(15)  # a lease renewal period and more: anything of the old writer that still ran would have written
+    after = _runs(home, sweep_id)
+    assert after == runs, {key: (runs[key], after[key]) for key in runs if runs[key] != after[key]}
+    stores_after = _check_stores(home, sweep_id, after)
+    sweep = _sweep(home, sweep_id)
+    print(f"[4] after {head} came back: runs unchanged, integrity {stores_after['integrity']}, sweep {sweep['status']}; "
+          f"{time.monotonic() - start:.0f} s; load {_load()}")
+    assert sweep["status"] == "finished", sweep
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:150]
+    except OSError:
+        return ""
+
+
+def _is_ours(pid: int) -> bool:
+    """A process of a headsweep job (its Ray, driver, trials, writer, the allocation)."""
+    command = _command(pid)
+    return any(word in command for word in ("ray::", "raylet", "gcs_server", "orchestrator.", "headsweep"))
