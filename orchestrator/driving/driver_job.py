@@ -17,7 +17,7 @@ from orchestrator import hub, settings
 from orchestrator.cluster import jobs
 from orchestrator.cluster.head import cluster_in_use, known_dashboard
 from orchestrator.cluster.packaging import job_runtime_env
-from orchestrator.driving.writer import lease_holder
+from orchestrator.driving.writer import lease_path
 from orchestrator.registry import Registry
 from orchestrator.registry.history import ALIVE, history
 from orchestrator.status import SWEEP_DONE
@@ -117,8 +117,11 @@ def driver_gone(registry: Registry, sweep: dict) -> str | None:
     Unlike the supervisor, it also records a driver this cluster does not know (UNKNOWN: gone with
     its head, whose supervisor went with it)."""
     driver = sweep.get("driver") or ""
-    if sweep["status"] in SWEEP_DONE or not driver or lease_holder(registry.url):
-        return None  # (a registry another host's writer holds is that host's to write: its supervisor's)
+    if sweep["status"] in SWEEP_DONE or not driver or lease_path(registry.url) is not None:
+        # a SQLite registry on a network filesystem is written from the sweep's host alone: there its
+        # supervisor and its SLURM allocation record a lost driver; another host (a login node, which
+        # does not see the cluster's jobs) only reads it
+        return None
     state, ended = jobs.job_state(known_dashboard(), driver)
     if state in ALIVE or not registry.lose_driver(sweep["id"], driver, state, ended):
         return None  # alive, or it ended after writing the sweep's final status, or was noticed already
