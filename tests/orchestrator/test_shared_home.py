@@ -654,11 +654,12 @@ while True:
 EVIDENCE = Path("/tmp/headsweep-shared-home-follow")  # test 5's files when it fails (kept past the hosts' teardown)
 
 
-@pytest.mark.xfail(reason="product bug (2026-12-02, 4 of 4 runs): `status --follow` on the login host writes the registry "
-                          "from a host that is not the writer's: driver_job.driver_gone records driver_lost (state UNKNOWN: "
-                          "the SLURM job's Ray is not the login host's) before the writer has taken its lease, so the "
-                          "follow exits 1 ('driver gone') while the sweep runs on; once the concurrent write made the "
-                          "allocation's read fail with 'database disk image is malformed' and the job FAILED", strict=False)
+@pytest.mark.xfail(reason="product bug (2026-12-02, 5 of 5 runs): a registry reader on the login host corrupts the "
+                          "registry on sshfs: twice the allocation's read hit 'database disk image is malformed' and the "
+                          "job FAILED (once integrity_check itself: malformed, the lease held by n1 all along, nothing "
+                          "written from login: a rollback journal taken for hot?); three times driver_job.driver_gone on "
+                          "login recorded driver_lost before the writer took its lease, the follow exiting 'driver gone'",
+                   strict=False)
 @pytest.mark.timeout(1500)
 def test_status_follow_on_the_login_host_while_the_sweep_runs(cluster):
     """``headsweep status SWEEP --follow`` on the login host for the whole sweep (the registry read over
