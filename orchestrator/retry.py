@@ -103,6 +103,8 @@ def transient_db_error(err: BaseException) -> bool:
         return True
     if "disk image is malformed" in text or "disk i/o error" in text:  # SQLite read on another host mid-write
         return True
+    if "attempt to write a readonly database" in text:  # a read-only reader found the writer's journal
+        return True
     if not type(orig).__module__.startswith("psycopg"):
         return False
     sqlstate = getattr(orig, "sqlstate", None)

@@ -89,10 +89,10 @@ def show_status(sweep_id: str) -> None:
 
     from orchestrator.driving import supervisor
     from orchestrator.driving.driver_job import driver_gone, driver_starting
-    from orchestrator.registry import Registry
+    from orchestrator.driving.writer import for_looking
     from orchestrator.registry.history import history as sweep_history
 
-    registry = Registry(settings.registry_url())
+    registry = for_looking(settings.registry_url())
     driver_gone(registry, registry.get_sweep(sweep_id))  # a dead driver: failed, and its history says so
     sweep = registry.get_sweep(sweep_id) | {"events": registry.events(sweep_id)}
     history = sweep_history(sweep, supervised=supervisor.watching)
@@ -212,31 +212,31 @@ def _running_sweeps() -> list[str]:
     """The ids of this home's sweeps whose driver has not ended (none when it has no registry)."""
     from pathlib import Path
 
-    from orchestrator.registry import Registry
+    from orchestrator.driving.writer import for_looking
 
     url = settings.registry_url()
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
         return []
-    return [s["id"] for s in Registry(url).list_sweeps() if s["status"] not in SWEEP_DONE]
+    return [s["id"] for s in for_looking(url).list_sweeps() if s["status"] not in SWEEP_DONE]
 
 
 def _known_sweep(sweep_id: str) -> None:
-    from orchestrator.registry import Registry
+    from orchestrator.driving.writer import for_looking
 
-    known = [s["id"] for s in Registry(settings.registry_url()).list_sweeps()]
+    known = [s["id"] for s in for_looking(settings.registry_url()).list_sweeps()]
     if sweep_id not in known:
         raise ConfigError(f"unknown sweep '{sweep_id}'{suggest(sweep_id, known)}")
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from orchestrator.registry import Registry
+    from orchestrator.driving.writer import for_looking
 
     table = Table(title="sweeps")
     for column in ("sweep", "name", "created", "status", "runs", "finished", "failed", "running", "progress"):
         table.add_column(column)
     from orchestrator.driving.driver_job import driver_gone
 
-    registry = Registry(settings.registry_url())
+    registry = for_looking(settings.registry_url())
     for sweep in registry.list_sweeps():
         if driver_gone(registry, sweep):  # a dead driver's sweep is failed, not running
             sweep = {**sweep, "status": "failed"}

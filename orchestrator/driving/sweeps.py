@@ -176,7 +176,7 @@ def wait(sweep_id: str, on_update=None, poll_s: float = 1.0) -> dict:
     """Poll the registry until the sweep is done (or its driver died and the supervisor will not
     resume it); return the sweep row. ``on_update(sweep, counts)`` each poll; while its driver is slow
     to start, the sweep has a "starting" note once a minute (:func:`driver_job.driver_starting`)."""
-    registry = Registry(settings.registry_url())
+    registry = writer.for_looking(settings.registry_url())
     last_driver_check, starting, noted = 0.0, None, float("-inf")
     while True:
         sweep = registry.get_sweep(sweep_id)

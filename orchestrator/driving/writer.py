@@ -34,7 +34,7 @@ from typing import Any
 
 from experiments.common.sections import ConfigError
 from orchestrator import filesystems, retry
-from orchestrator.registry import Registry
+from orchestrator.registry import Registry, RegistryReader
 from orchestrator.status import RunStatus, SweepStatus
 
 log = logging.getLogger("headsweep.writer")
@@ -122,6 +122,13 @@ def refuse_if_written_elsewhere(registry_url: str, doing: str) -> None:
             "SQLite file at once (rows are lost with every COMMIT succeeding): wait until that sweep ends "
             f"(`headsweep status`; a writer that died holds it {LEASE_S - age:.0f} s more), or use a PostgreSQL "
             "registry (HEADSWEEP_DB)")
+
+
+def for_looking(registry_url: str) -> Registry | RegistryReader:
+    """The registry as ``status``, ``ls`` and ``wait`` open it: a reader (read-only) where it is a SQLite
+    file on a network filesystem, which its sweep's host alone writes; elsewhere writable (they record a
+    lost driver there, ``driver_job.driver_gone``)."""
+    return RegistryReader(registry_url) if lease_path(registry_url) is not None else Registry(registry_url)
 
 
 def cancel_flag(registry_url: str, sweep_id: str) -> Path | None:

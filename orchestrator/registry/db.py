@@ -77,7 +77,7 @@ def retrying(method: Callable[..., _T]) -> Callable[..., _T]:
     return wrapper
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, read_only: bool = False) -> Engine:
     """An engine; for SQLite: WAL (a rollback journal on a network filesystem), busy_timeout, foreign
     keys, and BEGIN emitted by us.
 
@@ -95,8 +95,14 @@ def make_engine(url: str) -> Engine:
         return create_engine(parsed, pool_pre_ping=True)
     memory = parsed.database in (None, "", ":memory:")
     # WAL's shared memory is one host's: on a network filesystem a rollback journal (one writer
-    # host, DESIGN.md decision 16; readers elsewhere retry a torn read)
-    journal = "DELETE" if not memory and on_network_filesystem(parsed.database) else "WAL"
+    # host, DESIGN.md decision 16), and a reader opens the file read-only: a reader on another host
+    # does not see the writer's locks, takes its journal for a crashed writer's and, read-write,
+    # would roll it back into the file mid-transaction (measured: the registry "malformed" after a
+    # sweep followed from the login host); read-only it cannot, and retries until the journal is gone
+    shared = not memory and on_network_filesystem(parsed.database)
+    journal = "DELETE" if shared else "WAL"
+    if shared and read_only:
+        url = parsed.set(database=f"file:{Path(parsed.database).resolve()}", query={"mode": "ro", "uri": "true"})
     engine = create_engine(
         url,
         connect_args={"timeout": 20, "check_same_thread": False},
@@ -110,7 +116,7 @@ def make_engine(url: str) -> Engine:
         cursor.execute("PRAGMA busy_timeout = 20000")
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.execute("PRAGMA synchronous = NORMAL")
-        if not memory:
+        if not memory and not (shared and read_only):  # a read-only connection keeps the writer's
             cursor.execute(f"PRAGMA journal_mode = {journal}")
         cursor.close()
 
@@ -230,7 +236,7 @@ def require_current(engine: Engine) -> None:
     (missing or older: a headsweep command that opens the registry for writing, ``headsweep ls``,
     creates or migrates it) or :class:`SchemaTooNew`. Never creates a SQLite file or a table."""
     where = engine.url.render_as_string(hide_password=True)
-    database = engine.url.database
+    database = (engine.url.database or "").removeprefix("file:")  # a read-only reader's URI names its file so
     if engine.url.get_backend_name() == "sqlite" and database not in (None, "", ":memory:") \
             and not Path(database).exists():
         current = None  # connecting would create the file
@@ -378,9 +384,11 @@ class ReadOnlyDatabase:
     from several processes at once (each opens its own); picklable by URL.
     """
 
+    _READ_ONLY = True  # on a network filesystem a reader's SQLite connection is read-only (make_engine)
+
     def __init__(self, url: str):
         self.url = url
-        self._engine = make_engine(url)
+        self._engine = make_engine(url, read_only=self._READ_ONLY)
         self._open_schema()
 
     def _open_schema(self) -> None:
@@ -412,6 +420,8 @@ class Database(ReadOnlyDatabase):
     Safe to use from several processes at once (each opens its own); picklable by URL,
     so a Ray trial reopens it.
     """
+
+    _READ_ONLY = False
 
     def __init__(self, url: str):
         super().__init__(url)

@@ -194,7 +194,10 @@ def test_a_writer_killed_mid_sweep_loses_no_run(local_ray, tmp_path, monkeypatch
 def shared_registry(tmp_path, monkeypatch):
     """A real SQLite registry with one sweep, its folder taken for a network filesystem (the one
     fake: what mountinfo would say on a cluster's shared home)."""
-    monkeypatch.setattr(filesystems, "on_network_filesystem", lambda path, mountinfo=None: True)
+    from orchestrator.registry import db
+
+    for module in (filesystems, db):
+        monkeypatch.setattr(module, "on_network_filesystem", lambda path, mountinfo=None: True)
     monkeypatch.setattr(filesystems, "filesystem_type", lambda path, mountinfo=None: "nfs4")
     monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path))
     for name in ("HEADSWEEP_DB", "HEADSWEEP_TRACKING_URI", "MLFLOW_TRACKING_URI"):
@@ -247,3 +250,21 @@ def test_cancel_on_another_host_is_left_for_the_writer_which_records_it(shared_r
     assert held.cancel_requested(sweep_id)  # the writer records it at its next poll
     assert registry.cancel_requested(sweep_id) and not writer.cancel_flag(url, sweep_id).exists()
     held.release()
+
+
+def test_status_and_ls_read_a_registry_on_a_network_filesystem_read_only(shared_registry, monkeypatch):
+    """A reader on another host does not see the writer's locks: read-write, it would take the writer's
+    journal for a crashed one's and roll it back into the file (the registry "malformed" after a sweep
+    followed from the login host, test_shared_home.py). What status, ls and wait open cannot write."""
+    import sqlalchemy as sa
+
+    from orchestrator.registry import RegistryReader
+
+    url, registry, sweep_id = shared_registry
+    monkeypatch.setenv("HEADSWEEP_RETRY_S", "1")
+    looking = writer.for_looking(url)
+    assert isinstance(looking, RegistryReader) and looking.sweep_counts(sweep_id) == {"pending": 2}
+    with pytest.raises(sa.exc.OperationalError, match="readonly database"), looking._engine.begin() as connection:
+        connection.exec_driver_sql("UPDATE hs_runs SET attempts = 9")
+    assert registry.sweep_counts(sweep_id) == {"pending": 2}
+    assert registry._engine.url.query == {}  # the writer's own connection stays read-write
