@@ -28,8 +28,8 @@ from typing import Any, NamedTuple
 from sqlalchemy import func, insert, select, update
 
 from orchestrator.registry.db import Database, now, retrying
+from orchestrator.registry.reader import in_sweep
 from orchestrator.registry.schema import Run, Sweep, SweepEvent
-from orchestrator.registry.store import in_sweep
 from orchestrator.status import RunStatus, SweepStatus
 
 DRIVER_LOST, RESUMED, GAVE_UP = "driver_lost", "resumed", "gave_up"

@@ -13,12 +13,18 @@ from sqlalchemy import Connection, func, select
 
 from orchestrator.registry.db import NotFound, retrying
 from orchestrator.registry.results import ReadModel
-from orchestrator.registry.schema import Run, Sweep, SweepEvent, SweepRun
+from orchestrator.registry.schema import Run, RunDep, Sweep, SweepEvent, SweepRun
+from orchestrator.status import RunStatus
 
 __all__ = ["LAST", "NotFound", "RegistryReader", "sweep_counts_in"]
 
 LAST = "last"
 """Stands for the most recently created sweep wherever a sweep id is asked for (CLI and HTTP API)."""
+
+
+def in_sweep(sweep_id: str) -> Any:
+    """``runs.run_key IN (the sweep's run keys)``."""
+    return Run.run_key.in_(select(SweepRun.run_key).where(SweepRun.sweep_id == sweep_id))
 
 
 def sweep_counts_in(connection: Connection, sweep_id: str) -> dict[str, int]:
@@ -86,3 +92,46 @@ class RegistryReader(ReadModel):
                 select(SweepEvent.kind, SweepEvent.at, SweepEvent.detail)
                 .where(SweepEvent.sweep_id == sweep_id).order_by(SweepEvent.id)).all()
         return [row._asdict() for row in rows]
+
+    @retrying
+    def sweep_dag(self, sweep_id: str) -> dict[str, int]:
+        """{"upstream": runs of the sweep that others start from, "dependants": runs with stages}."""
+        member = select(SweepRun.run_key).where(SweepRun.sweep_id == sweep_id)
+        with self._read() as connection:
+            edges = connection.execute(
+                select(RunDep.run_key, RunDep.upstream_key).where(RunDep.run_key.in_(member))).all()
+        return {"upstream": len({up for _, up in edges}), "dependants": len({run for run, _ in edges})}
+
+    @retrying
+    def failures(self, sweep_id: str) -> list[dict[str, Any]]:
+        """The sweep's failed and blocked runs in cell order: run_key, status, attempts, error
+        (a traceback, or which upstream blocked it), worker, finished_at."""
+        with self._read() as connection:
+            rows = connection.execute(
+                select(Run.run_key, Run.status, Run.attempts, Run.error, Run.worker, Run.finished_at)
+                .join(SweepRun, SweepRun.run_key == Run.run_key)
+                .where(SweepRun.sweep_id == sweep_id, Run.status.in_((RunStatus.FAILED, RunStatus.BLOCKED)))
+                .order_by(SweepRun.position)
+            ).all()
+        return [row._asdict() for row in rows]
+
+    @retrying
+    def eta_seconds(self, sweep_id: str) -> float | None:
+        """Seconds until the sweep's pending and running runs are done, at the rate its runs
+        finished so far (since the sweep was created); None before the first one finishes."""
+        with self._read() as connection:
+            created = connection.execute(select(Sweep.created_at).where(Sweep.id == sweep_id)).scalar()
+            if created is None:
+                raise NotFound(f"no sweep '{sweep_id}'")
+            done, first, last = connection.execute(
+                select(func.count(), func.min(Run.started_at), func.max(Run.finished_at))
+                .where(in_sweep(sweep_id), Run.status == RunStatus.FINISHED, Run.finished_at >= created)
+            ).one()
+            counts = sweep_counts_in(connection, sweep_id)
+        remaining = counts.get(RunStatus.PENDING, 0) + counts.get(RunStatus.RUNNING, 0)
+        if not done or first is None or last is None:
+            return None
+        if remaining == 0:
+            return 0.0
+        elapsed = max((last - max(first, created)).total_seconds(), 1e-3)
+        return remaining * elapsed / done

@@ -74,15 +74,6 @@ class StageGraph(Database):
     """Stage edges in the registry: recording them, the driver's waves, a run's upstreams."""
 
     @retrying
-    def sweep_dag(self, sweep_id: str) -> dict[str, int]:
-        """{"upstream": runs of the sweep that others start from, "dependants": runs with stages}."""
-        member = select(SweepRun.run_key).where(SweepRun.sweep_id == sweep_id)
-        with self._read() as connection:
-            edges = connection.execute(
-                select(RunDep.run_key, RunDep.upstream_key).where(RunDep.run_key.in_(member))).all()
-        return {"upstream": len({up for _, up in edges}), "dependants": len({run for run, _ in edges})}
-
-    @retrying
     def unblock(self, sweep_id: str) -> int:
         """Blocked runs of the sweep back to pending (a new driver retries their upstreams)."""
         member = select(SweepRun.run_key).where(SweepRun.sweep_id == sweep_id)

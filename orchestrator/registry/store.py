@@ -21,7 +21,7 @@ from orchestrator.registry.db import (
     now,
     retrying,
 )
-from orchestrator.registry.reader import sweep_counts_in
+from orchestrator.registry.reader import in_sweep
 from orchestrator.registry.schema import Run, RunDep, RunMap, Sweep, SweepRun
 from orchestrator.registry.stages import StageGraph, dag_summary, edge_rows, with_upstreams
 from orchestrator.status import RunStatus, SweepStatus
@@ -70,11 +70,6 @@ def _insert_members(connection: Connection, sweep_id: str, keys: Sequence[str]) 
         "run_key", with_ordinality="position").render_derived()
     connection.execute(insert(SweepRun).from_select(
         ["sweep_id", "run_key", "position"], select(literal(sweep_id), cells.c.run_key, cells.c.position - 1)))
-
-
-def in_sweep(sweep_id: str) -> Any:
-    """``runs.run_key IN (the sweep's run keys)``."""
-    return Run.run_key.in_(select(SweepRun.run_key).where(SweepRun.sweep_id == sweep_id))
 
 
 class SweepStore(StageGraph):
@@ -260,39 +255,3 @@ class SweepStore(StageGraph):
         if value is None:
             raise NotFound(f"no sweep '{sweep_id}'")
         return bool(value)
-
-    # ----------------------------------------------------------------------- progress
-
-    @retrying
-    def failures(self, sweep_id: str) -> list[dict[str, Any]]:
-        """The sweep's failed and blocked runs in cell order: run_key, status, attempts, error
-        (a traceback, or which upstream blocked it), worker, finished_at."""
-        with self._read() as connection:
-            rows = connection.execute(
-                select(Run.run_key, Run.status, Run.attempts, Run.error, Run.worker, Run.finished_at)
-                .join(SweepRun, SweepRun.run_key == Run.run_key)
-                .where(SweepRun.sweep_id == sweep_id, Run.status.in_((RunStatus.FAILED, RunStatus.BLOCKED)))
-                .order_by(SweepRun.position)
-            ).all()
-        return [row._asdict() for row in rows]
-
-    @retrying
-    def eta_seconds(self, sweep_id: str) -> float | None:
-        """Seconds until the sweep's pending and running runs are done, at the rate its runs
-        finished so far (since the sweep was created); None before the first one finishes."""
-        with self._read() as connection:
-            created = connection.execute(select(Sweep.created_at).where(Sweep.id == sweep_id)).scalar()
-            if created is None:
-                raise NotFound(f"no sweep '{sweep_id}'")
-            done, first, last = connection.execute(
-                select(func.count(), func.min(Run.started_at), func.max(Run.finished_at))
-                .where(in_sweep(sweep_id), Run.status == RunStatus.FINISHED, Run.finished_at >= created)
-            ).one()
-            counts = sweep_counts_in(connection, sweep_id)
-        remaining = counts.get(RunStatus.PENDING, 0) + counts.get(RunStatus.RUNNING, 0)
-        if not done or first is None or last is None:
-            return None
-        if remaining == 0:
-            return 0.0
-        elapsed = max((last - max(first, created)).total_seconds(), 1e-3)
-        return remaining * elapsed / done

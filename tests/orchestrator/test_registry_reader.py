@@ -10,8 +10,10 @@ from orchestrator.registry import Registry
 from orchestrator.registry.db import SchemaBehind, head_revision, make_engine, upgrade
 from orchestrator.registry.reader import RegistryReader
 
-READS = {"close", "events", "get_sweep", "list_sweeps", "resolve_sweep", "sweep_counts", "sweep_map",
-         "sweep_map_names", "sweep_runs", "sweep_version"}
+READS = {"close", "events", "eta_seconds", "failures", "get_sweep", "list_sweeps", "resolve_sweep", "sweep_counts",
+         "sweep_dag", "sweep_map", "sweep_map_names", "sweep_runs", "sweep_version"}
+"""What analysis, and ``status``/``ls``/``wait`` on a host that only reads (a login node over a network
+filesystem: ``writer.for_looking``), may call."""
 
 
 def _tables(path) -> set[str]:
