@@ -3,6 +3,8 @@ forwards, float32 weights, gates and losses, fp16's grad scaler in every step, f
 
 import copy
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +25,9 @@ from experiments.methods import METHODS
 from experiments.models import architecture_of
 from orchestrator.registry.stages import with_upstreams
 
+sys.path.insert(0, str(Path(__file__).parent))  # tests/experiments/method_reads.py beside it
+from method_reads import parse_without_unread_train  # noqa: E402
+
 TASK = {"name": "synthetic-cls", "num_train": 32, "num_eval": 16, "max_length": 16}
 TAG = {"name": "synthetic-tag", "num_train": 32, "num_eval": 16, "max_length": 16}
 TRAIN = {"max_steps": 2, "batch_size": 8, "eval_every": 2, "lr": 1e-3}
@@ -34,21 +39,8 @@ def _one_thread():
 
 
 def _cfg(method: str, precision: str = "bf16", model: str = "tiny-bert", train: dict | None = None, **section):
-    return _without_unread_train({"model": model, "method": method, "task": dict(TASK),
+    return parse_without_unread_train({"model": model, "method": method, "task": dict(TASK),
                                   "train": {**TRAIN, **(train or {}), "precision": precision}, method: section})
-
-
-def _without_unread_train(raw: dict):
-    """``parse_config(raw)``, less the shared train keys its method does not read (refused, issue 43)."""
-    from experiments.keyed.config import UnreadKey
-
-    while True:
-        try:
-            return parse_config(raw)
-        except UnreadKey as err:
-            if not err.key.startswith("train.") or err.key[6:] not in raw["train"]:
-                raise
-            del raw["train"][err.key[6:]]
 
 
 def _error(fn, *args) -> str:

@@ -10,17 +10,21 @@ scripts/mask_train/mask_on_plm_pt/std/mnli/0.5.sh (--mask_classifier true --trai
 """
 
 import copy
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from experiments import parse_config
 from experiments.core.seeding import derive_seed
 from experiments.core.state import build_decoder
 from experiments.interventions.masks import MaskScores, magnitude_mask
 from experiments.maths.schedules import cubic_sparsity
 from experiments.models import load_backbone
 from experiments.tasks import TASKS
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/experiments/method_reads.py beside it
+from method_reads import parse_without_unread_train  # noqa: E402
 
 TINY = {
     "model": "tiny-bert",
@@ -41,20 +45,7 @@ def _one_thread():
 def _cfg(method: str, train: dict | None = None, **section):
     raw = copy.deepcopy(TINY) | {"method": method, method: section}
     raw["train"] |= train or {}
-    return _without_unread_train(raw)
-
-
-def _without_unread_train(raw: dict):
-    """``parse_config(raw)``, less the shared train keys its method does not read (refused, issue 43)."""
-    from experiments.keyed.config import UnreadKey
-
-    while True:
-        try:
-            return parse_config(raw)
-        except UnreadKey as err:
-            if not err.key.startswith("train.") or err.key[6:] not in raw["train"]:
-                raise
-            del raw["train"][err.key[6:]]
+    return parse_without_unread_train(raw)
 
 
 def _start(cfg):
