@@ -134,7 +134,11 @@ def for_looking(registry_url: str) -> Registry | RegistryReader:
 def cancel_flag(registry_url: str, sweep_id: str) -> Path | None:
     """Where ``headsweep cancel`` on another host asks a leased registry's writer to cancel a sweep."""
     path = lease_path(registry_url)
-    return path.with_name(f"{path.name}.cancel-{sweep_id}") if path else None
+    return _cancel_file(path, sweep_id) if path else None
+
+
+def _cancel_file(lease: Path, sweep_id: str) -> Path:
+    return lease.with_name(f"{lease.name}.cancel-{sweep_id}")
 
 
 class Writer:
@@ -175,7 +179,8 @@ class Writer:
     def cancel_requested(self, sweep_id: str) -> bool:
         """The sweep's cancel flag; a ``headsweep cancel`` from another host (a file beside a leased
         registry, :func:`cancel_flag`) is recorded here first, by the one writer."""
-        flag = cancel_flag(self.registry.url, sweep_id) if self._lease is not None else None
+        # the lease's path, found once: a poll every few seconds per trial reads no mountinfo
+        flag = _cancel_file(self._lease, sweep_id) if self._lease is not None else None
         if flag is not None and flag.exists():
             self.registry.cancel_sweep(sweep_id)
             flag.unlink(missing_ok=True)
