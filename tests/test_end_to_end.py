@@ -117,9 +117,11 @@ def test_every_cli_command(finished_sweep, tmp_path, capsys):
 # after the tests above: they read `last`, the e2e sweep
 SMALL = {"model": "tiny-bert", "task": {"num_train": 64, "num_eval": 24, "max_length": 24},
          "train": {"max_steps": 8, "batch_size": 8, "eval_every": 4, "lr": 1e-3}}
-MASKS = {"name": "e2e-masks", "base": {**SMALL, "method": "mask_train", "task": {**SMALL["task"], "name": "synthetic-cls"}},
+# neither reads train.lr (prune_only's masks learn at mask_train.lr, the prompt at its own): refused there
+WITHOUT_LR = {**SMALL, "train": {k: v for k, v in SMALL["train"].items() if k != "lr"}}
+MASKS = {"name": "e2e-masks", "base": {**WITHOUT_LR, "method": "mask_train", "task": {**SMALL["task"], "name": "synthetic-cls"}},
          "axes": {"seed": [0, 1, 2]}}
-TRANSFER = {"name": "e2e-transfer", "base": {**SMALL, "method": "prompt_transfer"},
+TRANSFER = {"name": "e2e-transfer", "base": {**WITHOUT_LR, "method": "prompt_transfer"},
             "axes": {"seed": [0, 1], "task": ["synthetic-cls", "synthetic-shortcut"],
                      "source_task": ["synthetic-cls", "synthetic-shortcut"]}}
 

@@ -113,7 +113,7 @@ def fill(registry: Registry, rng: np.random.Generator, neurons: bool = False) ->
         accuracy = 0.7 + 0.1 * (task == TASKS[1]) - 0.2 * sparsity + rng.normal(0, 0.01)
         key = f"{sweep_id[-6:]}{i:010x}"  # distinct across the sweeps of one registry
         config = _config(task, pipeline, sparsity, float(lam), seed)
-        labels = {"task": task, "model": "minilm-l6", "method": "head_gates", "seed": seed, "pipeline": pipeline,
+        labels = {"task": task, "data": f"{task}(data_seed=0)", "model": "minilm-l6", "method": "head_gates", "seed": seed, "pipeline": pipeline,
                   "lambda": float(lam), "sparsity": sparsity}
         if i == 0:  # the labels as the registry stores them (RunConfig.labels(), one column)
             assert labels == parse_config(config).labels(), parse_config(config).labels()
