@@ -142,6 +142,19 @@ def start_run(
     return retry.call(create, transient_mlflow_error, what="mlflow create_run")
 
 
+def running_run_ids(mlflow: MlflowClient, experiment_id: str) -> set[str]:
+    """The ids of the experiment's runs MLflow has RUNNING (every page)."""
+    found: set[str] = set()
+    token = None
+    while True:
+        page = mlflow.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=1000,
+                                  page_token=token)
+        found.update(run.info.run_id for run in page)
+        token = page.token
+        if not token:
+            return found
+
+
 _BY_LABEL = {"task.name": "task", "task.id": "task", "model": "model"}
 """Config keys a child run's name shows by the run's label (its task, its model) when they vary."""
 _NEVER_IN_THE_NAME = {"seed", "method"}

@@ -350,6 +350,8 @@ def _drive(sweep_id: str, states: Writer | Remote, registry_url: str, tracking_u
     registry = states.registry
     sweep = registry.get_sweep(sweep_id)
     states.reset_orphans(sweep_id, stale_after_s)  # a dead driver's runs: pending again, their MLflow runs KILLED
+    if tracking_uri:  # and the MLflow status of a run it ended in the registry only (its writer cut off)
+        states.flush(sweep_id)
     registry.unblock(sweep_id)  # a new driver retries what an upstream's failure blocked
     states.sweep_status(sweep_id, SweepStatus.RUNNING, sweep["mlflow_parent_run_id"] if tracking_uri else None)
 
@@ -381,7 +383,7 @@ def _drive(sweep_id: str, states: Writer | Remote, registry_url: str, tracking_u
     counts = registry.sweep_counts(sweep_id)
     status = final_status(counts, states.cancel_requested(sweep_id))
     states.sweep_status(sweep_id, status, sweep["mlflow_parent_run_id"] if tracking_uri else None)
-    if unwritten := states.flush():
+    if unwritten := states.flush(sweep_id if tracking_uri else None):
         logging.getLogger("headsweep.driver").warning("%d MLflow run status(es) could not be written", unwritten)
     return counts
 

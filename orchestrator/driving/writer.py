@@ -222,11 +222,30 @@ class Writer:
             log.warning("MLflow run %s: could not set %s (%s); written again at the sweep's end", run_id,
                         MLFLOW_STATUS[status], type(err).__name__)
 
-    def flush(self) -> int:
-        """Write again the MLflow statuses that failed; how many are still unwritten."""
+    def flush(self, sweep_id: str | None = None) -> int:
+        """Write again the MLflow statuses that failed; how many are still unwritten. With ``sweep_id``
+        also every MLflow run of the sweep still RUNNING whose run the registry has ended: a writer
+        that died between the two writes (its host cut off) left it so, and no trial will end it."""
         for run_id, status in list(self._unsynced.items()):
             self._set_mlflow_status(run_id, status)
+        if sweep_id is not None and self.mlflow is not None:
+            for run_id, status in self._ended_but_running(sweep_id).items():
+                self._set_mlflow_status(run_id, status)
         return len(self._unsynced)
+
+    def _ended_but_running(self, sweep_id: str) -> dict[str, str]:
+        from orchestrator import tracking
+
+        experiment_id = self.registry.get_sweep(sweep_id)["mlflow_experiment_id"]
+        if experiment_id is None:
+            return {}
+        runs = self.registry.sweep_runs(sweep_id)
+        ended = {run_id: str(status) for run_id, status in zip(runs["mlflow_run_id"], runs["status"], strict=True)
+                 if run_id and status in (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.CANCELLED)}
+        if not ended:
+            return {}
+        running = tracking.running_run_ids(self.mlflow, experiment_id)
+        return {run_id: status for run_id, status in ended.items() if run_id in running}
 
     # ------------------------------------------------------------------ one run
 

@@ -187,6 +187,25 @@ def test_a_writer_killed_mid_sweep_loses_no_run(local_ray, tmp_path, monkeypatch
     assert registry.get_sweep(sweep_id)["status"] == "finished"
 
 
+def test_a_run_the_registry_ended_while_mlflow_missed_it_is_ended_in_mlflow_by_the_next_flush(tmp_path, monkeypatch):
+    """A writer cut off between the registry's write and MLflow's (its host lost the share) leaves
+    the run finished in the registry and RUNNING in MLflow; the next driver's writer ends it there
+    from the registry (each run's own status), and leaves alone what the registry has running."""
+    url, uri, registry, sweep_id = _tracked_sweep(tmp_path, monkeypatch, seeds=3)
+    states = writer.Writer(registry, uri)
+    sweep = registry.get_sweep(sweep_id)
+    keys = list(registry.sweep_runs(sweep_id)["run_key"])
+    for key in keys:
+        assert registry.claim(key, "w1") is not None
+        states.track(key, None, sweep["mlflow_experiment_id"], key, {"sweep": sweep_id}, sweep["mlflow_parent_run_id"])
+    # the registry's writes only, as a writer that died before its MLflow writes leaves them
+    assert registry.finish(keys[0], {"accuracy": 1.0}, worker="w1")
+    assert registry.fail(keys[1], "boom", "w1")
+    assert set(_mlflow_children(uri, registry, sweep_id).values()) == {"RUNNING"}
+    assert writer.Writer(registry, uri).flush(sweep_id) == 0
+    assert _mlflow_children(uri, registry, sweep_id) == {keys[0]: "FINISHED", keys[1]: "FAILED", keys[2]: "RUNNING"}
+
+
 # ---------------------------------------------------------------------- one writer host: the lease
 
 
