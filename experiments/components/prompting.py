@@ -24,8 +24,9 @@ from pydantic import AfterValidator, Field, field_validator
 from torch import nn
 
 from experiments.common.sections import Section
+from experiments.core import optimisers as opt
 from experiments.core.context import RunContext
-from experiments.core.loop import batches, evaluate
+from experiments.core.loop import batches, evaluate, num_steps
 from experiments.core.seeding import derive_seed, generator
 from experiments.core.state import RunState, adam, set_up
 from experiments.interventions.neurons import capture_ffn, perturb_neurons
@@ -39,6 +40,7 @@ from experiments.maths.predictivity import (
     subtask_labels,
     subtask_sums,
 )
+from experiments.maths.schedules import linear_warmup_decay
 from experiments.models import load_tokenizer
 
 
@@ -62,6 +64,11 @@ class SkillNeuronsConfig(Section):
         None, gt=0, le=10, description="Adam learning rate of the soft prompt (no schedule); None = 1e-3 with the "
         "learned read-out, 1e-2 with a frozen verbalizer (the prompt alone has to learn then).")
     readout_lr: float = Field(1e-2, gt=0, le=10, description="Adam learning rate of the learned read-out (verbalizer learned).")
+    prompt_optimizer: Literal["adam", "reference"] = Field(
+        "adam", description="adam: torch's Adam (betas 0.9/0.999, eps 1e-8) at a constant lr, no clipping (ours: the "
+        "setting the short grids' lrs were measured with); reference: the reference trainer's, Adam with betas "
+        "(0.9, 0.98) and eps 1e-6, the lr warmed up linearly over the first 0.6 % of the steps then decayed linearly "
+        "to 0, gradients clipped to a global norm of 1 (THU-KEG/Skill-Neuron src/trainer.py:27, 87, 115).")
     readout: Literal["prompt", "cls"] = Field(
         "prompt", description="Final hidden state the read-out reads: mean over the prompt positions, or [CLS].")
     verbalizer: Literal["learned", "label_words", "random_words"] = Field(
@@ -110,6 +117,25 @@ def prompt_lr(hp: SkillNeuronsConfig) -> float:
     if hp.lr is not None:
         return hp.lr
     return 1e-3 if hp.verbalizer == "learned" else 1e-2
+
+
+REFERENCE_ADAM = {"betas": (0.9, 0.98), "eps": 1e-6}
+"""``prompt_optimizer: reference``: the reference's ``Adam(..., eps=1e-6, betas=(0.9, 0.98))`` (trainer.py:27)."""
+REFERENCE_WARMUP = 0.006
+"""... its ``get_linear_schedule_with_warmup(num_warmup_steps=t_total*0.006)`` (trainer.py:87) ..."""
+REFERENCE_CLIP = 1.0
+"""... and ``clip_grad_norm_(self.model.parameters(), max_grad_norm)``, max_grad_norm 1 (trainer.py:66, 115)."""
+
+
+def prompt_groups(hp: SkillNeuronsConfig) -> list[opt.Group]:
+    """What trains (experiments/core/optimisers.py): the prompt, and with ``verbalizer: learned`` the read-out."""
+    trained = ("prompt",) if hp.verbalizer != "learned" else ("prompt", "read-out")
+    if hp.prompt_optimizer == "reference":
+        schedule, clip, adam_keys = opt.linear(REFERENCE_WARMUP), opt.clipped(REFERENCE_CLIP, trained), REFERENCE_ADAM
+    else:
+        schedule, clip, adam_keys = opt.CONSTANT, opt.clipped(None, ()), {"betas": opt.BETAS, "eps": opt.EPS}
+    lrs = {"prompt": prompt_lr(hp), "read-out": hp.readout_lr}
+    return [opt.Group(name, "Adam", lrs[name], 0.0, schedule, clip, **adam_keys) for name in trained]
 
 
 # ------------------------------------------------------------------------------ the prompted model
@@ -230,7 +256,9 @@ def _word_rows(cfg, state: RunState, tokenizer, words: torch.Tensor) -> tuple[to
 def build(cfg, ctx: RunContext) -> tuple[RunState, PromptedEncoder, torch.optim.Optimizer]:
     """The run's state with the backbone frozen, the soft prompt (``interventions["prompt"]``,
     from random vocabulary words: 'prompt' stream) and the read-out (``decoders["task"]``,
-    'decoder' stream), the prompted model over them, and the Adam optimiser of what trains."""
+    'decoder' stream), the prompted model over them, and the Adam optimiser of what trains
+    (``prompt_groups``); with ``prompt_optimizer: reference`` its schedule is ``state.schedulers["prompt"]``
+    over the run's steps."""
     hp = cfg.section
     state = set_up(cfg, ctx)
     backbone = state.encoder.requires_grad_(False)
@@ -245,12 +273,23 @@ def build(cfg, ctx: RunContext) -> tuple[RunState, PromptedEncoder, torch.optim.
         readout = Readout(hp.readout, hp.prompt_length, backbone.config.hidden_size, state.data.num_labels, words)
     state.decoders["task"], state.interventions["prompt"] = readout.to(ctx.device), prompt
     state.values["label_words"] = word_names
-    groups = [{"params": list(prompt.parameters()), "lr": prompt_lr(hp)}]
-    if readout.linear is not None:
-        groups.append({"params": list(readout.parameters()), "lr": hp.readout_lr})
-    optimizer = adam(groups)
+    modules = {"prompt": prompt, "read-out": readout}
+    planned = prompt_groups(hp)
+    optimizer = adam([{"params": list(modules[group.params].parameters()), "lr": group.lr} for group in planned],
+                     betas=planned[0].betas, eps=planned[0].eps)
     state.optimizers["prompt"] = optimizer
+    if hp.prompt_optimizer == "reference":
+        tc = cfg.train
+        total = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
+        state.schedulers["prompt"] = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: linear_warmup_decay(s, total, REFERENCE_WARMUP))
     return state, PromptedEncoder(backbone, prompt), optimizer
+
+
+def trained_parameters(state: RunState) -> list[nn.Parameter]:
+    """What the prompt's optimiser steps (the prompt, and a learned read-out): ``prompt_optimizer: reference`` clips
+    their gradients."""
+    return [p for group in state.optimizers["prompt"].param_groups for p in group["params"]]
 
 
 # ------------------------------------------------------------------------------ its skill neurons

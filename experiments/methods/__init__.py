@@ -29,6 +29,10 @@ interventions, maths, tasks) and never imports another method. It exposes:
   methods`` prints them as the ``--set`` that reproduces the paper (PARITY.md);
 - ``NAME`` (optional, for methods outside this package): its name in ``METHODS``;
 - ``stages(section)`` (optional): the upstream runs it starts from by default (head_gates' SP);
+- ``optimisers(cfg)`` (optional; the methods of the paper recipes have it): each parameter group it
+  trains, as ``experiments.core.optimisers.Group`` (lr, weight decay, schedule, clip, betas, eps), from
+  the config alone: what ``headsweep run/submit --dry-run`` print (tests/experiments/test_recipe_optimisers.py
+  checks them against the torch objects the run builds);
 - ``check(cfg)`` (optional): more validation of a whole run config, at submit (raises
   ``ConfigError`` naming the key; bias_only: the task must define bias features);
 - ``BIAS_MODEL = True`` (optional): its runs hand on a bias model (experiments/components/bias.py), so

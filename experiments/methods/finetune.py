@@ -16,6 +16,7 @@ from experiments.common import outputs
 from experiments.common.result import RunResult
 from experiments.common.sections import Section
 from experiments.components.debias import LOSSES, check_loss, loss_stages, objective
+from experiments.core import optimisers as opt
 from experiments.core.context import RunContext
 from experiments.core.loop import forward_logits, num_steps, train_steps, update
 from experiments.core.reads import FINE_TUNING
@@ -39,6 +40,11 @@ class Config(Section):
 def stages(section: Config) -> dict[str, dict]:
     """A debiasing loss starts from a bias model (and conf_reg a teacher): experiments/components/debias.py."""
     return loss_stages(section.loss)
+
+
+def optimisers(cfg) -> list[opt.Group]:
+    """Its parameter groups (experiments/core/optimisers.py): the fine-tuning AdamW."""
+    return opt.fine_tuning(cfg.train)
 
 
 def check(cfg) -> None:

@@ -4,7 +4,14 @@ One gate per attention head, ``z = HardConcrete(log_alpha)``, multiplies the
 head's output; the loss is ``task loss + lambda * l0_penalty(log_alpha)``
 (penalty = mean over layers of the expected number of open heads per layer,
 as both reference codes do). Gates have their own Adam (lr 1e-3, no
-schedule); the encoder and decoder use AdamW with linear warm-up and decay.
+schedule); the encoder and decoder use AdamW with linear warm-up and decay,
+their gradients clipped to ``train.grad_clip``. ``clip_gates`` puts the gates'
+gradients in that one global norm, as He & Choi's reference clips the whole
+model (emorynlp/stem-cell-hypothesis elit/components/mtl/multi_task_learning.py:412-413,
+``clip_grad_norm(model, grad_norm)`` over every trainable parameter, elit/utils/torch_util.py:166-169);
+by default the gates stay out of it (``REFERENCE``): they have their own optimiser, and in the
+joint norm their gradient (the task's and lambda's penalty) also sets how much the encoder's
+step is cut, so lambda could change the encoder's step size across the cells of a lambda grid.
 
 Pipelines (He & Choi 2021):
 - ``dp`` (dynamic pruning): gates train from the first step together with
@@ -42,6 +49,7 @@ from experiments.common import outputs
 from experiments.common.result import RunResult
 from experiments.common.sections import Section
 from experiments.components.finetuning import finetune_stage
+from experiments.core import optimisers as opt
 from experiments.core.context import RunContext
 from experiments.core.loop import evaluate_all, forward_logits, num_steps, train_steps, update
 from experiments.core.reads import FINE_TUNING
@@ -86,6 +94,15 @@ class Config(Section):
         None, gt=0,
         description="sp only: training steps of the fine-tune it starts from (None = the same train settings).",
     )
+    clip_gates: bool = Field(
+        False, description="Clip the gates' gradients together with the model's, one global norm of train.grad_clip, "
+        "as He & Choi's reference clips the whole model (multi_task_learning.py:412-413); false: the model's alone "
+        "(the gates' own Adam is not clipped, and the gates do not set how much the encoder's step is cut).",
+    )
+
+
+REFERENCE = {"clip_gates": True}
+"""The keys whose default is ours, and the value that restores the reference protocol."""
 
 
 def stages(section: Config) -> dict[str, dict]:
@@ -103,6 +120,17 @@ def unread(section: Config, train) -> dict[str, str]:
     return {}
 
 
+def optimisers(cfg) -> list[opt.Group]:
+    """Its parameter groups (experiments/core/optimisers.py): the fine-tuning AdamW over the encoder and,
+    in dp, the decoder (sp freezes it), and the gates' own Adam at ``lr``, constant."""
+    tc, hp = cfg.train, cfg.section
+    trained = ("encoder", "decoder") if hp.pipeline == "dp" else ("encoder",)
+    together = (*trained, "gates") if hp.clip_gates else trained
+    model = [group for group in opt.fine_tuning(tc, together) if group.params in trained]
+    gates_clip = opt.clipped(tc.grad_clip, together) if hp.clip_gates else opt.clipped(None, ())
+    return [*model, opt.Group("gates", "Adam", hp.lr, 0.0, opt.CONSTANT, gates_clip)]
+
+
 def run(cfg, ctx: RunContext) -> RunResult:
     tc, hp = cfg.train, cfg.section  # hp: this method's Config
     state = set_up(cfg, ctx)  # with init_from (always for SP): the upstream's encoder and decoder
@@ -115,6 +143,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
     model_params = list(encoder.parameters()) + list(decoder.parameters())
     optimizer, scheduler = fine_tuning(state, total)
     gate_optimizer = adam(gates.parameters(), lr=hp.lr)  # no schedule
+    clipped = model_params + list(gates.parameters()) if hp.clip_gates else model_params
     state.interventions["gates"], state.generators["gate_noise"] = gates, gates.generator
     state.optimizers["gates"] = gate_optimizer
     state.values["trajectory"] = []  # (L, H) test-time gates at each evaluation
@@ -124,7 +153,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
         ids, mask, labels = batch
         loss = task_loss(forward_logits(encoder, decoder, ids, mask, tc.precision), labels)
         penalty = l0_penalty(gates.log_alpha)  # float32: outside autocast, on float32 log_alpha
-        update(loss + hp.lambda_ * penalty, [optimizer, gate_optimizer], scheduler, model_params, tc.grad_clip,
+        update(loss + hp.lambda_ * penalty, [optimizer, gate_optimizer], scheduler, clipped, tc.grad_clip,
                state.scaler)
         with torch.no_grad():
             n_open = int(open_heads(eval_gates(gates.log_alpha)).sum())

@@ -41,6 +41,7 @@ from experiments.common import outputs
 from experiments.common.result import RunResult
 from experiments.common.sections import Section
 from experiments.components.debias import LOSSES, check_loss, loss_stages, objective
+from experiments.core import optimisers as opt
 from experiments.core.context import RunContext
 from experiments.core.loop import forward_logits, num_steps, train_steps, update
 from experiments.core.reads import FINE_TUNING
@@ -135,6 +136,15 @@ class FixedMasks(nn.Module):
 
     def as_dict(self) -> dict[str, torch.Tensor]:
         return {name: self[name] for name in self.names}
+
+
+def optimisers(cfg) -> list[opt.Group]:
+    """Its parameter groups (experiments/core/optimisers.py): the fine-tuning AdamW, its lr ``phase_lr``."""
+    tc, hp = cfg.train, cfg.section
+    schedule = f"rounds of {hp.round_fraction:g} of the steps, each a decay's start, no warm-up"
+    if hp.pipeline == "prune_then_ft":
+        schedule += f"; retraining {opt.linear(tc.warmup_ratio)}"
+    return opt.fine_tuning(tc, schedule=schedule)
 
 
 def phase_lr(step: int, round_steps: int, rounds: int, total: int, retrain: bool, warmup_ratio: float) -> float:

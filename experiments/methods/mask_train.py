@@ -48,6 +48,7 @@ from experiments.common import outputs
 from experiments.common.result import RunResult
 from experiments.common.sections import Section
 from experiments.components.debias import LOSSES, check_loss, loss_stages, objective
+from experiments.core import optimisers as opt
 from experiments.core.context import RunContext
 from experiments.core.loop import forward_logits, num_steps, train_steps, update
 from experiments.core.reads import FINE_TUNING
@@ -132,6 +133,21 @@ def stages(section: Config) -> dict[str, dict]:
         keys = section.model_dump(by_alias=True, mode="json", exclude_defaults=True)
         upstreams["init_from"] = {"method": "mask_train", "mask_train": keys | {"pipeline": "prune_only"}}
     return upstreams
+
+
+def optimisers(cfg) -> list[opt.Group]:
+    """Its parameter groups (experiments/core/optimisers.py): prune_then_ft fine-tunes the subnetwork (the
+    fine-tuning AdamW); the others train the mask scores at ``lr`` (and with ``train_classifier`` the decoder),
+    linear warm-up and decay, clipped together."""
+    tc, hp = cfg.train, cfg.section
+    if hp.pipeline == "prune_then_ft":
+        return opt.fine_tuning(tc)
+    trained = ("scores", "decoder") if hp.train_classifier else ("scores",)
+    schedule, clip = opt.linear(tc.warmup_ratio), opt.clipped(tc.grad_clip, trained)
+    groups = [opt.Group("scores", "AdamW", hp.lr, 0.0, schedule, clip)]
+    if hp.train_classifier:
+        groups.append(opt.Group("decoder", "AdamW", tc.head_lr, tc.weight_decay, schedule, clip, decay_1d=True))
+    return groups
 
 
 def check(cfg) -> None:

@@ -26,10 +26,14 @@
    - ``random_words``: the same with random vocabulary words (drawn from ``word_seed``,
      default the run's seed): the paper's random-label-word check. Runs that differ only
      in ``word_seed`` give the rankings whose Spearman the paper reports (0.87).
-   Prompt and read-out train with Adam (no weight decay, no schedule). The prompt's ``lr``
-   defaults by verbalizer (MiniLM, SST-2, 1000 examples, 64 steps of 32): with the learned
+   Prompt and read-out train with Adam (no weight decay, no schedule, no clipping). The prompt's
+   ``lr`` defaults by verbalizer (MiniLM, SST-2, 1000 examples, 64 steps of 32): with the learned
    read-out 1e-3 reached 0.79 dev accuracy and 1e-2 0.61 (unstable); with random words,
-   the prompt alone learning, 1e-2 reached 0.72 and 3e-3 0.67.
+   the prompt alone learning, 1e-2 reached 0.72 and 3e-3 0.67. ``prompt_optimizer: reference``
+   trains them as the reference's src/trainer.py (``REFERENCE``): Adam with betas (0.9, 0.98) and
+   eps 1e-6 (:27), linear warm-up over 0.6 % of the steps and decay to 0 (:87), gradients clipped
+   to norm 1 (:115). The reference's clip norm counts the whole model's gradients, the backbone's
+   too (its backbone keeps ``requires_grad``; only the prompt steps); ours counts what trains.
 3. Predictivity (experiments/maths/predictivity.py, the reference's ``probe_avg``,
    ``probe_acc`` and ``finfo``): FFN activations after the non-linearity at the prompt
    positions, the baseline their mean over the training set; ``Pred = max(Acc, 1 - Acc)`` on
@@ -96,12 +100,15 @@ from experiments.common import outputs
 from experiments.common.result import RunResult
 from experiments.common.sections import ConfigError
 from experiments.components.prompting import (
+    REFERENCE_CLIP,
     PromptedEncoder,
     SkillNeuronsConfig,
     build,
     find_skill_neurons,
     perturbation_check,
+    prompt_groups,
     recalibrate,
+    trained_parameters,
 )
 from experiments.core.context import RunContext
 from experiments.core.loop import (
@@ -124,7 +131,8 @@ PIPELINES = ("none",)
 SHORT_NAMES = ("prompt_length", "verbalizer", "readout")
 READS = ("epochs", "max_steps", "batch_size", "pooler", "eval_every", "precision")
 """The ``train.*`` keys its own code reads (experiments/core/reads.py): the prompt and read-out train at
-skill_neurons.lr / readout_lr, with no clipping, warm-up or weight decay."""
+skill_neurons.lr / readout_lr, with no weight decay, and no clipping or warm-up but with
+``skill_neurons.prompt_optimizer: reference`` (its own clip and schedule, not train's)."""
 OUTPUTS = outputs.Outputs(
     maps=(outputs.PREDICTIVITY,),
     metrics=(*outputs.EVALUATION, outputs.NOISE, outputs.PRUNED, outputs.PRUNED_KEPT_FRACTION,
@@ -136,8 +144,13 @@ Config = SkillNeuronsConfig
 """Its section is a shared component (experiments/components/prompting.py): prompt_transfer's
 stages take the same keys."""
 
-REFERENCE: dict[str, Any] = {"prune_fold": "all"}
+REFERENCE: dict[str, Any] = {"prune_fold": "all", "prompt_optimizer": "reference"}
 """The keys whose default is ours, and the value that restores the reference protocol."""
+
+
+def optimisers(cfg) -> list:
+    """Its parameter groups (experiments/core/optimisers.py): the prompt (and a learned read-out)."""
+    return prompt_groups(cfg.section)
 
 
 def unread(section: Config, train) -> dict[str, str]:
@@ -201,12 +214,15 @@ def run(cfg, ctx: RunContext) -> RunResult:
     tc, hp = cfg.train, cfg.section
     state, model, optimizer = build(cfg, ctx)
     readout = state.decoder
+    reference = hp.prompt_optimizer == "reference"  # its schedule (build) and clip
+    scheduler, clip = state.schedulers.get("prompt"), REFERENCE_CLIP if reference else None
+    trained = trained_parameters(state)
 
     def step(state: RunState, batch) -> dict[str, float]:
         ids, mask, labels = batch
         state.encoder.eval()  # frozen: no dropout while the prompt trains (module docstring)
         logits = forward_logits(model, readout, ids, mask, state.precision)
-        return {"loss": update(task_loss(logits, labels), optimizer, scaler=state.scaler)}
+        return {"loss": update(task_loss(logits, labels), optimizer, scheduler, trained, clip, state.scaler)}
 
     total = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
     metrics = train_steps(state, ctx, total, step, eval_fn=lambda state: evaluate_all(state, model))

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from experiments.common.naming import suggest
 from experiments.common.sections import ConfigError, read_yaml
-from headsweep.cli.common import out, progress_bar
+from headsweep.cli.common import TRACKING_HELP, out, progress_bar
 
 
 def load_yaml(path: str) -> dict:
@@ -38,7 +38,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from experiments.core.precision import check_precision
     from experiments.keyed.config import apply_overrides, parse_config
 
-    cfg = parse_config(apply_overrides(load_yaml(args.config), args.set or []))
+    cfg = parse_config(apply_overrides(load_yaml(args.config), args.sets or []))
 
     check_precision(cfg, "cpu")  # headsweep run trains on this machine's CPU: fp16 fails here, not after its stages
     _threads(args.threads)
@@ -64,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name, value in sorted(result.metrics.items()):
         table.add_row(name, f"{value:.4f}")
     out.print(table)
-    if not args.no_track:
+    if args.track:
         from orchestrator.tracking import ui_url
 
         experiment = tracker.mlflow.get_run(tracker.run_id).info.experiment_id
@@ -89,7 +89,7 @@ def _run_tracked(cfg, args: argparse.Namespace, store, save: bool):
     from experiments.methods import METHODS
 
     tracker, finish = MemoryTracker(), None
-    if not args.no_track:
+    if args.track:
         from orchestrator import tracking
 
         mlflow = tracking.client(args.tracking_uri)
@@ -177,10 +177,10 @@ def register(sub) -> None:
     """``headsweep run`` and ``headsweep methods``."""
     p = sub.add_parser("run", help="one run, no Ray")
     p.add_argument("config", help="YAML run config (see examples/)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key, e.g. train.lr=1e-4")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the HEADSWEEP_HOME SQLite store)")
+    p.add_argument("--set", action="append", dest="sets", metavar="KEY=VALUE", help="override a key, e.g. train.lr=1e-4")
+    p.add_argument("--tracking-uri", help=TRACKING_HELP)
     p.add_argument("--experiment", default="headsweep-runs", help="MLflow experiment name")
-    p.add_argument("--no-track", action="store_true", help="do not record in MLflow")
+    p.add_argument("--no-track", action="store_false", dest="track", help="do not record in MLflow")
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     p.set_defaults(func=cmd_run)
 

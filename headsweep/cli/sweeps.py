@@ -9,10 +9,8 @@ import argparse
 
 from rich.table import Table
 
-from analysis.views.cli.common import SWEEP_HELP
-from experiments.common.naming import suggest
 from experiments.common.sections import ConfigError
-from headsweep.cli.common import out, progress_bar
+from headsweep.cli.common import SWEEP_HELP, known_sweep, out, progress_bar
 from orchestrator import settings
 from orchestrator.status import RUN_DONE, SWEEP_DONE, RunStatus
 
@@ -48,7 +46,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from orchestrator.driving import sweeps
 
     if args.dry_run:
-        name, configs, counts = sweeps.plan(args.grid, args.set or [])
+        name, configs, counts = sweeps.plan(args.grid, args.sets or [])
         from orchestrator.registry.stages import describe_dag
 
         dag = describe_dag(counts["dag"])
@@ -67,8 +65,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             table.add_row(cfg.run_key, *("-" if row.get(c) is None else str(row[c]) for c in columns))
         out.print(table)
         return 0
-    submitted = sweeps.submit(args.grid, force=args.force, rerun_failed=args.rerun_failed, track=not args.no_track,
-                              auto_resume=not args.no_auto_resume, sets=args.set or [])
+    submitted = sweeps.submit(args.grid, force=args.force, rerun_failed=args.rerun_failed, track=args.track,
+                              auto_resume=args.auto_resume, sets=args.sets or [])
     counts = submitted.counts
     out.print(f"[bold]{submitted.sweep_id}[/bold]: {counts['total']} runs, {counts['new']} new, "
               f"{counts['finished']} already finished, {counts.get('requeued', 0)} requeued")
@@ -78,7 +76,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.wait:
         return follow(submitted.sweep_id)
     out.print(f"running on Ray (driver {submitted.driver}); follow it with: headsweep status {submitted.sweep_id}")
-    if not args.no_auto_resume and settings.auto_resumes():
+    if args.auto_resume and settings.auto_resumes():
         out.print(f"if its driver dies, the supervisor resumes it (up to {settings.auto_resumes()} times; "
                   "--no-auto-resume turns this off)")
     return 0
@@ -223,9 +221,7 @@ def _running_sweeps() -> list[str]:
 def _known_sweep(sweep_id: str) -> None:
     from orchestrator.driving.writer import for_looking
 
-    known = [s["id"] for s in for_looking(settings.registry_url()).list_sweeps()]
-    if sweep_id not in known:
-        raise ConfigError(f"unknown sweep '{sweep_id}'{suggest(sweep_id, known)}")
+    known_sweep(for_looking(settings.registry_url()), sweep_id)
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -254,7 +250,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from orchestrator.driving import sweeps
 
     _known_sweep(args.sweep)
-    driver = sweeps.resume(args.sweep, track=not args.no_track)
+    driver = sweeps.resume(args.sweep, track=args.track)
     if driver is None:
         out.print(f"{args.sweep}: nothing left to run")
         return 0
@@ -275,15 +271,15 @@ def register(sub) -> None:
     """``headsweep submit``, ``status``, ``ls``, ``resume`` and ``cancel``."""
     p = sub.add_parser("submit", help="submit a grid as a sweep on Ray")
     p.add_argument("grid", help="grid YAML (see examples/grid_*.yaml)")
-    p.add_argument("--set", action="append", metavar="KEY=V1,V2",
+    p.add_argument("--set", action="append", dest="sets", metavar="KEY=V1,V2",
                    help="override the grid: a list makes KEY an axis of those values (seed=0,1,2), one value sets "
                         "it for every cell (train.lr=1e-4); repeatable")
     p.add_argument("--dry-run", action="store_true", help="print the expansion: runs, new, already finished")
     p.add_argument("--wait", action="store_true", help="follow the sweep with a progress bar")
     p.add_argument("--force", action="store_true", help="rerun even finished runs")
     p.add_argument("--rerun-failed", action="store_true", help="requeue failed and cancelled runs")
-    p.add_argument("--no-track", action="store_true", help="do not record in MLflow")
-    p.add_argument("--no-auto-resume", action="store_true",
+    p.add_argument("--no-track", action="store_false", dest="track", help="do not record in MLflow")
+    p.add_argument("--no-auto-resume", action="store_false", dest="auto_resume",
                    help="if the sweep's driver dies, leave the sweep failed (default: the supervisor resumes it, "
                         "up to HEADSWEEP_AUTO_RESUMES=3 times)")
     p.set_defaults(func=cmd_submit)
@@ -305,7 +301,7 @@ def register(sub) -> None:
     p = sub.add_parser("resume", help="run what is not finished after a crash")
     p.add_argument("sweep", help=SWEEP_HELP)
     p.add_argument("--wait", action="store_true", help="follow the sweep with a progress bar until it ends")
-    p.add_argument("--no-track", action="store_true", help="do not record the resumed runs in MLflow")
+    p.add_argument("--no-track", action="store_false", dest="track", help="do not record the resumed runs in MLflow")
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("cancel", help="stop scheduling and stop running trials")

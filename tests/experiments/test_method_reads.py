@@ -29,7 +29,7 @@ TRAIN = {"epochs": 2.0, "max_steps": 3, "batch_size": 4, "lr": 1e-3, "decoder_lr
          "pooler": True, "warmup_ratio": 0.2, "eval_every": 1, "grad_clip": 0.5, "precision": "bf16"}
 """A value away from its default of each ``train.*`` key."""
 OWN = {
-    "head_gates": {"lambda": 0.05, "lr": 0.01, "sparsity": 0.5, "sp_finetune_steps": 2},
+    "head_gates": {"lambda": 0.05, "lr": 0.01, "sparsity": 0.5, "sp_finetune_steps": 2, "clip_gates": True},
     "finetune": {},  # loss: tests/experiments/test_debias.py (its stages read what they inherit)
     "bias_only": {"steps": 3, "lr": 0.1, "l2": 0.01},
     "mask_train": {"sparsity": 0.3, "initial_sparsity": 0.1, "schedule_end": 0.5, "init": "magnitude",
@@ -38,7 +38,8 @@ OWN = {
     "multitask": {"alpha": 0.5, "lambda": 0.1, "lr": 0.01},
     "skill_neurons": {"prompt_length": 3, "lr": 0.01, "readout_lr": 0.1, "readout": "cls", "verbalizer": "random_words",
                       "label_words": ["good", "bad"], "word_seed": 1, "noise_std": 0.2, "prune_fraction": 0.05,
-                      "prune_baseline": "tokens", "prune_fold": "all", "recalibrate_bn": False, "perturb_fractions": [0.2]},
+                      "prune_baseline": "tokens", "prune_fold": "all", "recalibrate_bn": False, "perturb_fractions": [0.2],
+                      "prompt_optimizer": "reference"},
     "prompt_transfer": {"source_task": "synthetic-cls", "skill_neurons": {"prompt_length": 3}, "noise_std": 0.2,
                         "perturb_fractions": [0.2]},
     "probes": {"fit_sentences": 10, "score_sentences": 5, "centroids_from": "scored", "max_length": 20,

@@ -349,7 +349,7 @@ def test_parity_pruning_folds_the_prompt_position_training_means(monkeypatch):
 
 
 def test_reference_restores_the_reference_fold():
-    assert skill_neurons.REFERENCE == {"prune_fold": "all"}
+    assert skill_neurons.REFERENCE == {"prune_fold": "all", "prompt_optimizer": "reference"}
     cfg = parse_config({"model": "tiny-bert", "method": "skill_neurons", "task": {"name": "synthetic-cls"},
                         "skill_neurons": skill_neurons.REFERENCE})
     assert cfg.section.prune_fold == "all" and skill_neurons.Config().prune_fold == "removed"
