@@ -1,4 +1,4 @@
-"""headsweep in Python: ``headsweep.sweep("last")`` and ``headsweep.submit(grid)``.
+"""headsweep in Python: ``headsweep.sweep("last")``, ``headsweep.submit(grid)``, ``resume`` and ``cancel``.
 
 A :class:`Sweep` answers what the ``headsweep`` commands and the HTTP service answer, through the
 same functions, as pandas DataFrames, numpy arrays and matplotlib figures::
@@ -16,10 +16,12 @@ from headsweep.api import (
     RunMaps,
     Sweep,
     _show_figures_in_ipython,
+    cancel,
+    resume,
     submit,
     sweep,
 )
 
 _show_figures_in_ipython()
 
-__all__ = ["Agreement", "Comparison", "RunMaps", "Sweep", "submit", "sweep"]
+__all__ = ["Agreement", "Comparison", "RunMaps", "Sweep", "cancel", "resume", "submit", "sweep"]

@@ -1,12 +1,13 @@
 """A sweep in a notebook: its runs, results, maps, agreement and figures as pandas DataFrames,
 numpy arrays and matplotlib figures.
 
-The same answers as ``headsweep results | agreement | compare-maps`` and the HTTP service, through
-the same functions: the sweep is loaded by ``analysis.data.loading.open_sweep`` (cached, reloaded when
-its runs change, from the registry's reader: never written, never migrated), every answer comes from
-``analysis.questions`` (``results``, the agreement engine's ``across_runs`` / ``compare``) and every
-figure from ``analysis.views`` (``figure_plan``, ``compare_figure``); this module only turns their rows
-into DataFrames. ``submit`` is ``orchestrator.driving.sweeps.submit``. The registry is the CLI's:
+The same answers as ``headsweep results | agreement | compare-maps | ...`` and the HTTP service, through
+the same declarations: the sweep is loaded by ``analysis.data.loading.open_sweep`` (cached, reloaded when
+its runs change, from the registry's reader: never written, never migrated), and every ``Sweep`` method
+asks its question as declared in ``analysis.views.vocabulary`` (the same names and defaults as the
+command and the route, tests/test_vocabulary.py); this module only turns the answers into DataFrames.
+``submit``, ``resume`` and ``cancel`` are ``orchestrator.driving.sweeps``' with the options of the
+commands of those names. The registry is the CLI's:
 ``HEADSWEEP_DB``, else the SQLite file under ``HEADSWEEP_HOME`` (``orchestrator.settings``), read
 at each call.
 """
@@ -27,10 +28,10 @@ import yaml
 from analysis.data import select
 from analysis.data.loading import open_sweep
 from analysis.data.sweep import AXES, SweepData
-from analysis.questions import results, run_table
-from analysis.questions.agreement import across_runs, compare
+from analysis.questions import run_table
+from analysis.questions.agreement import compare
 from analysis.questions.agreement import result as agreement_result
-from analysis.views import answers, compare_figure, figure_plan
+from analysis.views import answers, compare_figure, figure_plan, vocabulary
 from orchestrator import settings
 from orchestrator.registry.reader import RegistryReader
 
@@ -74,11 +75,12 @@ class MlflowArtifacts:
         return found
 
 
-def submit(grid: str | Path | Mapping[str, Any], wait: bool = False, force: bool = False,
-           track: bool = True) -> Sweep:
+def submit(grid: str | Path | Mapping[str, Any], sets: Sequence[str] = (), wait: bool = False, force: bool = False,
+           rerun_failed: bool = False, track: bool = True, auto_resume: bool = True) -> Sweep:
     """Submit a grid (a YAML file, or the same as a dict) as ``headsweep submit`` does, on the Ray
-    cluster the CLI uses; ``wait``: return once the sweep is done (``headsweep submit --wait``; by
-    default it returns at once, as the command does).
+    cluster the CLI uses, with the same options: ``sets`` (``--set``: ``["seed=0,1,2"]``), ``wait``
+    (return once the sweep is done; by default at once, as the command does), ``force``,
+    ``rerun_failed``, ``track`` (``--no-track``: False) and ``auto_resume`` (``--no-auto-resume``: False).
 
     A dict is written to ``$HEADSWEEP_HOME/grids/<name>-<hash>.yaml`` first, so the sweep keeps
     its grid text as one submitted from a file does; relative paths in it are read from the
@@ -86,10 +88,31 @@ def submit(grid: str | Path | Mapping[str, Any], wait: bool = False, force: bool
     from orchestrator.driving import sweeps
 
     path = _grid_file(grid) if isinstance(grid, Mapping) else str(grid)
-    submitted = sweeps.submit(path, force=force, track=track)
+    submitted = sweeps.submit(path, force=force, rerun_failed=rerun_failed, track=track, auto_resume=auto_resume,
+                              sets=list(sets))
     if wait and submitted.driver is not None:
         sweeps.wait(submitted.sweep_id)
     return Sweep(submitted.sweep_id, RegistryReader(settings.registry_url()), MlflowArtifacts())
+
+
+def resume(sweep_id: str, wait: bool = False, track: bool = True) -> Sweep:
+    """Run what is not finished of the sweep ``sweep_id`` (``last``: the newest) after a crash, as
+    ``headsweep resume`` does; ``wait``: return once it is done; ``track`` (``--no-track``: False)."""
+    from orchestrator.driving import sweeps
+
+    registry = RegistryReader(settings.registry_url())
+    sweep_id = open_sweep(registry, sweep_id).sweep_id  # `last` resolved, an unknown id named as the nearest
+    if sweeps.resume(sweep_id, track=track) is not None and wait:
+        sweeps.wait(sweep_id)
+    return Sweep(sweep_id, registry, MlflowArtifacts())
+
+
+def cancel(sweep_id: str) -> dict[str, int]:
+    """Stop the sweep ``sweep_id`` (``last``: the newest) as ``headsweep cancel`` does: no run is
+    scheduled any more, running trials stop at their next check; its runs per status."""
+    from orchestrator.driving import sweeps
+
+    return sweeps.cancel(open_sweep(RegistryReader(settings.registry_url()), sweep_id).sweep_id)
 
 
 def _show_figures_in_ipython() -> None:
@@ -119,14 +142,6 @@ def _grid_file(grid: Mapping[str, Any]) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return str(path)
-
-
-def _names(value: str | Sequence[str] | None) -> list[str]:
-    """``"task,lambda"`` or ``["task", "lambda"]`` -> ``["task", "lambda"]``."""
-    if value is None:
-        return []
-    parts = value.split(",") if isinstance(value, str) else value
-    return [p.strip() for p in parts if p.strip()]
 
 
 def _filters(where: Where) -> select.Where:
@@ -223,20 +238,24 @@ class Sweep:
         counts = ", ".join(f"{n} {status}" for status, n in sorted(row["counts"].items()))
         return f"<Sweep {self.id} ({row['name']}): {row['status']}, {counts or 'no runs'}>"
 
+    def _answer(self, question: vocabulary.Question, where: Where, **given: Any) -> Any:
+        """``question`` asked of this sweep's runs ``where`` selects (``vocabulary.Question.answer``)."""
+        context = vocabulary.Context(self._registry, self._artifact_uris)
+        return question.answer(self._data(), _filters(where), context, **given)
+
     def runs(self, where: Where = None) -> pd.DataFrame:
         """The run table, one row per run (``headsweep runs``, the service's ``/runs``): keys, labels,
         status, times, MLflow run id and artifact URI, ``params.<key>`` for each config key the grid
         sets or varies, maps and ``metrics.<name>`` (NaN where a run has none yet). ``where``: the CLI's
         ``--where`` (``"metrics.accuracy > 0.8 and seed != 1"``) or ``{"seed": [0, 1]}``."""
-        table = run_table.run_table(self._data(), _filters(where), self._registry.get_sweep(self.id)["grid"],
-                                    self._artifact_uris)
+        table = self._answer(vocabulary.RUNS, where)
         return pd.DataFrame(table.rows, columns=table.columns)
 
     def results(self, group_by: str | Sequence[str] = (), metric: str | None = None,
                 where: Where = None) -> pd.DataFrame:
         """Mean, std, n and 95 % CI of ``metric`` (default: accuracy, else the first metric) per
         group of ``group_by`` (default: per cell, over seeds): ``headsweep results``' rows."""
-        _, rows = results.results(self._data(), _names(group_by), metric, _filters(where))
+        _, rows = self._answer(vocabulary.RESULTS, where, group_by=group_by, metric=metric)
         return pd.DataFrame(rows)
 
     def map(self, name: str = select.DEFAULT_MAP, where: Where = None) -> RunMaps:
@@ -249,57 +268,47 @@ class Sweep:
                  n_perm: int = 1000, where: Where = None) -> dict[str, Any]:
         """Do two groups of runs (``a="task:sst2"``, ``b={"task": "ud-pos"}``) rank the units of ``map``
         alike? ``headsweep spearman``: rho of their mean maps against both nulls, the top-k overlap."""
-        data = self._data()
-        return {"a": a, "b": b, **answers.overlap_json(compare.overlap(
-            data, _filters(a), _filters(b), map or select.default_map(data), top, _filters(where), n_perm))}
+        return self._answer(vocabulary.SPEARMAN, where, a=a, b=b, map=map, top=top, n_perm=n_perm)
 
     def iou(self, across: str = "seed", pool: str | Sequence[str] = (), where: Where = None) -> dict[str, Any]:
         """Do runs keep the same weights? ``headsweep iou``: mask IoU across ``across`` beside chance."""
-        from analysis.questions import masks
-
-        return masks.mask_iou(self._data(), across, masks.stored_masks(), _filters(where), _names(pool),
-                              load_initial=masks.stored_masks(name=masks.INITIAL_FILE))
+        return self._answer(vocabulary.IOU, where, across=across, pool=pool)
 
     def transfer(self, fraction: float | None = None, noise_std: float | None = None, n_perm: int = 1000,
                  where: Where = None) -> dict[str, Any]:
         """Prompt transfer between tasks (``headsweep transfer --format json``): task x task tables and
         Spearman(overlap, transfer) against its null."""
-        from analysis.questions.transfer import transfer_tables
-        from analysis.views.transfer import transfer_json
-
-        return transfer_json(transfer_tables(self._data(), _filters(where), fraction=fraction, noise_std=noise_std,
-                                             n_perm=n_perm))
+        return vocabulary.TRANSFER.json(self._answer(vocabulary.TRANSFER, where, fraction=fraction,
+                                                     noise_std=noise_std, n_perm=n_perm))
 
     def agreement(self, across: str = "seed", map: str | None = None, where: Where = None,
                   pool: str | Sequence[str] = (), n_perm: int = 1000) -> Agreement:
         """Do runs keep the same units across ``across`` (seed, run, a label or a config key)?
         ``headsweep agreement``: the matrix, every statistic and its permutation nulls. ``map``:
         default the one most runs have stored (``select.default_map``: heads.gate for head gates)."""
-        data, filters = self._data(), _filters(where)
-        result = across_runs.agreement(data, across, filters, n_perm=n_perm, map_name=map or select.default_map(data),
-                                   pool=_names(pool))
-        return Agreement(result, filters)
+        result = self._answer(vocabulary.AGREEMENT, where, across=across, map=map, pool=pool, n_perm=n_perm)
+        return Agreement(result, _filters(where))
 
     def compare_maps(self, *maps: str, across: str | None = None, top: float = compare.DEFAULT_TOP,
                      n_perm: int = 1000, pool: str | Sequence[str] = (), where: Where = None) -> Comparison:
         """Do maps (``"heads.log_alpha", "-heads.ablation_delta"``), or one map's values of ``across``,
         rank the units alike? ``headsweep compare-maps``: Spearman rho, top-k overlap, nulls."""
-        filters = _filters(where)
-        result = compare.compare_maps(self._data(), list(maps), filters, across=across, top=top, n_perm=n_perm,
-                                      pool=_names(pool))
-        return Comparison(result, filters)
+        result = self._answer(vocabulary.COMPARE_MAPS, where, maps=maps, across=across, top=top, n_perm=n_perm,
+                              pool=pool)
+        return Comparison(result, _filters(where))
 
-    def figure(self, kind: str, where: Where = None, **params: Any) -> Figure:
-        """One figure of ``kind`` (``headsweep figures --kind``: rgb, grey, agreement, curves,
-        compare_maps, pruning, layers, perturbation, ffn_pruning, cost) as a matplotlib Figure;
-        ``params``: the kind's own (``across``, ``metric``, ``x``, ``map_name``, ``maps``, ``n_perm``)."""
-        return figure_plan.figure_of(self._data(), kind, _filters(where) or None, **params)
+    def figure(self, kind: str, where: Where = None, across: str = "seed", metric: str | None = None,
+               x: str | None = None, map: str | None = None, maps: str | Sequence[str] = (),
+               n_perm: int = 1000) -> Figure:
+        """One figure of ``kind`` (``headsweep figures --kind``, the service's ``/figures/{kind}``: rgb,
+        grey, agreement, curves, compare_maps, pruning, layers, perturbation, ffn_pruning, cost) as a
+        matplotlib Figure, with the kind's own parameters (``across``, ``metric``, ``x``, ``map``,
+        ``maps``, ``n_perm``); ``.savefig`` writes it in any format."""
+        return self._answer(vocabulary.FIGURE, where, kind=kind, across=across, metric=metric, x=x, map=map,
+                            maps=maps, n_perm=n_perm)
 
-    def figures(self, kind: str | None = None) -> dict[str, Figure]:
-        """Every figure ``headsweep figures`` draws for the sweep (``kind``: of that kind only), by
-        the file name it writes: ``{"rgb_head_gates-dp-lambda-0.05.png": Figure, ...}``."""
-        if kind is not None:
-            figure_plan.check_kind(kind)
-        data = self._data()
-        return {name: figure_plan.figure_of(data, k, **params)
-                for name, k, params in figure_plan.figure_plan(data) if kind in (None, k)}
+    def figures(self, kind: str | None = None, where: Where = None) -> dict[str, Figure]:
+        """Every figure ``headsweep figures`` draws for the (selected) runs (``kind``: of that kind only),
+        by the file name it writes: ``{"rgb_head_gates-dp-lambda-0.05.png": Figure, ...}``."""
+        context = vocabulary.Context(self._registry, self._artifact_uris)
+        return dict(vocabulary.drawn(self._data(), _filters(where), context, kind))

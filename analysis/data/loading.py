@@ -24,9 +24,8 @@ from collections import OrderedDict
 import numpy as np
 from sqlalchemy.engine import make_url
 
-from analysis.data.errors import QueryError
+from analysis.data.errors import QueryError, did_you_mean
 from analysis.data.sweep import SweepData, from_runs, frozen
-from experiments.common.naming import suggest
 from orchestrator.registry.reader import LAST, NotFound, RegistryReader
 from orchestrator.registry.results import Version
 from orchestrator.status import RunStatus
@@ -161,5 +160,15 @@ def open_sweep(registry: RegistryReader, sweep_id: str) -> SweepData:
     except NotFound as err:
         if sweep_id == LAST:  # no sweeps at all
             raise QueryError(str(err)) from None
-        known = [s["id"] for s in registry.list_sweeps()]
-        raise QueryError(f"unknown sweep '{sweep_id}'{suggest(sweep_id, known)}") from None
+        raise unknown_sweep(registry, sweep_id) from None
+
+
+class UnknownSweep(QueryError):
+    """A sweep id the registry does not know (the service answers 404)."""
+
+
+def unknown_sweep(registry: RegistryReader, sweep_id: str) -> UnknownSweep:
+    """"unknown sweep 'x'; did you mean 'y'?", the nearest of the registry's sweeps named (or that it has
+    none): the one message of every surface (the CLI's writers pass the orchestrator's reader)."""
+    known = [s["id"] for s in registry.list_sweeps()]
+    return UnknownSweep(f"unknown sweep '{sweep_id}'{did_you_mean(sweep_id, known) or ' (the registry has no sweeps)'}")

@@ -23,6 +23,7 @@ from analysis.data.select import (
     check_metric,
     column,
     config_keys_of,
+    default_map,
     default_metric,
     describe,
     did_you_mean,
@@ -233,7 +234,7 @@ def _default_x(sel: SweepData) -> str:
 
 def figure_of(data: SweepData, kind: str, filters: Filters | None = None, across: str = "seed",
               metric: str | None = None, x: str | None = None, n_perm: int = 1000,
-              max_run_perms: int | None = None, map_name: str = DEFAULT_MAP, maps: list[str] | None = None) -> Figure:
+              max_run_perms: int | None = None, map: str | None = None, maps: list[str] | None = None) -> Figure:
     """One figure of the selection as a matplotlib Figure (``figure`` encodes it).
 
     ``rgb``: He & Choi's map of the one cell with 3 finished seeds that the
@@ -245,22 +246,24 @@ def figure_of(data: SweepData, kind: str, filters: Filters | None = None, across
     ``agreement``: ``agreement(across)`` as an annotated heat map (title: the
     stem cell statistic and its null band); ``curves``: ``metric`` vs ``x``
     (default: the first label on a scale that varies, else open heads), mean line and std
-    band per pipeline. ``max_run_perms``: see ``agreement``. ``map_name``: the
-    unit map of rgb, grey and agreement figures. ``compare_maps``: the annotated matrix of Spearman
+    band per pipeline. ``max_run_perms``: see ``agreement``. ``map``: the
+    unit map of rgb, grey, agreement and layers figures (default: the map most runs of the sweep have). ``compare_maps``: the annotated matrix of Spearman
     rho between ``maps`` (``analysis.questions.agreement.compare``). ``pruning``:
     head_importance's pruning curves of ``metric`` (``analysis.questions.pruning``, drawn by ``curves``), one line per cell.
     FFN neurons (``analysis.questions.neurons``), one line per cell: ``layers``: the best unit per layer of
-    ``map_name`` (a neuron map); ``perturbation``: accuracy with noise on the top vs random neurons;
+    ``map`` (a neuron map); ``perturbation``: accuracy with noise on the top vs random neurons;
     ``ffn_pruning``: accuracy before and after keeping only the top neurons. ``cost``: where the runs'
     time goes, every ``cost.<part>_s`` timing in one figure (mean seconds per part, per method).
     """
     check_kind(kind)
+    if kind in ("rgb", "grey", "layers"):
+        map = map or default_map(data)
     if kind == "rgb":
-        return _rgb(data, filters, map_name)
+        return _rgb(data, filters, map)
     if kind == "grey":
-        return _grey(data, filters, map_name)
+        return _grey(data, filters, map)
     if kind == "agreement":
-        result = agreement(data, across, filters, n_perm=n_perm, max_run_perms=max_run_perms, map_name=map_name)
+        result = agreement(data, across, filters, n_perm=n_perm, max_run_perms=max_run_perms, map_name=map)
         return agreement_figure(result, filters)
     if kind == "curves":
         return _curves(data, filters, metric, x)
@@ -270,7 +273,7 @@ def figure_of(data: SweepData, kind: str, filters: Filters | None = None, across
     if kind == "pruning":
         return curves.pruning_figure(data, filters, metric)
     if kind == "layers":
-        return curves.layers_figure(data, filters, map_name)
+        return curves.layers_figure(data, filters, map)
     if kind == "perturbation":
         return curves.perturbation_figure(data, filters)
     if kind == "ffn_pruning":
@@ -360,13 +363,13 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
     if density in data.maps:  # weight masks: do seeds keep the same weights?
         masked = data.subset(data.map(density)[1])
         if any(len(idx) >= 2 for idx in group_indices(masked, ["group_key"])):
-            plan.append(("agreement_seed_mask_density", "agreement", {"across": "seed", "map_name": density}))
+            plan.append(("agreement_seed_mask_density", "agreement", {"across": "seed", "map": density}))
     for map_name in (m for m in data.maps if m.startswith("neurons.")):  # FFN neurons: do seeds keep the same?
         finished = data.subset(data.map(map_name)[1])
         if any(len(idx) >= 2 for idx in group_indices(finished, ["group_key"])):
-            plan.append((f"agreement_seed_{map_name}", "agreement", {"across": "seed", "map_name": map_name}))
+            plan.append((f"agreement_seed_{map_name}", "agreement", {"across": "seed", "map": map_name}))
         for task in axis_values(finished, "task"):
-            plan.append((f"layers_{task}_{map_name}", "layers", {"filters": {"task": [task]}, "map_name": map_name}))
+            plan.append((f"layers_{task}_{map_name}", "layers", {"filters": {"task": [task]}, "map": map_name}))
     for task in axis_values(data, "task"):  # skill neurons' perturbation and pruning, where runs report them
         part = select(data, {"task": [task]})
         found = neurons.noise_metrics(name for name, v in part.metrics.items() if (~np.isnan(v)).any())

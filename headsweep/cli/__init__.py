@@ -1,8 +1,11 @@
 """``headsweep``: the command line. Bad input exits 2 with one line naming the problem.
 
 One module per command group, each with its ``register(subparsers)``: ``run`` (run, methods),
-``sweeps`` (submit, status, ls, resume, cancel), ``analysis`` (results, agreement, figures,
-serve, ...: analysis's own), ``slurm`` and ``tracking`` (report, ui).
+``sweeps`` (submit, status, head, ls, resume, cancel), ``questions`` (runs, results, agreement,
+compare-maps, spearman, transfer, iou, figures, serve: built from the questions' declarations in
+``analysis.views.vocabulary``), ``slurm`` and ``tracking`` (report, ui). What they share is in
+``common`` (the consoles, the progress bar, the sweep a command names) and ``output`` (how
+answers are written); the questions' tables in ``tables``, ``compare`` and ``transfer``.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import os
 import sys
 
 from experiments.common.sections import ConfigError
-from headsweep.cli import analysis, run, slurm, sweeps, tracking
+from headsweep.api import MlflowArtifacts
+from headsweep.cli import questions, run, slurm, sweeps, tracking
 from orchestrator import settings
 
 
@@ -34,8 +38,12 @@ def _resolve_sweep(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="headsweep", description=__doc__.split("\n", 1)[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (run, sweeps, analysis, slurm, tracking):  # the order of `headsweep --help`
-        group.register(sub)
+    run.register(sub)  # the order of `headsweep --help`
+    sweeps.register(sub)
+    # the run table's artifact URIs come from the MLflow store (HEADSWEEP_TRACKING_URI)
+    questions.register(sub, MlflowArtifacts())
+    slurm.register(sub)
+    tracking.register(sub)
     return parser
 
 

@@ -7,10 +7,9 @@ import argparse
 import os
 import sys
 
-from analysis.views.cli.common import SWEEP_HELP
 from analysis.views.report import sweep_report
 from experiments.common.sections import ConfigError
-from headsweep.cli.common import console, out
+from headsweep.cli.common import DB_HELP, SWEEP_HELP, TRACKING_HELP, console, out
 from orchestrator import settings
 
 
@@ -52,12 +51,12 @@ def register(sub) -> None:
     p = sub.add_parser("report", help="log a sweep's figures and summary metrics to its MLflow parent run "
                                       "(its driver does when the sweep finishes)")
     p.add_argument("sweep", help=SWEEP_HELP)
-    p.add_argument("--db", help="registry URL (default: $HEADSWEEP_DB or the HEADSWEEP_HOME SQLite file)")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the HEADSWEEP_HOME SQLite store)")
+    p.add_argument("--db", help=DB_HELP)
+    p.add_argument("--tracking-uri", help=TRACKING_HELP)
     p.set_defaults(func=cmd_report, render=sweep_report)
 
     p = sub.add_parser("ui", help="MLflow UI on 127.0.0.1")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the HEADSWEEP_HOME SQLite store)")
+    p.add_argument("--tracking-uri", help=TRACKING_HELP)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=5000, help="port to listen on (default: 5000)")

@@ -1,5 +1,5 @@
 """``headsweep results | agreement | figures | serve`` through a parser built with
-``analysis.views.cli.commands.register``, and ``headsweep report`` against a real SQLite MLflow store."""
+``headsweep.cli.questions.register``, and ``headsweep report`` against a real SQLite MLflow store."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from analysis import statistics
-from analysis.views.cli import commands, common
 from analysis.views.report import sweep_report
 from experiments.common.sections import ConfigError
+from headsweep.cli import common, questions
 from headsweep.cli import main as headsweep
 from orchestrator import report
 from orchestrator.registry import Registry
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="headsweep")
-    commands.register(parser.add_subparsers(dest="command", required=True))
+    questions.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(list(argv))
     return args.func(args)
 
@@ -220,8 +220,8 @@ def test_serve_blocks_until_ctrl_c(sweep, clients, tmp_path):
     # started with SIGINT ignored, as a shell starts a command in the background (`make test &`):
     # serve must still stop on it
     code = ("import argparse, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-            "from analysis.views.cli import commands; p = argparse.ArgumentParser(); "
-            "commands.register(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
+            "from headsweep.cli import questions; p = argparse.ArgumentParser(); "
+            "questions.register(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
     log = tmp_path / "serve.log"  # a file, not a pipe nobody reads (it would block the server once full)
     with log.open("w") as sink:
         process = subprocess.Popen(

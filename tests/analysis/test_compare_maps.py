@@ -22,8 +22,8 @@ from analysis.data.select import QueryError
 from analysis.data.sweep import from_runs
 from analysis.questions.agreement import compare, maps, relabel
 from analysis.views import answers, compare_figure, figure_plan
-from analysis.views.cli import commands, common
 from experiments.common.sections import ConfigError
+from headsweep.cli import common, questions
 from orchestrator.registry import Registry
 
 L, K = 6, 12
@@ -334,7 +334,7 @@ def methods_sweep(tmp_path_factory):
 
 def _run(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="headsweep")
-    commands.register(parser.add_subparsers(dest="command", required=True))
+    questions.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(list(argv))
     return args.func(args)
 

@@ -110,9 +110,9 @@ def test_a_mask_sweep_plans_its_density_agreement_and_no_open_heads_curves(sweep
 
     data, _ = sweep
     plan = {name: (kind, params) for name, kind, params in figure_plan.figure_plan(data)}
-    assert plan["agreement_seed_mask_density.png"] == ("agreement", {"across": "seed", "map_name": "heads.mask_density"})
+    assert plan["agreement_seed_mask_density.png"] == ("agreement", {"across": "seed", "map": "heads.mask_density"})
     assert not any("open_heads" in name for name in plan)
-    assert figure_plan.figure(data, "agreement", map_name="heads.mask_density", n_perm=20)[:4] == b"\x89PNG"
+    assert figure_plan.figure(data, "agreement", map="heads.mask_density", n_perm=20)[:4] == b"\x89PNG"
 
 
 # --------------------------------------------------------------------------- what training changed

@@ -13,9 +13,9 @@ from analysis.questions.agreement import across_runs, compare
 from analysis.statistics import STATISTICS, rbo
 from analysis.statistics import nulls as permutations
 from analysis.views import answers
-from analysis.views.cli import common
 from analysis.views.service.app import build_app
 from analysis.views.summary import summary_metrics
+from headsweep.cli import common
 from headsweep.cli import main as headsweep
 
 P_ = 0.9  # the persistence of the hand computations

@@ -20,10 +20,10 @@ from schemathesis import GenerationMode
 
 from analysis.data.loading import load_sweep
 from analysis.questions import results
-from analysis.views.cli import commands
-from analysis.views.service import app
+from analysis.views import vocabulary
 from analysis.views.service.app import build_app
 from experiments.common.result import UnitMap
+from headsweep.cli import questions
 from orchestrator.registry import Registry
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -423,8 +423,8 @@ def asgi(sweep):
 def test_agreement_is_answered_up_to_max_run_perms_and_refused_beyond(asgi, sweep, monkeypatch):
     """The bound is on runs x permutations (24 runs here); the real one answers a 2,004-run sweep (668
     cells x 3 seeds) at the default 1,000 permutations (~3.5 s on 6 x 12 head maps)."""
-    assert app.MAX_RUN_PERMS >= 2_004 * 1_000
-    monkeypatch.setattr(app, "MAX_RUN_PERMS", 24 * 40)
+    assert vocabulary.MAX_RUN_PERMS >= 2_004 * 1_000
+    monkeypatch.setattr(vocabulary, "MAX_RUN_PERMS", 24 * 40)
     answered = asgi.get(f"/sweeps/{sweep.sweep_id}/agreement", params={"across": "seed", "n_perm": 40})
     assert answered.status_code == 200 and answered.json()["stem_cell"]["nulls"][0]["n_perm"] == 40
     refused = asgi.get(f"/sweeps/{sweep.sweep_id}/agreement", params={"across": "seed", "n_perm": 41})
@@ -564,7 +564,7 @@ def test_the_service_offers_every_figure_the_cli_writes(every_kind_sweep, tmp_pa
 
     url, sweep_id = every_kind_sweep
     parser = argparse.ArgumentParser(prog="headsweep")
-    commands.register(parser.add_subparsers(dest="command", required=True))
+    questions.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["figures", sweep_id, "--out", str(tmp_path), "--db", url])
     assert args.func(args) == 0
     written = {path.name: path.read_bytes() for path in tmp_path.glob("*.png")}

@@ -24,7 +24,7 @@ import pytest
 from analysis.data.loading import load_sweep
 from analysis.data.select import QueryError
 from analysis.questions import transfer
-from analysis.views.cli import commands, common
+from headsweep.cli import common, questions
 from orchestrator.registry import Registry
 
 TASKS = ("sst2", "synthetic-cls", "synthetic-shortcut")
@@ -145,7 +145,7 @@ def test_runs_of_another_setting_are_not_pooled(data):
 
 def _run(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="headsweep")
-    commands.register(parser.add_subparsers(dest="command", required=True))
+    questions.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(list(argv))
     return args.func(args)
 

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 
 from analysis import statistics
 from analysis.data.select import (
-    DEFAULT_MAP,
     Filters,
     QueryError,
     axis_values,
+    default_map,
     did_you_mean,
     group_indices,
     list_choices,
@@ -156,7 +156,7 @@ def _pairs_of_copies(stat: Statistic, rows: np.ndarray, pairs: _LabelPairs) -> n
 
 def agreement(data: SweepData, across: str, filters: Filters | None = None, n_perm: int = 1000,
               seed: int = 0, asked: Sequence[str] | None = None, max_run_perms: int | None = None,
-              map_name: str = DEFAULT_MAP, pool: Sequence[str] = ()) -> Agreement:
+              map_name: str | None = None, pool: Sequence[str] = (), max_runs: int | None = None) -> Agreement:
     """How much the selected runs agree on which units (heads, neurons) they keep.
 
     ``across``:
@@ -169,79 +169,132 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
         axes matched on, tied to ``across`` and pooled on request are reported;
       - ``run``: run x run Pearson r (``pearson_matrix``, float32).
 
-    Beside the matrix, every statistic of ``statistics.asked("agreement")``: a pairwise one
-    between the same labels, averaged the same way; a cells one over the cells (seeds of one
-    setting) with enough seeds. ``asked``: the names of those to compute (default: all; the
+    ``map_name``: the unit map compared (default: the map most runs of the sweep have,
+    ``select.default_map``). Beside the matrix, every statistic of ``statistics.asked("agreement")``:
+    a pairwise one between the same labels, averaged the same way; a cells one over the cells (seeds
+    of one setting) with enough seeds. ``asked``: the names of those to compute (default: all; the
     others are NaN, "not asked for"). Every statistic is tested against both nulls of
     ``nulls.NULLS`` (units shuffled within layers / across all units) with ``n_perm``
     permutations each (0 = none). ``max_run_perms`` refuses questions above that many (runs x
-    permutations).
+    permutations), ``max_runs`` an across=run matrix of more runs (the service's limits).
     """
+    map_name = map_name or default_map(data)
     if n_perm < 0:
         raise QueryError(f"n_perm must be >= 0, got {n_perm}")
     check_across(across, data)
     wanted = _asked_statistics(asked)
+    sel, x, notes, map_used = _selected(data, filters, map_name, n_perm, max_run_perms,
+                                        max_runs if across == "run" else None)
+    cells = group_indices(sel, ["group_key"])
+    # seed order within a cell: the paper's single fit takes the triple's last seed as response
+    in_seed_order = [idx[np.argsort(sel.seed[idx], kind="stable")] for idx in cells]
+    if across == "run":
+        x = x.astype(np.float32)  # ~1e-7 error: 10,000 runs give a 400 MB matrix instead of 800 MB
+    found = _labels(sel, x, across, cells, pool, notes)
+    matrix = found.matrix_of(statistics.STATISTICS[R], found.x)
+    tested = _tested(found, matrix, x, in_seed_order, wanted, n_perm, seed)
+    return Agreement(R, across, [value_label(v) for v in found.labels], matrix, found.n_runs, tested,
+                     found.matched, found.pooled_axes, notes, maps=[map_used],
+                     n_cells=sum(len(idx) >= 3 for idx in cells))
+
+
+def _selected(data: SweepData, filters: Filters | None, map_name: str, n_perm: int, max_run_perms: int | None,
+              max_runs: int | None) -> tuple[SweepData, np.ndarray, list[str], str]:
+    """``map_runs`` of the selection: the runs with the map, refused when none or above the limits."""
     sel, x, notes, map_used = map_runs(select(data, filters), map_name)
     if len(sel) == 0:
         raise QueryError(f"no finished run with map {map_name} in the selection")
+    if max_runs is not None and len(sel) > max_runs:
+        raise QueryError(f"across=run answers an N x N matrix: {len(sel)} runs selected, at most "
+                         f"{max_runs}; filter them (e.g. task=..., seed=...)")
     if max_run_perms is not None and len(sel) * n_perm > max_run_perms:
         raise QueryError(f"{len(sel)} runs with {n_perm} permutations is more than this service answers "
                          f"({max_run_perms:,} runs x permutations): lower n_perm (to "
                          f"{max(max_run_perms // len(sel), 0)} or less) or filter the runs")
-    cells = group_indices(sel, ["group_key"])
-    seeded = [idx for idx in cells if len(idx) >= 2]
-    # seed order within a cell: the paper's single fit takes the triple's last seed as response
-    in_seed_order = [idx[np.argsort(sel.seed[idx], kind="stable")] for idx in cells]
-    matched, pooled_axes = [], []
+    return sel, x, notes, map_used
 
+
+@dataclass(frozen=True)
+class _Labels:
+    """What agreement compares across: the ``labels`` (seeds, runs, an axis's values), the rows
+    every statistic reads (``x``: the runs, or one mean map per setting and label), the blocks of
+    those rows that may be compared (``compared``) and their label pairs (``pairs``; None: every
+    pair of rows), the label matrix of a statistic over rows (``matrix_of``) and what it pools."""
+
+    labels: list
+    n_runs: list[int]
+    x: np.ndarray
+    compared: list[np.ndarray]
+    pairs: _LabelPairs | None
+    matrix_of: Callable[[Statistic, np.ndarray], np.ndarray]
+    pooled: Callable[[Statistic], str]
+    matched: list[str] = field(default_factory=list)
+    pooled_axes: list[str] = field(default_factory=list)
+
+
+def _labels(sel: SweepData, x: np.ndarray, across: str, cells: list[np.ndarray], pool: Sequence[str],
+            notes: list[str]) -> _Labels:
     if across == "seed":
-        if not seeded:
-            raise QueryError("agreement across seed needs a cell with at least 2 finished seeds")
-        labels = sorted(set(sel.seed[np.concatenate(seeded)].tolist()))
-        pos = {s: i for i, s in enumerate(labels)}
-        at = np.array([pos.get(s, 0) for s in sel.seed.tolist()])
+        return _across_seed(sel, x, [idx for idx in cells if len(idx) >= 2])
+    if across == "run":
+        return _Labels(sel.run_key.tolist(), [1] * len(sel), x, [np.arange(len(sel))], None,
+                       lambda stat, z: pair_matrix(stat, z.reshape(len(z), -1)),
+                       lambda stat: f"every pair of {len(sel)} runs")
+    return _across_axis(sel, x, across, pool, notes)
 
-        def matrix_of(stat: Statistic, z: np.ndarray) -> np.ndarray:
-            return _label_matrix(stat, z, at, seeded, len(labels))
 
-        n_runs = [int(sum((sel.seed[idx] == s).sum() for idx in seeded)) for s in labels]
-        stat_x, compared, label_pairs = x, seeded, _label_pairs(at, seeded, len(labels))
+def _across_seed(sel: SweepData, x: np.ndarray, seeded: list[np.ndarray]) -> _Labels:
+    """seed x seed: the runs of each cell with 2 or more finished seeds, compared within their cell."""
+    if not seeded:
+        raise QueryError("agreement across seed needs a cell with at least 2 finished seeds")
+    labels = sorted(set(sel.seed[np.concatenate(seeded)].tolist()))
+    pos = {s: i for i, s in enumerate(labels)}
+    at = np.array([pos.get(s, 0) for s in sel.seed.tolist()])
+    n_runs = [int(sum((sel.seed[idx] == s).sum() for idx in seeded)) for s in labels]
+    return _Labels(labels, n_runs, x, seeded, _label_pairs(at, seeded, len(labels)),
+                   partial(_label_matrix, at=at, blocks=seeded, k=len(labels)),
+                   lambda stat: f"mean over {len(seeded)} cells of their seeds' pairwise {stat.label}")
 
-        def pooled_for(stat: Statistic) -> str:
-            return f"mean over {len(seeded)} cells of their seeds' pairwise {stat.label}"
-    elif across == "run":
-        x = x.astype(np.float32)  # ~1e-7 error: 10,000 runs give a 400 MB matrix instead of 800 MB
-        labels, n_runs = sel.run_key.tolist(), [1] * len(sel)
 
-        def matrix_of(stat: Statistic, z: np.ndarray) -> np.ndarray:
-            return pair_matrix(stat, z.reshape(len(z), -1))
+def _across_axis(sel: SweepData, x: np.ndarray, across: str, pool: Sequence[str], notes: list[str]) -> _Labels:
+    """value x value of ``across``: each setting's seed-mean map per value (``strata.setting_means``)."""
+    labels = axis_values(sel, across)
+    if len(labels) < 2:
+        raise QueryError(f"agreement across {across} needs at least 2 values of {across} in the "
+                         f"selection, found {len(labels)}: {list_choices([value_label(v) for v in labels])}")
+    found = setting_means(sel, x, across, [value_label(v) for v in labels], pool, notes)
+    pooled = (f"mean over {len(found.groups)} settings of {', '.join(found.matched)}" if found.matched
+              else "one setting") + f" of the seed-mean maps of each {across}"
+    return _Labels(labels, found.n_runs, found.means, found.groups, _label_pairs(found.label, found.groups, len(labels)),
+                   partial(_label_matrix, at=found.label, blocks=found.groups, k=len(labels)),
+                   lambda stat: pooled, found.matched, found.pooled)
 
-        stat_x, compared, label_pairs = x, [np.arange(len(sel))], None
 
-        def pooled_for(stat: Statistic) -> str:
-            return f"every pair of {len(sel)} runs"
-    else:
-        labels = axis_values(sel, across)
-        if len(labels) < 2:
-            raise QueryError(f"agreement across {across} needs at least 2 values of {across} in the "
-                             f"selection, found {len(labels)}: {list_choices([value_label(v) for v in labels])}")
-        found = setting_means(sel, x, across, [value_label(v) for v in labels], pool, notes)
-        matched, pooled_axes, at, groups, n_runs = found.matched, found.pooled, found.label, found.groups, found.n_runs
-        stat_x = found.means  # (M, L, K): one mean map per (stratum, label)
-
-        def matrix_of(stat: Statistic, z: np.ndarray) -> np.ndarray:
-            return _label_matrix(stat, z, at, groups, len(labels))
-
-        compared, label_pairs = groups, _label_pairs(at, groups, len(labels))
-        pooled = (f"mean over {len(groups)} settings of {', '.join(matched)}" if matched
-                  else "one setting") + f" of the seed-mean maps of each {across}"
-
-        def pooled_for(stat: Statistic) -> str:
-            return pooled
-
-    matrix = matrix_of(statistics.STATISTICS[R], stat_x)
+def _tested(found: _Labels, matrix: np.ndarray, x: np.ndarray, in_seed_order: list[np.ndarray], wanted: set[str],
+            n_perm: int, seed: int) -> dict[str, Tested]:
+    """Every statistic of ``statistics.asked("agreement")`` by name, tested: the pairwise ones between
+    the labels (``found``), the cells ones over the cells' runs (``x``, ``in_seed_order``)."""
     # compared pairs x units x copies (the maps and every shuffle): what a pairwise statistic costs
-    work = sum(len(idx) * (len(idx) - 1) // 2 for idx in compared) * x[0].size * (1 + len(nulls.NULLS) * n_perm)
+    work = sum(len(idx) * (len(idx) - 1) // 2 for idx in found.compared) * x[0].size * (1 + len(nulls.NULLS) * n_perm)
+    tested, pairs, cell_stats = _sorted_statistics(wanted, work)
+    # every pairwise statistic reads the same shuffles (a generator seeded `seed`), the cells ones theirs
+    # (`seed + 1`), drawn meanwhile on another thread: numpy draws and sums without the GIL
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        cells_tested = pool.submit(_cells_tested, cell_stats, x, in_seed_order, n_perm, seed + 1)
+        observed = {stat.name: _offdiag_mean(matrix if stat.name == R else found.matrix_of(stat, found.x))
+                    for stat in pairs}
+        # across=run compares every pair of runs: one matrix per copy (a product for r) beats pair by pair
+        fast = None if found.pairs is None else partial(_pairs_of_copies, pairs=found.pairs)
+        on_copies = statistics_on_copies(pairs, found.x, fast,
+                                         lambda stat, copy: _offdiag_mean(found.matrix_of(stat, copy)))
+        tested |= tested_together(observed, found.x, n_perm, seed, {stat.name: found.pooled(stat) for stat in pairs},
+                                  on_copies)
+        tested |= cells_tested.result()
+    return {stat.name: tested[stat.name] for stat in statistics.asked("agreement") if stat.name in tested}
+
+
+def _sorted_statistics(wanted: set[str], work: int) -> tuple[dict[str, Tested], list[Statistic], list[Statistic]]:
+    """(the statistics left out, each with why; the pairwise ones to test; the cells ones to test)."""
     tested, pairs, cell_stats = {}, [], []
     for stat in statistics.asked("agreement"):
         if stat.name != R and stat.name not in wanted:
@@ -253,22 +306,7 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
             pairs.append(stat)
         elif stat.shape == "cells":
             cell_stats.append(stat)
-    # every pairwise statistic reads the same shuffles (a generator seeded `seed`), the cells ones theirs
-    # (`seed + 1`), drawn meanwhile on another thread: numpy draws and sums without the GIL
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        cells_tested = pool.submit(_cells_tested, cell_stats, x, in_seed_order, n_perm, seed + 1)
-        observed = {stat.name: _offdiag_mean(matrix if stat.name == R else matrix_of(stat, stat_x))
-                    for stat in pairs}
-        # across=run compares every pair of runs: one matrix per copy (a product for r) beats pair by pair
-        fast = None if label_pairs is None else partial(_pairs_of_copies, pairs=label_pairs)
-        on_copies = statistics_on_copies(pairs, stat_x, fast, lambda stat, copy: _offdiag_mean(matrix_of(stat, copy)))
-        tested |= tested_together(observed, stat_x, n_perm, seed, {stat.name: pooled_for(stat) for stat in pairs},
-                                 on_copies)
-        tested |= cells_tested.result()
-    tested = {stat.name: tested[stat.name] for stat in statistics.asked("agreement") if stat.name in tested}
-    n_cells = sum(len(idx) >= 3 for idx in cells)
-    return Agreement(R, across, [value_label(v) for v in labels], matrix, n_runs, tested, matched, pooled_axes,
-                     notes, maps=[map_used], n_cells=n_cells)
+    return tested, pairs, cell_stats
 
 
 def _asked_statistics(asked: Sequence[str] | None) -> set[str]:

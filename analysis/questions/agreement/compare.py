@@ -40,10 +40,10 @@ import numpy as np
 
 from analysis import statistics
 from analysis.data.select import (
-    DEFAULT_MAP,
     Filters,
     QueryError,
     axis_values,
+    default_map,
     describe,
     map_runs,
     select,
@@ -144,7 +144,7 @@ def _all_tested(values: dict[str, tuple[float, dict]], left_out: list[str], pool
             for stat in statistics.asked("compare_maps") if stat.shape == "pairs"}
 
 
-def overlap(data: SweepData, a: Filters, b: Filters, map_name: str = DEFAULT_MAP, k_frac: float = DEFAULT_TOP,
+def overlap(data: SweepData, a: Filters, b: Filters, map_name: str | None = None, k_frac: float = DEFAULT_TOP,
             filters: Filters | None = None, n_perm: int = 1000, seed: int = 0) -> dict[str, Any]:
     """Do two groups of runs rank the units of ``map_name`` alike? (``headsweep spearman``, ``/spearman``)
 
@@ -154,8 +154,9 @@ def overlap(data: SweepData, a: Filters, b: Filters, map_name: str = DEFAULT_MAP
     ``overlap`` / ``k``: agreement of the two mean maps' top ``k_frac`` units (``topk.in_top_k``,
     ties broken at random), beside ``chance_jaccard`` / ``chance_overlap``; ``mean_pairwise``: mean
     rho over every (run of a, run of b) pair (``spearman.mean_spearman_between``, lower: it also
-    counts single-run noise).
+    counts single-run noise). ``map_name``: default the map most runs of the sweep have.
     """
+    map_name = map_name or default_map(data)
     if not (isinstance(k_frac, int | float) and 0.0 < k_frac <= 1.0):
         raise QueryError(f"top must be a fraction in (0, 1], got {k_frac}")
     if n_perm < 0:

@@ -1,4 +1,5 @@
-"""The service's state: the registry's reader and a memo of serialised answers per (sweep, version, question)."""
+"""The service's state: the registry's reader, what the questions read besides the sweep, and a memo of
+serialised answers per (sweep, version, question)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 from fastapi import HTTPException
 from fastapi.responses import Response
 
-from analysis.data.loading import load_sweep
+from analysis.data.loading import open_sweep
 from analysis.data.sweep import SweepData
-from experiments.common.naming import suggest
+from analysis.questions.run_table import ArtifactUris
+from analysis.views.vocabulary import Context
 from orchestrator.registry.reader import NotFound, RegistryReader
 
 _MEMO_SIZE = 256
@@ -38,10 +40,12 @@ class Memo:
 
 
 class State:
-    """The app's registry (its reader: the service never writes or migrates) and its memo of answers."""
+    """The app's registry (its reader: the service never writes or migrates), what its questions read
+    besides the sweep (``context``: the service's limits apply) and its memo of answers."""
 
-    def __init__(self, registry_url: str):
+    def __init__(self, registry_url: str, artifact_uris: ArtifactUris | None = None):
         self.registry = RegistryReader(registry_url)
+        self.context = Context(self.registry, artifact_uris, limited=True)
         self.memo = Memo(_MEMO_SIZE)
 
     def resolve(self, sweep_id: str) -> str:
@@ -52,12 +56,8 @@ class State:
             raise HTTPException(404, str(err)) from None
 
     def data(self, sweep_id: str) -> SweepData:
-        try:
-            return load_sweep(self.registry, sweep_id)
-        except NotFound:
-            known = [s["id"] for s in self.registry.list_sweeps()]
-            hint = suggest(sweep_id, known, cutoff=0.0) or " (the registry has no sweeps)"
-            raise HTTPException(404, f"unknown sweep '{sweep_id}'{hint}") from None
+        """The sweep, loaded (cached); an unknown id is ``UnknownSweep``, a 404 naming the nearest."""
+        return open_sweep(self.registry, sweep_id)
 
     def answer(self, sweep_id: str, question: tuple, compute: Callable[[SweepData], Response]) -> Response:
         data = self.data(sweep_id)

@@ -1,5 +1,6 @@
-"""The service's query parameters and the helpers every endpoint shares: axis filters, ``{sweep_id}``
-(``last`` resolved), unknown parameters as 400s, figure URLs, serialised answers."""
+"""The service's query parameters and the helpers every endpoint shares: a question's declared parameters
+as query parameters, axis filters, ``{sweep_id}`` (``last`` resolved), unknown parameters as 400s, figure
+URLs, serialised answers."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from pydantic import BaseModel
 from analysis.data import select
 from analysis.data.select import QueryError
 from analysis.data.sweep import AXES, SCALE_LABELS
-from analysis.views.figure_kinds import DPI, DPI_RANGE
+from analysis.views.figure_kinds import DPI
 from analysis.views.service.models import SweepOut
+from analysis.views.vocabulary import Param, names
 from experiments.common.naming import suggest
-from experiments.common.png import FORMATS as FIGURE_FORMATS
 from orchestrator.registry.reader import LAST
 from orchestrator.status import RUN_DONE
 
@@ -36,14 +37,8 @@ def check_params(request: Request, *names: str, axes: bool = True) -> None:
 _FILTER_HELP = "Comma-separated values; a run matches any of them."
 
 
-MAP_HELP = "Unit map, e.g. heads.gate, heads.log_alpha (default: the map most runs of the sweep have)."
-
-
 _WHERE_HELP = ("Which runs, as the CLI's --where: e.g. metrics.accuracy > 0.8 and params.train.lr = 3e-4 and "
                "seed != 1, or head_gates.lr:0.001,task.max_train:500|1000")
-
-
-ACROSS_HELP = f"run, {', '.join(a for a in AXES if a not in ('status', 'group_key', 'run_key'))} or a config key."
 
 
 def axis_filters(request: Request, where: str | None = None, **_: Any) -> select.Where:
@@ -53,7 +48,7 @@ def axis_filters(request: Request, where: str | None = None, **_: Any) -> select
     values: dict[str, list[str]] = {}
     for axis in AXES:
         for raw in request.query_params.getlist(axis):
-            values.setdefault(axis, []).extend(v.strip() for v in raw.split(","))
+            values.setdefault(axis, []).extend(names(raw))
     return select.as_where(values) + select.parse_filter(where)
 
 
@@ -84,14 +79,18 @@ def frozen(filters: select.Filters) -> tuple:
     return select.as_where(filters)
 
 
-FigureFormat = Annotated[Literal[FIGURE_FORMATS], Query(
-    description="png (default), pdf or svg (vector, for a paper), as `headsweep figures --format`.")]
-Dpi = Annotated[float, Query(ge=DPI_RANGE[0], le=DPI_RANGE[1], description=f"Resolution in dots per inch (default {DPI}, as "
-                                                            "`headsweep figures --dpi`; in a PDF or SVG only "
-                                                            "its raster images, such as heat maps, use it).")]
-
-_FIGURE_QUERY = {"across": "across", "metric": "metric", "x": "x", "map_name": "map", "maps": "maps"}
-"""figure() keyword -> the query parameter of ``figures/{kind}`` that sets it (filters aside)."""
+def query_parameter(param: Param) -> inspect.Parameter:
+    """A declared parameter (``vocabulary.Param``) as a query parameter: its type (a list as comma-separated
+    text, choices as an enum), default, bounds (the service's cap, where it has one, as the upper bound)
+    and meaning, as FastAPI reads them and the OpenAPI document shows them."""
+    kind = str if param.many else Literal[param.choices] if param.choices else param.type
+    if param.default is None and not param.required:
+        kind = kind | None
+    query = Query(description=param.help[:1].upper() + param.help[1:] + ".", ge=param.ge, gt=param.gt,
+                  le=param.cap or param.le, min_length=1 if param.type is str and not param.many else None)
+    default = inspect.Parameter.empty if param.required else "" if param.many else param.default
+    return inspect.Parameter(param.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[kind, query])
 
 
 def figure_url(sweep_id: str, kind: str, params: dict[str, Any], fmt: str = "png", dpi: float = DPI) -> str:
@@ -110,7 +109,7 @@ def figure_url(sweep_id: str, kind: str, params: dict[str, Any], fmt: str = "png
         query["where"] = ",".join(where)
     for key, value in params.items():
         if key != "filters":
-            query[_FIGURE_QUERY[key]] = ",".join(value) if key == "maps" else str(value)
+            query[key] = ",".join(value) if isinstance(value, list | tuple) else str(value)
     return f"/sweeps/{sweep_id}/figures/{kind}" + (f"?{urlencode(query)}" if query else "")
 
 
