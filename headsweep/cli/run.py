@@ -41,6 +41,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = parse_config(apply_overrides(load_yaml(args.config), args.sets or []))
 
     check_precision(cfg, "cpu")  # headsweep run trains on this machine's CPU: fp16 fails here, not after its stages
+    if args.dry_run:
+        from headsweep.cli.optimisers import optimiser_table
+
+        out.print(f"run {cfg.run_key} ({cfg.run_name(' ')}): validated, nothing run")
+        out.print(optimiser_table([cfg]))
+        return 0
     _threads(args.threads)
     from orchestrator.checkpoints import CheckpointStore
     from orchestrator.registry.stages import with_upstreams
@@ -182,6 +188,8 @@ def register(sub) -> None:
     p.add_argument("--experiment", default="headsweep-runs", help="MLflow experiment name")
     p.add_argument("--no-track", action="store_false", dest="track", help="do not record in MLflow")
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
+    p.add_argument("--dry-run", action="store_true", help="validate; print the run key and what trains, per "
+                   "parameter group (lr, weight decay, schedule, clip, betas, eps); run nothing")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("methods", help="every method: pipelines, config keys with defaults and meaning")

@@ -64,6 +64,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         for cfg, row in zip(configs, labels, strict=False):
             table.add_row(cfg.run_key, *("-" if row.get(c) is None else str(row[c]) for c in columns))
         out.print(table)
+        from headsweep.cli.optimisers import optimiser_table
+
+        out.print(optimiser_table(configs))
         return 0
     submitted = sweeps.submit(args.grid, force=args.force, rerun_failed=args.rerun_failed, track=args.track,
                               auto_resume=args.auto_resume, sets=args.sets or [])
@@ -274,7 +277,8 @@ def register(sub) -> None:
     p.add_argument("--set", action="append", dest="sets", metavar="KEY=V1,V2",
                    help="override the grid: a list makes KEY an axis of those values (seed=0,1,2), one value sets "
                         "it for every cell (train.lr=1e-4); repeatable")
-    p.add_argument("--dry-run", action="store_true", help="print the expansion: runs, new, already finished")
+    p.add_argument("--dry-run", action="store_true", help="print the expansion: runs, new, already finished, "
+                   "and what trains, per parameter group")
     p.add_argument("--wait", action="store_true", help="follow the sweep with a progress bar")
     p.add_argument("--force", action="store_true", help="rerun even finished runs")
     p.add_argument("--rerun-failed", action="store_true", help="requeue failed and cancelled runs")
