@@ -1,7 +1,11 @@
-"""One vocabulary: each operation has one name and the same parameters and defaults on the command
+"""One vocabulary: every operation has one name and the same parameters and defaults on the command
 line, over HTTP and in Python, read from the CLI's parser, the service's routes and the API's
-signatures (no sweep needed); an operation without one of them says why, here and only here, and
-the vocabulary table of docs/reference.md names the same three.
+signatures (no sweep needed); the questions' are their declarations' (analysis/views/vocabulary.py).
+
+docs/reference.md's vocabulary section is the one place that says where they differ: its first table
+names each operation's command, path and call, or why a surface has none; its second says why an
+option is not on every surface of its operation, or why its default differs. This test reads both
+tables and checks them against the surfaces, both ways; it keeps no list of its own.
 """
 
 from __future__ import annotations
@@ -11,55 +15,93 @@ import functools
 import inspect
 import re
 import tempfile
+import typing
 from pathlib import Path
 
 import pytest
 
 import headsweep
 from analysis.views.service.app import build_app
-from headsweep.cli import build_parser, run, slurm, sweeps, tracking
+from analysis.views.vocabulary import FIGURE_DPI, FIGURE_FORMAT, QUESTIONS
+from headsweep.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = "<required>"
+SURFACES = ("cli", "http", "python")
+SUBJECT = {"sweep_id": "sweep", "self": "sweep"}
+"""The sweep an operation acts on has one name here: the CLI's SWEEP, the path's {sweep_id}, Python's
+sweep_id argument or the Sweep a method is called on."""
 
-VOCABULARY = {
-    # operation: (CLI command, HTTP paths (GET), Python call); None: see WHY_NOT
-    "runs": ("runs", ("/sweeps/{sweep_id}/runs",), "Sweep.runs"),
-    "results": ("results", ("/sweeps/{sweep_id}/results", "/sweeps/{sweep_id}/aggregate"), "Sweep.results"),
-    "agreement": ("agreement", ("/sweeps/{sweep_id}/agreement",), "Sweep.agreement"),
-    "compare-maps": ("compare-maps", ("/sweeps/{sweep_id}/compare-maps",), "Sweep.compare_maps"),
-    "spearman": ("spearman", ("/sweeps/{sweep_id}/spearman",), "Sweep.spearman"),
-    "iou": ("iou", ("/sweeps/{sweep_id}/iou", "/sweeps/{sweep_id}/mask-iou"), "Sweep.iou"),
-    "transfer": ("transfer", ("/sweeps/{sweep_id}/transfer",), "Sweep.transfer"),
-    "figures": ("figures", ("/sweeps/{sweep_id}/figures",), "Sweep.figures"),
-    "figure": (None, ("/sweeps/{sweep_id}/figures/{kind}", "/sweeps/{sweep_id}/figures/{kind}.png"), "Sweep.figure"),
-    "map": (None, None, "Sweep.map"),
-    "sweeps": ("ls", ("/sweeps",), None),
-    "sweep": ("status", ("/sweeps/{sweep_id}",), "sweep"),
-    "submit": ("submit", None, "submit"),
-    "serve": ("serve", None, None),
-}
-WHY_NOT = {
-    ("figure", "cli"): "`headsweep figures --kind K` writes that kind's figures as files (`figures`)",
-    ("map", "cli"): "a (runs, layers, units) array is for code: the CLI prints answers about maps, not maps",
-    ("map", "http"): "as for the CLI; the service answers questions about maps and draws them",
-    ("sweeps", "python"): "a notebook opens one sweep (headsweep.sweep('last')); `headsweep ls` lists them",
-    ("submit", "http"): "the service reads and never writes (DESIGN.md): runs are started by the CLI and Python",
-    ("serve", "http"): "it is the HTTP service",
-    ("serve", "python"): "Python calls the answers themselves; build_app() is the same app for a test or a server",
-}
-"""Every missing surface of an operation, with the reason: the one place it is stated."""
-WRITERS = (run, sweeps, slurm, tracking)
-"""The CLI groups that run, submit, stop or serve things: the read-only service has no endpoint for their
-commands and Python only ``submit`` (in VOCABULARY); their reads (ls, status) are in VOCABULARY."""
-OUTPUT_ONLY = {"cli": {"sweep", "format", "out", "png", "db", "func", "artifact_uris", "command"},
-               "http": {"sweep_id", "offset", "limit"}, "python": {"self"}}
-"""Parameters of one surface only: where the answer goes (CLI: --format, --out, --png; HTTP: a page of
-the runs), which registry (CLI --db; Python headsweep.sweep(db=...)), which sweep (every surface)."""
-LENIENT = {"submit", "sweep", "figures", "figure"}
-"""Operations whose surfaces share some parameters only (submit's --dry-run, --rerun-failed are the
-command's; figures' kinds and formats are drawn per kind): only their shared parameters' defaults must
-agree. Every other operation has one parameter list."""
+
+# --------------------------------------------------------------------------- the docs' tables
+
+
+def _section() -> str:
+    text = (ROOT / "docs" / "reference.md").read_text()
+    start = text.index("## One vocabulary")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def _rows(header: str) -> list[list[str]]:
+    """The cells of each row of the section's table whose header row starts with ``header``."""
+    lines = _section().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def _ticked(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+@functools.cache
+def operations() -> dict[str, dict[str, object]]:
+    """operation -> {surface: its name there (CLI command, HTTP paths, Python call) or the reason it has
+    none}, and its parameters cell, from the first table."""
+    found = {}
+    for operation, cli, http, python, params in _rows("| operation |"):
+        names = {}
+        for surface, cell in (("cli", cli), ("http", http), ("python", python)):
+            missing = re.fullmatch(r"- \((.+)\)", cell)
+            if missing:
+                names[surface] = ("-", missing.group(1))
+            elif surface == "cli":
+                names[surface] = _ticked(cell)[0].split()[1]
+            elif surface == "http":
+                names[surface] = tuple(p.replace("{id}", "{sweep_id}") for p in _ticked(cell) if p.startswith("/"))
+            else:
+                names[surface] = _ticked(cell)[0].removeprefix("headsweep.").split("(")[0]
+        found[operation] = names | {"params": params}
+    return found
+
+
+def offered(operation: str) -> dict[str, object]:
+    """{surface: its name} of the surfaces that offer ``operation``."""
+    return {s: name for s, name in operations()[operation].items() if s in SURFACES and not _missing(name)}
+
+
+def _missing(name: object) -> bool:
+    return isinstance(name, tuple) and name[:1] == ("-",)
+
+
+@functools.cache
+def differences() -> dict[tuple[str, str], str]:
+    """(operation, option) -> why the option is not on every surface of the operation or not alike, from
+    the second table (a row names several operations and options)."""
+    found = {}
+    for ops, options, why in _rows("| operations |"):
+        assert why, (ops, options)
+        for operation in (o.strip() for o in ops.split(",")):
+            for option in _ticked(options):
+                found[(operation, option)] = why
+    return found
+
+
+# --------------------------------------------------------------------------- the surfaces
 
 
 def _empty(value):
@@ -67,24 +109,16 @@ def _empty(value):
     return None if value in (None, "", (), []) else value
 
 
+@functools.cache
 def cli_commands() -> dict[str, argparse.ArgumentParser]:
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return dict(sub.choices)
 
 
-def writer_commands() -> set[str]:
-    names = set()
-    for group in WRITERS:
-        parser = argparse.ArgumentParser()
-        group.register(parser.add_subparsers())
-        names |= set(next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices)
-    return names
-
-
 def cli_params(parser: argparse.ArgumentParser) -> dict[str, object]:
     out = {}
     for action in parser._actions:
-        if isinstance(action, argparse._HelpAction) or action.dest in OUTPUT_ONLY["cli"]:
+        if isinstance(action, argparse._HelpAction):
             continue
         out[action.dest] = REQUIRED if action.required or (not action.option_strings and action.nargs != "?") \
             else _empty(action.default)
@@ -103,10 +137,10 @@ def http_routes() -> dict[str, object]:
 
 def http_params(route) -> dict[str, object]:
     out = {}
-    for param in route.dependant.query_params + [p for d in route.dependant.dependencies for p in d.query_params]:
-        name = param.alias
-        if name in OUTPUT_ONLY["http"]:
-            continue
+    dependant = route.dependant
+    for param in dependant.path_params + dependant.query_params + [
+            p for d in dependant.dependencies for p in d.path_params + d.query_params]:
+        name = SUBJECT.get(param.alias, param.alias)
         if param.name.startswith("axis_") or name == "where":  # the axis filters and --where: one `where`
             out["where"] = None
             continue
@@ -122,96 +156,128 @@ def python_call(name: str):
 def python_params(call) -> dict[str, object]:
     out = {}
     for name, param in inspect.signature(call).parameters.items():
-        if name in OUTPUT_ONLY["python"] or name in ("db", "tracking_uri", "sweep_id", "grid"):
-            continue
-        out[name] = REQUIRED if param.default is inspect.Parameter.empty else _empty(param.default)
+        required = param.default is inspect.Parameter.empty or param.kind is inspect.Parameter.VAR_POSITIONAL
+        out[SUBJECT.get(name, name)] = REQUIRED if required else _empty(param.default)
     return out
 
 
 def surfaces(operation: str) -> dict[str, dict[str, object]]:
-    cli, paths, python = VOCABULARY[operation]
+    """{surface: {option: its default, or REQUIRED}} of each surface that offers ``operation``."""
     found = {}
-    if cli is not None:
-        found["cli"] = cli_params(cli_commands()[cli])
-    if paths is not None:
-        found["http"] = http_params(http_routes()[paths[0]])
-    if python is not None:
-        found["python"] = python_params(python_call(python))
+    for surface, name in offered(operation).items():
+        if surface == "cli":
+            found[surface] = cli_params(cli_commands()[name])
+        elif surface == "http":
+            found[surface] = http_params(http_routes()[name[0]])
+        else:
+            found[surface] = python_params(python_call(name))
     return found
 
 
-def test_every_operation_has_each_surface_or_a_stated_reason():
-    for operation, (cli, paths, python) in VOCABULARY.items():
-        for surface, name in (("cli", cli), ("http", paths), ("python", python)):
-            assert (name is None) == ((operation, surface) in WHY_NOT), (operation, surface)
-        assert cli is None or cli in cli_commands(), (operation, cli)
-        assert paths is None or all(path in http_routes() for path in paths), (operation, paths)
-        assert python is None or callable(python_call(python)), (operation, python)
-    assert set(WHY_NOT) <= {(op, s) for op in VOCABULARY for s in ("cli", "http", "python")}
+def python_calls() -> set[str]:
+    """Every public call of ``import headsweep``: its functions and the Sweep's methods."""
+    functions = {name for name in headsweep.__all__ if inspect.isfunction(getattr(headsweep, name))}
+    methods = {f"Sweep.{name}" for name, value in vars(headsweep.Sweep).items()
+               if callable(value) and not name.startswith("_")}
+    return functions | methods
 
 
-def test_every_command_route_and_call_is_in_the_vocabulary():
-    """A new command, endpoint or API call is placed in the vocabulary (or is a writer's command)."""
-    named_cli = {cli for cli, _, _ in VOCABULARY.values() if cli}
-    assert set(cli_commands()) - named_cli - writer_commands() == set()
-    named_http = {path for _, paths, _ in VOCABULARY.values() for path in paths or ()}
+# --------------------------------------------------------------------------- the checks
+
+
+def test_the_tables_are_read():
+    """The walk found the tables (a broken parse would pass the checks below on nothing)."""
+    assert len(operations()) >= 20 and {"agreement", "submit", "figure"} <= set(operations())
+    assert len(differences()) >= 20
+
+
+def test_every_command_route_and_call_is_an_operation_of_the_table():
+    """Each surface's every command, endpoint and public call is named by one row, and each name a row
+    gives is there; a surface a row gives none says why (the table's '- (why)')."""
+    named = {surface: [offered(op)[surface] for op in operations() if surface in offered(op)] for surface in SURFACES}
+    assert sorted(named["cli"]) == sorted(cli_commands())
+    paths = [path for paths in named["http"] for path in paths]
     service = {path for path in http_routes() if not path.startswith(("/docs", "/redoc", "/openapi"))}
-    assert service == named_http
-    public = {f"Sweep.{name}" for name, value in vars(headsweep.Sweep).items()
-              if callable(value) and not name.startswith("_")} | {"sweep", "submit"}
-    assert public == {python for _, _, python in VOCABULARY.values() if python}
+    assert sorted(paths) == sorted(service)
+    assert sorted(named["python"]) == sorted(python_calls())
+    for operation, cells in operations().items():
+        assert offered(operation), f"{operation}: on no surface"
+        for surface in SURFACES:
+            assert not _missing(cells[surface]) or len(cells[surface][1]) > 10, (operation, surface, cells[surface])
 
 
-@pytest.mark.parametrize("operation", sorted(VOCABULARY))
-def test_an_operation_has_the_same_parameters_and_defaults_everywhere(operation):
-    found = surfaces(operation)
-    if operation in LENIENT:
-        shared = set.intersection(*(set(params) for params in found.values())) if len(found) > 1 else set()
-        for name in shared:
-            assert len({repr(params[name]) for params in found.values()}) == 1, (operation, name, found)
-        return
-    first, *others = found.items()
-    for surface, params in others:
-        assert params == first[1], f"{operation}: {first[0]} {first[1]} vs {surface} {params}"
-
-
-def test_the_old_paths_answer_as_the_new_ones():
+def test_old_paths_answer_as_the_new_ones_hidden():
+    """A row's further paths (`old: ...`) are the old paths: the same endpoint, left out of the OpenAPI document."""
     routes = http_routes()
-    for old, new in (("/sweeps/{sweep_id}/aggregate", "/sweeps/{sweep_id}/results"),
-                     ("/sweeps/{sweep_id}/mask-iou", "/sweeps/{sweep_id}/iou"),
-                     ("/sweeps/{sweep_id}/figures/{kind}.png", "/sweeps/{sweep_id}/figures/{kind}")):
-        assert routes[old].endpoint is routes[new].endpoint and not routes[old].include_in_schema
+    for operation in operations():
+        if "http" not in offered(operation):
+            continue
+        first, *old = offered(operation)["http"]
+        assert routes[first].include_in_schema, first
+        for path in old:
+            assert routes[path].endpoint is routes[first].endpoint and not routes[path].include_in_schema, path
+
+
+@pytest.mark.parametrize("operation", sorted(operations()))
+def test_an_operation_has_the_same_options_and_defaults_everywhere_or_says_why(operation):
+    """Every option of an operation is on each of its surfaces with the same default (REQUIRED alike),
+    or the second table says why; and each of its rows names a real difference."""
+    found = surfaces(operation)
+    options = set().union(*(set(params) for params in found.values()))
+    for option in sorted(options):
+        values = {surface: params.get(option, "<absent>") for surface, params in found.items()}
+        alike = len({repr(v) for v in values.values()}) == 1
+        listed = (operation, option) in differences()
+        assert alike or listed, f"{operation}: {option} is {values}: alike, or docs/reference.md says why"
+        assert not (alike and listed), f"{operation}: {option} is {values} everywhere: drop its row"
+    stale = {option for (op, option) in differences() if op == operation} - options
+    assert not stale, f"{operation}: the differences table names {stale}, which no surface has"
+
+
+@pytest.mark.parametrize("operation", sorted(operations()))
+def test_the_parameters_cell_names_every_shared_option(operation):
+    found = surfaces(operation)
+    shared = set.intersection(*(set(params) for params in found.values())) - {"sweep"}
+    cell = operations()[operation]["params"]
+    for option in shared:
+        assert re.search(rf"`-*{option.replace('_', '[_-]')}\b", cell), (operation, option, cell)
+
+
+@pytest.mark.parametrize("name", sorted(QUESTIONS))
+def test_a_question_is_asked_as_declared_on_every_surface(name):
+    """Each declared question's command, route and call take its parameters with its defaults, and
+    `where`; what else a surface takes is in the differences table (the test above)."""
+    question = QUESTIONS[name]
+    declared = {p.name: REQUIRED if p.required else _empty(p.default) for p in question.params}
+    found = surfaces(name)
+    assert set(found) == set(offered(name)) and len(found) >= 2, name
+    for surface, params in found.items():
+        assert {option: params.get(option, "<absent>") for option in declared} == declared, (name, surface, params)
+        assert "where" in params or (name, "where") in differences(), (name, surface)
 
 
 def test_the_figure_endpoints_take_the_cli_figures_format_and_dpi():
     """`figures --format png|pdf|svg --dpi N` and the service's `format` and `dpi` on the list and on each
-    figure: the same names, the same choices, the same defaults (LENIENT compares only shared names, and
-    --format is an output flag of the other commands)."""
-    import typing
-
+    figure: the declarations' (FIGURE_FORMAT, FIGURE_DPI), the same choices and bounds."""
     flags = {action.dest: action for action in cli_commands()["figures"]._actions}
-    assert flags["format"].choices and flags["dpi"].default
+    assert set(flags["format"].choices) == set(FIGURE_FORMAT.choices)
+    assert (flags["format"].default, flags["dpi"].default) == (FIGURE_FORMAT.default, FIGURE_DPI.default)
     for path in ("/sweeps/{sweep_id}/figures", "/sweeps/{sweep_id}/figures/{kind}",
                  "/sweeps/{sweep_id}/figures/{kind}.png"):
         params = {p.alias: p for p in http_routes()[path].dependant.query_params}
-        assert set(typing.get_args(params["format"].field_info.annotation)) == set(flags["format"].choices), path
-        assert params["format"].field_info.default == flags["format"].default == "png", path
-        assert params["dpi"].field_info.default == flags["dpi"].default, path
+        assert set(typing.get_args(params["format"].field_info.annotation)) == set(FIGURE_FORMAT.choices), path
+        assert params["format"].field_info.default == "png" and params["dpi"].field_info.default == FIGURE_DPI.default
+        bounds = {type(m).__name__: m for m in params["dpi"].field_info.metadata}
+        assert (bounds["Ge"].ge, bounds["Le"].le) == (FIGURE_DPI.ge, FIGURE_DPI.le), path
 
 
-def test_the_reference_has_the_vocabulary_table():
-    """docs/reference.md's table: one row per operation with its command, its path and its call (or a dash)."""
-    text = (ROOT / "docs" / "reference.md").read_text()
-    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| (\S+) \|.*$", text, re.MULTILINE)}
-    for operation, (cli, paths, python) in VOCABULARY.items():
-        row = rows.get(operation)
-        assert row is not None, f"docs/reference.md's vocabulary table has no row '{operation}'"
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        assert (cli is None and cells[1] == "-") or f"headsweep {cli}" in cells[1], (operation, cells[1])
-        for path in paths or ():
-            assert path.replace("{sweep_id}", "{id}") in cells[2], (operation, path, cells[2])
-        assert (paths is None and cells[2].startswith("-")) or paths, (operation, cells[2])
-        assert (python is None and cells[3].startswith("-")) or (python and python.split(".")[-1] in cells[3])
+def test_the_writers_say_no_track_as_track():
+    """`--no-track` and `--no-auto-resume` are the options track and auto_resume (default True), as
+    Python's submit and resume name them; `--set` is sets."""
+    for command, option in (("submit", "track"), ("submit", "auto_resume"), ("resume", "track"), ("submit", "sets")):
+        assert option in cli_params(cli_commands()[command]), (command, option)
+    args = build_parser().parse_args(["submit", "grid.yaml", "--no-track", "--set", "seed=0,1", "--set", "lr=1"])
+    assert (args.track, args.auto_resume, args.sets) == (False, True, ["seed=0,1", "lr=1"])
 
 
 def test_the_check_sees_a_default_that_differs():
@@ -223,4 +289,5 @@ def test_the_check_sees_a_default_that_differs():
     old.add_argument("--map", default="heads.gate")
     http = surfaces("agreement")["http"]
     assert {k: http[k] for k in ("across", "map")} == {"across": "seed", "map": None}
-    assert cli_params(old) == {"across": REQUIRED, "map": "heads.gate"}
+    assert cli_params(old) == {"sweep": REQUIRED, "across": REQUIRED, "map": "heads.gate"}
+    assert python_params(lambda track=True, *maps: None) == {"track": True, "maps": REQUIRED}
