@@ -269,6 +269,53 @@ def test_compare_maps_is_the_clis_with_the_same_figure(db, capsys, tmp_path):
     assert figure_png(comparison.figure(), figures.DPI) == png.read_bytes()
 
 
+def test_a_figure_is_the_services_with_the_same_parameters(db, tmp_path):
+    """``Sweep.figure(kind, ...)`` takes the route's parameters by the same names (``map``, not a bridge
+    table's ``map_name``) and draws the very PNG ``/figures/{kind}`` answers, and ``Sweep.figures(where=)``
+    the files ``headsweep figures --where`` writes."""
+    from fastapi.testclient import TestClient
+
+    from analysis.views.service.app import build_app
+    from orchestrator import settings
+
+    s = headsweep.sweep(db)
+    with TestClient(build_app(settings.registry_url())) as client:
+        for kind, params in (("grey", {"map": "heads.log_alpha"}), ("agreement", {"across": "lambda", "n_perm": 20}),
+                             ("curves", {"metric": "accuracy", "x": "lambda", "where": "seed:0|1"})):
+            response = client.get(f"/sweeps/{db}/figures/{kind}", params=params)
+            assert response.status_code == 200, response.text
+            assert figure_png(s.figure(kind, **params), figures.DPI) == response.content, (kind, params)
+    folder = tmp_path / "figs"
+    assert headsweep_cli(["figures", db, "--where", "lambda:0.1", "--out", str(folder)]) == 0
+    drawn = s.figures(where="lambda:0.1")
+    assert sorted(drawn) == sorted(path.name for path in folder.iterdir()) and len(drawn) >= 2
+    assert all(figure_png(figure, figures.DPI) == (folder / name).read_bytes() for name, figure in drawn.items())
+
+
+def test_cancel_and_resume_in_python_are_the_commands(tmp_path, monkeypatch):
+    """``headsweep.cancel`` is ``headsweep cancel``: a sweep whose driver is gone has its running runs and
+    itself cancelled at once (no Ray needed); ``cancel`` and ``resume`` name the nearest sweep for an
+    unknown id, as the commands do, before touching anything."""
+    from experiments.keyed.config import parse_config
+    from orchestrator import settings
+
+    monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path / "home"))
+    for name in ("HEADSWEEP_DB", "HEADSWEEP_RAY_DASHBOARD"):
+        monkeypatch.delenv(name, raising=False)
+    configs = [parse_config({"model": "tiny-bert", "task": {"name": "synthetic-cls"}, "seed": s}) for s in (0, 1, 2)]
+    with Registry(settings.registry_url()) as registry:
+        sweep_id, _ = registry.create_sweep("cancel", "name: cancel\n", configs, {"cpus": 1.0, "gpus": 0.0}, None, 1)
+        assert registry.claim(configs[0].run_key, "w") and registry.finish(configs[0].run_key, {"accuracy": 0.5})
+        assert registry.claim(configs[1].run_key, "trial@host:1") is not None
+        registry.set_sweep(sweep_id, driver="raysubmit_gone", status="running")
+        for call in (headsweep.cancel, headsweep.resume):
+            with pytest.raises(ValueError, match=f"unknown sweep '{sweep_id[:-1]}x'; did you mean '{sweep_id}'"):
+                call(sweep_id[:-1] + "x")
+        assert registry.sweep_counts(sweep_id) == {"finished": 1, "running": 1, "pending": 1}
+        assert headsweep.cancel("last") == {"finished": 1, "cancelled": 2}
+        assert registry.get_sweep(sweep_id)["status"] == "cancelled"
+
+
 def test_bad_input_is_a_value_error_naming_the_nearest(db):
     s = headsweep.sweep(db)
     with pytest.raises(ValueError, match="did you mean 'lambda'"):
