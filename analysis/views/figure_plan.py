@@ -379,6 +379,16 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
             plan.append((f"ffn_pruning_{task}", "ffn_pruning", {"filters": {"task": [task]}}))
     for names in plan_maps(data):  # two or more maps of one kind: do the methods rank units alike?
         plan.append((f"compare_maps_{names[0].partition('.')[0]}", "compare_maps", {"maps": names}))
+    plan += _curves_plan(data)
+    if any(COST.matches(m) and (~np.isnan(v)).any() for m, v in data.metrics.items()):
+        plan.append(("cost", "cost", {}))  # every timing in one figure, never a curve each
+    return [(_safe_name(name) + ".png", kind, params) for name, kind, params in plan]
+
+
+def _curves_plan(data: SweepData) -> list[tuple[str, str, dict[str, Any]]]:
+    """Per task, the curves of each metric (not losses, head counts or timings) vs each x that varies,
+    and head_importance's pruning curves."""
+    plan: list[tuple[str, str, dict[str, Any]]] = []
     done = data.subset(~np.isnan(_open_heads(data)) | (data.status == "finished"))
     for task in axis_values(done, "task") if len(done) else []:
         part = select(done, {"task": [task]})
@@ -397,9 +407,7 @@ def figure_plan(data: SweepData, max_rgb: int = 24) -> list[tuple[str, str, dict
         for metric, points in sorted(pruning.pruned_metrics(part.metrics).items()):  # head_importance's curves
             if any((~np.isnan(part.metrics[name])).any() for name in points.values()):
                 plan.append((f"pruning_{task}_{metric}", "pruning", {"filters": {"task": [task]}, "metric": metric}))
-    if any(COST.matches(m) and (~np.isnan(v)).any() for m, v in data.metrics.items()):
-        plan.append(("cost", "cost", {}))  # every timing in one figure, never a curve each
-    return [(_safe_name(name) + ".png", kind, params) for name, kind, params in plan]
+    return plan
 
 
 def render_all(data: SweepData) -> list[tuple[str, bytes]]:
