@@ -210,19 +210,21 @@ def ray_on_hosts(cluster):
                                      f"--port={README_PORTS['gcs']}", f"--dashboard-host={head}",
                                      f"--dashboard-port={README_PORTS['dashboard']}", "--num-cpus=1", "--num-gpus=0",
                                      *ports], env=env, cwd="/tmp")]
-    time.sleep(5)
-    for name in COMPUTES:
-        started.append(cluster.popen(name, [*RAY_START, "--block", f"--node-ip-address={cluster.address(name)}",
-                                            f"--address={head}:{README_PORTS['gcs']}", "--num-cpus=2", "--num-gpus=2",
-                                            *ports], env=env, cwd="/tmp"))
     dashboard = f"http://{head}:{README_PORTS['dashboard']}"
 
-    def joined() -> bool:
+    def alive() -> int:  # Ray nodes alive, as the head's dashboard says (0 while it does not answer)
         shown = cluster.run("login", [sys.executable, "-c", ALIVE, dashboard, token], timeout=30).stdout.strip()
-        return shown == "4"
+        return int(shown) if shown.isdigit() else 0
 
-    try:
-        until(joined, 120, "the Ray nodes did not join")
+    try:  # the workers once the head's GCS listens (they register with it)
+        until(lambda: README_PORTS["gcs"] in {port for _, port, _ in cluster.listening("ctl")},
+              60, lambda: f"the Ray head's GCS does not listen on ctl's port {README_PORTS['gcs']} "
+              f"(its ray start's exit code: {started[0].poll()}, None while it runs)")
+        for name in COMPUTES:
+            started.append(cluster.popen(name, [*RAY_START, "--block", f"--node-ip-address={cluster.address(name)}",
+                                                f"--address={head}:{README_PORTS['gcs']}", "--num-cpus=2",
+                                                "--num-gpus=2", *ports], env=env, cwd="/tmp"))
+        until(lambda: alive() == 4, 120, lambda: f"the Ray nodes did not join: {alive()} of 4 alive")
         yield {"env": env, "dashboard": dashboard, "address": f"{head}:{README_PORTS['gcs']}", "token": token}
     finally:
         for name in ("ctl", *COMPUTES):
