@@ -13,12 +13,11 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from analysis.data import select
-from analysis.data.select import QueryError
+from analysis.data.select import QueryError, did_you_mean
 from analysis.data.sweep import AXES, SCALE_LABELS
 from analysis.views.figure_kinds import DPI
 from analysis.views.service.models import SweepOut
 from analysis.views.vocabulary import Param, names
-from experiments.common.naming import suggest
 from orchestrator.registry.reader import LAST
 from orchestrator.status import RUN_DONE
 
@@ -30,7 +29,7 @@ def check_params(request: Request, *names: str, axes: bool = True) -> None:
         if key not in allowed:
             if not allowed:
                 raise QueryError(f"unknown query parameter '{key}': this endpoint takes none")
-            raise QueryError(f"unknown query parameter '{key}'{suggest(key, allowed, cutoff=0.0)} "
+            raise QueryError(f"unknown query parameter '{key}'{did_you_mean(key, allowed)} "
                              f"(this endpoint takes: {', '.join(allowed)})")
 
 
