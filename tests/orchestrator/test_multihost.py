@@ -239,6 +239,23 @@ def _is_ray(pid: int) -> bool:
     return "ray" in command and "slurm" not in command and "munge" not in command
 
 
+def _gcs_answers(log: str) -> list[str]:
+    """What the GCS answered each time a Ray client asked it for the cluster's ID, from the client's
+    log (its stderr): 'Unauthenticated: RPC error: InvalidAuthToken: ...' to a client without the
+    token, 'TimedOut: ...' when nothing answered."""
+    return re.findall(r"Failed to get cluster ID from GCS server: (.+)", log)
+
+
+def _refused_for_its_token(out: str, log: str) -> bool:
+    """A token-less ``ray.init`` (``gcs`` below) was refused by the GCS for its token: it raised
+    ConnectionError (Ray 2.60 raises that for a refusal and for a GCS that never answered alike), and
+    the GCS answered Unauthenticated, InvalidAuthToken."""
+    lines = out.strip().splitlines()
+    raised = bool(lines) and lines[-1].startswith("refused: ConnectionError")
+    return raised and any(answer.startswith("Unauthenticated:") and "InvalidAuthToken" in answer
+                          for answer in _gcs_answers(log))
+
+
 def test_ray_across_hosts_with_token_auth(cluster, ray_on_hosts):
     """``headsweep submit`` from the login host to a Ray cluster of four hosts: the runs run on the
     workers; a client without the token, or with another, is refused by the Jobs API and the GCS;
@@ -267,13 +284,14 @@ def test_ray_across_hosts_with_token_auth(cluster, ray_on_hosts):
     for who, client_env in (("no token", without), ("another token", other), ("the token", env)):
         said[who] = cluster.run("login", [sys.executable, "-c", jobs, ray_on_hosts["dashboard"]], env=client_env,
                                 cwd="/tmp", timeout=60).stdout.strip()
-    said["GCS, no token"] = cluster.run("login", [sys.executable, "-c", gcs, ray_on_hosts["address"]], env=without,
-                                        cwd="/tmp", timeout=120).stdout.strip().splitlines()[-1:]
+    tokenless = cluster.run("login", [sys.executable, "-c", gcs, ray_on_hosts["address"]], env=without, cwd="/tmp",
+                            timeout=120)
+    said["GCS, no token"] = tokenless.stdout.strip().splitlines()[-1:] + _gcs_answers(tokenless.stderr)[-1:]
     print("\n" + "\n".join(f"{who}: {line}" for who, line in said.items()))
     assert said["no token"].startswith("refused: AuthenticationError"), said
     assert said["another token"].startswith("refused: AuthenticationError"), said
     assert said["the token"] == "admitted", said
-    assert said["GCS, no token"] and said["GCS, no token"][0].startswith("refused:"), said
+    assert _refused_for_its_token(tokenless.stdout, tokenless.stderr), (said, tokenless.stderr[-2000:])
 
     allowed = set(README_PORTS.values())
     for name in ("ctl", *COMPUTES):
