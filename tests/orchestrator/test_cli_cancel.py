@@ -4,12 +4,17 @@ sweep whose detached driver still runs is in test_cluster.py (slow: a real clust
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from experiments.keyed.config import parse_config
 from headsweep.cli import main as headsweep
 from orchestrator import settings
 from orchestrator.registry import Registry
+
+FOLLOW_POLL_S = 1.5  # `status --follow` reads the registry every second (orchestrator/driving/sweeps.py wait)
+FOLLOW_ENDS_S = 30  # generous: it returns at its first poll after the sweep ended
 
 
 @pytest.fixture
@@ -67,25 +72,31 @@ def test_cancel_of_an_unknown_sweep_is_one_line(registry, capsys):
 
 def test_status_follow_re_attaches_until_the_sweep_ends(registry, capsys):
     """`status --follow` on a sweep that another process finishes meanwhile: the progress bar until
-    it ends, then its status; exit 0 as every run finished (1 otherwise)."""
-    import threading
-    import time
-
+    it ends, then its status; exit 0 as every run finished (1 otherwise). The follow runs in a thread
+    (its exit code or error kept); the runs are finished here, in the test's own thread, so that what
+    it asserts fails the test."""
     sweep_id, keys = _sweep(registry, [0, 1])
     registry.set_sweep(sweep_id, status="running")
+    outcome: list = []
 
-    def finish_later():
-        for key in keys:
-            time.sleep(1.0)
-            assert registry.claim(key, "w") and registry.finish(key, {"accuracy": 0.5})
-        registry.set_sweep(sweep_id, status="finished")
+    def follow():
+        try:
+            outcome.append(headsweep(["status", sweep_id, "--follow"]))
+        except BaseException as error:  # noqa: BLE001 - raised again in the test's thread
+            outcome.append(error)
 
-    worker = threading.Thread(target=finish_later)
-    worker.start()
-    try:
-        assert headsweep(["status", sweep_id, "--follow"]) == 0
-    finally:
-        worker.join()
+    follower = threading.Thread(target=follow, daemon=True)  # daemon: a follow that hangs cannot hold pytest
+    follower.start()
+    for key in keys:
+        assert registry.claim(key, "w") and registry.finish(key, {"accuracy": 0.5})
+        follower.join(FOLLOW_POLL_S)  # a poll of the follow's sees this state
+        assert follower.is_alive(), f"status --follow returned before the sweep ended: {outcome}"
+    registry.set_sweep(sweep_id, status="finished")
+    follower.join(FOLLOW_ENDS_S)
+    assert not follower.is_alive(), f"status --follow did not return within {FOLLOW_ENDS_S} s of the sweep's end"
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    assert outcome == [0]
     out = " ".join(capsys.readouterr().out.split())
     assert f"{sweep_id} (cancel): finished: 2 of 2 runs finished" in out
     assert headsweep(["status", "--follow"]) == 2
