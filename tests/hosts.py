@@ -403,7 +403,10 @@ def start_sshd(hosts: Hosts, names: list[str]) -> Path:
         "PermitRootLogin prohibit-password", "PubkeyAuthentication yes", "PasswordAuthentication no",
         "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "PidFile /tmp/sshd.pid", "UseDNS no",
         "AcceptEnv LANG", "Subsystem sftp internal-sftp", ""]))
-    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation folder (Debian's service makes it)
+    privsep = Path("/run/sshd")  # sshd's privilege separation folder (Debian's service makes it)
+    if not privsep.exists():  # made here: removed with the hosts (left if something was put in it meanwhile)
+        privsep.mkdir()
+        hosts.closing.append(privsep.rmdir)
     for name in names:
         hosts.popen(name, ["/usr/sbin/sshd", "-D", "-e", "-f", str(ssh / "sshd_config")],
                     stdout=open(hosts.base / f"sshd-{name}.log", "wb"), stderr=subprocess.STDOUT)
