@@ -45,6 +45,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+PORT_TRIES = 3
+
+
+def _serve_on_a_free_port(registry_url: str) -> str:
+    """``serve_app`` on a port that was free a moment before (Serve's proxy binds its own: it cannot be
+    handed a bound socket, nor tell which port 0 gave it); one taken meanwhile, which the proxy then fails
+    to bind, is left for another, PORT_TRIES tries in all. Its URL."""
+    from ray import serve
+
+    from analysis.views.service.serve import serve_app
+
+    for attempt in range(1, PORT_TRIES + 1):
+        port = _free_port()
+        try:
+            return serve_app(registry_url, "127.0.0.1", port)
+        except Exception as error:  # noqa: BLE001 - the proxy's bind error comes wrapped in Ray's task error
+            if f"Failed to bind to address '127.0.0.1:{port}'" not in str(error) or attempt == PORT_TRIES:
+                raise
+            serve.shutdown()
+
+
 MASK_NAMES = [f"layer.{layer}.{role}" for layer in range(2) for role in ("query", "key", "value", "attn_out")]
 
 
@@ -84,8 +105,6 @@ def served(tmp_path_factory, sweep_builder, served_store):
     import ray
     from ray import serve
 
-    from analysis.views.service.serve import serve_app
-
     sweep = sweep_builder(tmp_path_factory.mktemp("served"))
     with pytest.MonkeyPatch.context() as env:  # Ray's processes keep it, the Serve replica's included
         env.setenv("HEADSWEEP_CHECKPOINTS", served_store)
@@ -93,12 +112,15 @@ def served(tmp_path_factory, sweep_builder, served_store):
         # ready within 5 s, and serve.start() then fails with ActorDiedError (seen at load 9)
         for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
             env.setenv(name, "60")
+        # a port another process took meanwhile is a bind error (_serve_on_a_free_port tries another), not a
+        # port shared in silence with another Serve (SO_REUSEPORT, Serve's default: the kernel splits requests)
+        env.setenv("SERVE_SOCKET_REUSE_PORT_ENABLED", "0")
         # imported here: Ray's workers import this module without tests/ on their path
         from local_ray import start_local_ray
 
         start_local_ray(configure_logging=False)
     try:
-        url = serve_app(sweep.url, "127.0.0.1", _free_port())
+        url = _serve_on_a_free_port(sweep.url)
         with httpx.Client(base_url=url, timeout=60) as client:
             yield client, sweep
     finally:
