@@ -25,6 +25,7 @@ import uuid
 OWNER = "postgres"
 # a test server: nothing it holds must survive a crash, so no waiting on the disk
 FAST = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+PORT_TRIES = 3  # starts of a new server, each on another free port, while its port was taken meanwhile
 
 
 def bin_dir() -> str:
@@ -89,10 +90,7 @@ class PrivatePostgres:
     def __init__(self) -> None:
         self.folder = tempfile.mkdtemp(prefix="headsweep-pg-")
         self.data = os.path.join(self.folder, "data")
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+        self._take_port()
         try:
             if os.geteuid() == 0:
                 shutil.chown(self.folder, OWNER, pwd.getpwnam(OWNER).pw_gid)
@@ -100,6 +98,14 @@ class PrivatePostgres:
         except BaseException:
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
+
+    def _take_port(self) -> None:
+        """A loopback port free a moment ago: the server binds its own (it cannot be handed a socket),
+        so one taken meanwhile fails its first start, and :meth:`__enter__` takes another."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
 
     @staticmethod
     def _run(argv: list[str]) -> None:
@@ -135,7 +141,14 @@ class PrivatePostgres:
 
     def __enter__(self) -> PrivatePostgres:
         try:
-            self.start()
+            for attempt in range(1, PORT_TRIES + 1):
+                try:
+                    self.start()
+                    break
+                except RuntimeError as err:  # its log says why: a port taken meanwhile is tried again
+                    if "Address already in use" not in str(err) or attempt == PORT_TRIES:
+                        raise
+                    self._take_port()
         except BaseException:
             self.remove()
             raise
