@@ -25,7 +25,7 @@ import pytest
 import yaml
 from waiting import until
 
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from orchestrator import tracking
 from orchestrator.cluster.head import PORTS
 from orchestrator.cluster.processes import (
@@ -36,7 +36,7 @@ from orchestrator.cluster.processes import (
     stop_ray,
 )
 from orchestrator.registry import Registry
-from orchestrator.registry.history import ALLOCATION_ENDED, DRIVER_LOST, RESUMED
+from orchestrator.registry.events import ALLOCATION_ENDED, DRIVER_LOST, RESUMED
 from orchestrator.slurm import allocation, sbatch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,6 +154,9 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+PORT_TRIES = 3  # starts of slurmctld and slurmd, each pair on two other free ports, while one was taken meanwhile
+
+
 def _stop(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.terminate()
@@ -162,6 +165,25 @@ def _stop(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _slurm_conf(base: Path, user: str, host: str, first_job: int) -> str:
+    """A single-node SLURM's config in ``base``, its daemons on two loopback ports free a moment ago
+    (they bind their own: one taken meanwhile stops a daemon, and the fixture writes another config)."""
+    return "\n".join([
+        "ClusterName=hstest", f"SlurmctldHost={host}(127.0.0.1)", f"SlurmUser={user}", f"SlurmdUser={user}",
+        f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
+        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={base / 'munge'}/socket",
+        f"StateSaveLocation={base}/state", f"SlurmdSpoolDir={base}/spool",
+        f"SlurmctldPidFile={base}/slurmctld.pid", f"SlurmdPidFile={base}/slurmd.pid",
+        f"SlurmctldLogFile={base}/slurmctld.log", f"SlurmdLogFile={base}/slurmd.log",
+        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none", "MpiDefault=none",
+        "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU", "SchedulerType=sched/builtin",
+        "ReturnToService=2", "KillWait=10", "MinJobAge=600", f"FirstJobId={first_job}",
+        f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory=1000 State=UNKNOWN",
+        f"PartitionName=hs Nodes={host} Default=YES MaxTime=INFINITE State=UP", "",
+    ])
 
 
 @pytest.fixture(scope="module")
@@ -180,20 +202,6 @@ def slurm_env(tmp_path_factory):
     user, host = os.environ.get("USER") or subprocess.check_output(["id", "-un"], text=True).strip(), socket.gethostname()
     first_job = 10_000 + os.getpid() % 80_000  # Ray temp dirs /tmp/hs-JOBID of no earlier session
     conf = base / "slurm.conf"
-    conf.write_text("\n".join([
-        "ClusterName=hstest", f"SlurmctldHost={host}(127.0.0.1)", f"SlurmUser={user}", f"SlurmdUser={user}",
-        f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
-        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge}/socket",
-        f"StateSaveLocation={base}/state", f"SlurmdSpoolDir={base}/spool",
-        f"SlurmctldPidFile={base}/slurmctld.pid", f"SlurmdPidFile={base}/slurmd.pid",
-        f"SlurmctldLogFile={base}/slurmctld.log", f"SlurmdLogFile={base}/slurmd.log",
-        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none", "MpiDefault=none",
-        "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU", "SchedulerType=sched/builtin",
-        "ReturnToService=2", "KillWait=10", "MinJobAge=600", f"FirstJobId={first_job}",
-        f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory=1000 State=UNKNOWN",
-        f"PartitionName=hs Nodes={host} Default=YES MaxTime=INFINITE State=UP", "",
-    ]))
     env = os.environ | {"SLURM_CONF": str(conf)}
     daemons = []
     try:
@@ -202,11 +210,25 @@ def slurm_env(tmp_path_factory):
              f"--pid-file={munge}/pid", f"--seed-file={munge}/seed", f"--log-file={munge}/log"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         until(lambda: (munge / "socket").exists(), 30, "munged did not start")
-        for daemon in ("slurmctld", "slurmd"):
-            daemons.append(subprocess.Popen([daemon, "-D", "-f", str(conf)], env=env,
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        until(lambda: _run(["sinfo", "-h", "-o", "%t"], env).stdout.strip() == "idle", 60,
-               f"the node did not come up: {base}/slurmd.log")
+        for attempt in range(1, PORT_TRIES + 1):
+            for log in ("slurmctld.log", "slurmd.log"):  # this try's own
+                (base / log).unlink(missing_ok=True)
+            conf.write_text(_slurm_conf(base, user, host, first_job))
+            started = [subprocess.Popen([daemon, "-D", "-f", str(conf)], env=env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL) for daemon in ("slurmctld", "slurmd")]
+            daemons += started
+            until(lambda started=started: any(d.poll() is not None for d in started)
+                  or _run(["sinfo", "-h", "-o", "%t"], env).stdout.strip() == "idle", 60,
+                  f"the node did not come up: {base}/slurmd.log")
+            if all(d.poll() is None for d in started):
+                break
+            said = "\n".join(f"--- {name}: " + (base / name).read_text(errors="replace")[-1500:]
+                              for name in ("slurmctld.log", "slurmd.log") if (base / name).exists())
+            for daemon in started:
+                _stop(daemon)
+                daemons.remove(daemon)
+            if "Address already in use" not in said or attempt == PORT_TRIES:
+                pytest.fail(f"SLURM's daemons did not start (try {attempt} of {PORT_TRIES}):\n{said}")
         yield env
     finally:
         jobs = _run(["squeue", "-h", "-o", "%i"], env).stdout.split() if len(daemons) == 3 else []
