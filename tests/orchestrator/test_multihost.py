@@ -39,7 +39,7 @@ from waiting import until  # noqa: E402
 
 from orchestrator.cluster.processes import kill_pids  # noqa: E402
 from orchestrator.registry import Registry  # noqa: E402
-from orchestrator.registry.history import DRIVER_LOST, RESUMED  # noqa: E402
+from orchestrator.registry.events import DRIVER_LOST, RESUMED  # noqa: E402
 
 pytestmark = [pytest.mark.hosts, pytest.mark.ray]
 
@@ -66,6 +66,12 @@ README_PORTS = {"gcs": 6379, "dashboard": 8265, "node_manager": 6380, "object_ma
                 "autoscaler_metrics": 44217, "dashboard_metrics": 44227}
 WORKER_PORTS = (10002, 10999)
 DB_PASSWORD = secrets.token_urlsafe(16)  # as cluster.yaml's HEADSWEEP_DB_PASSWORD: PGPASSWORD on every node
+
+# Each test's pytest timeout is the sum of its waits and its fixtures' (tests/waiting.py), in s:
+CLUSTER_S = (5 * 30 + 30 + 90 + 30  # cluster: each host's boot, munged, the nodes idle (and its last sinfo)
+             + 5 * 20 + 27 * 5)  # at the module's end the hosts' teardown: 20 s a host, 5 s a process (27 at most)
+RAY_S = 60 + 120 + 30 + 4 * 20  # ray_on_hosts: the head's GCS, the nodes joined (its last probe), Ray stopped
+SERVICES_S = 120 + 90 + 3 * 60 + 300 + 30  # services: initdb, pg_ctl, psql x 3; MLflow's server up (its last probe)
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +136,8 @@ def _finished_once_in_mlflow(home: Path, sweep_id: str) -> None:
     assert finished == sorted(registry.sweep_runs(sweep_id)["run_key"])
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(CLUSTER_S + 300 + 240 + 300 + 60 + (180 + 120) + 60 + (400 + 60) + 60 + (480 + 120) + 300
+                     + (480 + 120))  # its waits, in order (an until's deadline + its probe's command)
 def test_requeue_at_the_time_limit_then_scancel_then_the_same_command_finish_every_run_once(cluster):
     """Three allocations of one sweep across the hosts: ``--requeue``'s time-limit warning (SIGUSR1)
     mid-sweep requeues the job itself; in its next allocation ``scancel`` ends it; ``headsweep slurm``
@@ -153,15 +160,16 @@ def test_requeue_at_the_time_limit_then_scancel_then_the_same_command_finish_eve
 
     until(lambda: finished_and_running(1), 300, lambda: log()[-3000:])
     slurm = cluster.slurm_env
-    assert cluster.run("login", ["scancel", "--batch", "--signal=USR1", job_id], env=slurm).returncode == 0
-    until(lambda: "Restarts=1" in cluster.run("login", ["scontrol", "-o", "show", "job", job_id], env=slurm).stdout
+    assert cluster.run("login", ["scancel", "--batch", "--signal=USR1", job_id], env=slurm, timeout=60).returncode == 0
+    until(lambda: "Restarts=1" in cluster.run("login", ["scontrol", "-o", "show", "job", job_id], env=slurm,
+                                              timeout=60).stdout
            and _job_state(cluster, job_id) == "PENDING", 180, lambda: log()[-3000:])
     requeued = (registry.sweep_counts(sweep_id), time.monotonic() - start)
-    cluster.run("login", ["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=slurm)  # SLURM holds it ~2 min
+    cluster.run("login", ["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=slurm, timeout=60)  # held ~2 min
     finished_before = requeued[0].get("finished", 0)
     until(lambda: _job_state(cluster, job_id) == "RUNNING" and finished_and_running(finished_before + 1), 400,
            lambda: log()[-3000:])
-    assert cluster.run("login", ["scancel", job_id], env=slurm).returncode == 0
+    assert cluster.run("login", ["scancel", job_id], env=slurm, timeout=60).returncode == 0
     assert _wait_job(cluster, job_id, log) == "CANCELLED"
     cancelled = (registry.sweep_counts(sweep_id), time.monotonic() - start)
     again, _ = _submit_slurm(cluster, env, grid)
@@ -256,6 +264,7 @@ def _refused_for_its_token(out: str, log: str) -> bool:
                           for answer in _gcs_answers(log))
 
 
+@pytest.mark.timeout(CLUSTER_S + RAY_S + 480 + 3 * 60 + 120)  # the submit, the Jobs API's 3 clients, the GCS's
 def test_ray_across_hosts_with_token_auth(cluster, ray_on_hosts):
     """``headsweep submit`` from the login host to a Ray cluster of four hosts: the runs run on the
     workers; a client without the token, or with another, is refused by the Jobs API and the GCS;
@@ -335,12 +344,13 @@ print(json.dumps({"runs": [[r["status"], r["worker"], r["attempts"]] for r in ru
 
 def _without_artifacts(runs: list, store: Path) -> list[str]:
     """The run keys of ``runs`` (CHECK's [status, artifact URI, run key, artifacts listed]) whose
-    maps.npz (every run logs one: experiments/keyed/runner.py) the server does not list, or whose file is
+    maps.npz (every run logs one: experiments/harness/runner.py) the server does not list, or whose file is
     not in its store ``store`` (``mlflow-artifacts:/E/R/artifacts`` is ``store/E/R/artifacts`` there)."""
     return [key for _, uri, key, listed in runs
             if "maps.npz" not in listed or not (store / uri.removeprefix("mlflow-artifacts:/") / "maps.npz").is_file()]
 
 
+@pytest.mark.timeout(CLUSTER_S + RAY_S + SERVICES_S + 300 + 480 + 120)  # the refused submit, the submit, CHECK
 def test_registry_on_postgresql_and_mlflow_over_http_with_no_shared_filesystem(cluster, ray_on_hosts, services):
     """A sweep submitted from the login host with its home on the login host's own disk (no other
     host sees it): the registry is PostgreSQL on the head host over the cluster network, MLflow a
@@ -388,6 +398,7 @@ def test_registry_on_postgresql_and_mlflow_over_http_with_no_shared_filesystem(c
 # --------------------------------------------------------------------------- hub ids without a network
 
 
+@pytest.mark.timeout(CLUSTER_S + RAY_S + 480 + 180)  # the submit, the refused one
 def test_a_hub_model_and_a_dataset_by_name_run_on_hosts_without_a_network(cluster, ray_on_hosts):
     """No host has a route to the hub. The Hugging Face cache on the shared filesystem holds a model
     by hub id and a dataset by name (as a submit with the hub would have left it): the submit resolves
@@ -433,7 +444,9 @@ def test_a_hub_model_and_a_dataset_by_name_run_on_hosts_without_a_network(cluste
 # --------------------------------------------------------------------------- cluster-onprem.yaml through `ray up`
 
 
-@pytest.mark.timeout(1200)
+# its waits, in order: sshd on 4 hosts, ray up, 4 nodes alive (+ its last probe, its message's), ray exec, the
+# registry read, ray down, Ray gone from the head then from the workers, Ray stopped
+@pytest.mark.timeout(CLUSTER_S + SERVICES_S + 4 * 30 + 600 + (300 + 30 + 60) + 600 + 60 + 300 + 60 + 180 + 4 * 20)
 def test_cluster_onprem_yaml_through_ray_up_runs_a_sweep_then_ray_down(cluster, services):
     """docs/clusters.md's path for machines reached over SSH, for real: cluster-onprem.yaml with the hosts'
     addresses (ctl the head, n1-n3 the workers), sshd on each, a home on the shared filesystem with
@@ -480,7 +493,7 @@ def test_cluster_onprem_yaml_through_ray_up_runs_a_sweep_then_ray_down(cluster, 
         assert up.returncode == 0, (up.stdout[-3000:], up.stderr[-3000:])
         start = time.monotonic()
         until(lambda: alive() == 4, 300, lambda: f"{alive()} of 4 nodes alive; the head's autoscaler said:\n"
-               + cluster.run("ctl", ["sh", "-c", "tail -30 /tmp/ray/session_latest/logs/monitor.*"]).stdout)
+               + cluster.run("ctl", ["sh", "-c", "tail -30 /tmp/ray/session_latest/logs/monitor.*"], timeout=30).stdout)
         joined_s = time.monotonic() - start
         done = cluster.run("login", [ray, "exec", str(launcher), "headsweep submit ~/grid.yaml --wait"], env=env,
                            cwd=str(home), timeout=600)
@@ -527,7 +540,8 @@ print(json.dumps({key: [run["status"], (run["worker"] or "").split("@")[-1].spli
 """
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(CLUSTER_S + SERVICES_S + 300 + 240 + (300 + 60) + (400 + 60 + 60) + (900 + 60) + 60 + 60 + 120
+                     + 300)  # its waits, in order (an until's deadline + its probe's command, + its message's)
 def test_a_worker_host_cut_off_mid_sweep_its_runs_rerun_on_the_others(cluster, services):
     """One compute host's network cut while it runs trials (its switch port down: its processes live
     on, unreachable, and so are the registry on PostgreSQL and MLflow's server to them). Ray marks the

@@ -29,6 +29,9 @@ pytestmark = [pytest.mark.hosts]
 
 CLIENTS = ["a", "b"]
 CUT_READ_S = 45  # a read on a cut host must fail by itself before this (measured: 7 s, ssh's 3 x 2 s keep-alive)
+# Each test's pytest timeout is the sum of its waits and its fixture's (tests/waiting.py), in s:
+SHARE_S = (3 * 30 + 30 + 2 * (30 + 10)  # share: each host's boot, sshd, the 2 mounts (their last look)
+           + 2 * 20 + 3 * 20 + 6 * 5)  # at the module's end: 2 unmounts, then 20 s a host, 5 s a process (6)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +63,7 @@ def read(cluster: hosts.Hosts, name: str, path: Path, within_s: float = 30) -> t
     return done.returncode, done.stdout, done.stderr, time.monotonic() - began
 
 
+@pytest.mark.timeout(SHARE_S + 3 * 30)  # 3 reads of a mount table
 def test_clients_mount_the_storage_hosts_folder_with_sshfs_at_the_same_path(share):
     cluster, folder = share
     source = f"{cluster.address('store')}:{folder}"
@@ -71,6 +75,7 @@ def test_clients_mount_the_storage_hosts_folder_with_sshfs_at_the_same_path(shar
     assert not any(line.split()[4] == str(folder) for line in Path("/proc/self/mountinfo").read_text().splitlines())
 
 
+@pytest.mark.timeout(SHARE_S + 2 * (30 + 30 + 60 + 60))  # each way: the write, the read (+ its last, its message's)
 def test_what_one_host_writes_the_other_reads(share):
     cluster, folder = share
     for writer, reader in (("a", "b"), ("b", "a")):
@@ -82,6 +87,7 @@ def test_what_one_host_writes_the_other_reads(share):
         assert path.read_text() == text  # on the storage host's disk
 
 
+@pytest.mark.timeout(SHARE_S + (30 + 60 + 60) + (CUT_READ_S + 30) + 60 + 10 + (60 + 60 + 60))  # its waits, in order
 def test_a_cut_host_loses_the_share_and_gets_it_back(share):
     cluster, folder = share
     path, text = folder / f"seen-{secrets.token_hex(4)}", secrets.token_hex(16)

@@ -64,6 +64,13 @@ RUNS = SEEDS * 3 * 2 + SEEDS
 UI_PORT = 5000
 SCREENSHOT = Path("/tmp/headsweep-shared-home-ui.png")
 
+# Each test's pytest timeout is the sum of its waits and its fixtures' (tests/waiting.py), in s:
+CLUSTER_S = (5 * 30 + 5 * 30 + 90 + 30 + 30 + 4 * (30 + 10) + 4 * 10  # cluster: each host's boot and munged, the
+             # nodes idle (its last sinfo), sshd on ctl, the 4 sshfs mounts (their last look), each mount checked
+             + 4 * 20 + 5 * 20 + 22 * 5)  # at the module's end: 4 unmounts, then 20 s a host, 5 s a process (22 at most)
+START_S = 300 + 300  # _start_long: the submit, the sweep started
+STORES_S = 30 + 4 * 30  # _runs and _check_stores: 5 read-only connections to the stores, 30 s each at most
+
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -274,7 +281,9 @@ def _head_host(cluster, log: str) -> str:
 # --------------------------------------------------------------------------- 1. a sweep of 70 runs with a stage
 
 
-@pytest.mark.timeout(1500)
+# its waits: the submit, the job (+ its last probe, its state), the stores, status, results, the UI (up + its last
+# probe, curl, chromium, stopped)
+@pytest.mark.timeout(CLUSTER_S + 300 + (720 + 120) + STORES_S + 180 + 180 + (240 + 30 + 120 + 180 + 20 + 30))
 def test_a_sweep_with_a_stage_on_three_hosts_sharing_only_sshfs(cluster):
     """``headsweep slurm GRID --nodes 3`` from the login host, the home on the sshfs share: 70 runs (60
     head_gates cells, the 10 fine-tunes the SP cells start from: a stage, its checkpoint read on
@@ -452,7 +461,8 @@ def _mid_sweep(home: Path, sweep_id: str, watch: Watch, log, finished: int = 4, 
     return until(there, 480, lambda: f"not mid-sweep: {_counts_ro(home, sweep_id)}\n{log()[-3000:]}", every_s=1)
 
 
-@pytest.mark.timeout(2100)
+@pytest.mark.timeout(CLUSTER_S + START_S + (480 + 5) + 120 + (240 + 120) + (60 + 5) + (180 + 305) + (900 + 120) + STORES_S
+                     + 300)  # its waits, in order (an until's deadline + its probe's commands)
 def test_scancel_mid_sweep_then_the_same_command_finishes_every_run_once(cluster):
     """``scancel`` while runs run (some finished), then the same ``headsweep slurm`` again: the new
     allocation resumes the sweep; the runs killed at the cancel run again (attempts 2, their MLflow run
@@ -496,7 +506,8 @@ def test_scancel_mid_sweep_then_the_same_command_finishes_every_run_once(cluster
           f"status says {history}; {took:.0f} s; load {_load()}")
 
 
-@pytest.mark.timeout(2100)
+@pytest.mark.timeout(CLUSTER_S + START_S + (480 + 10) + 5 + 90 + (600 + 15) + (900 + 60) + 60 + (120 + 60)
+                     + STORES_S)  # its waits, in order (an until's deadline + its probe's commands)
 def test_a_worker_host_cut_mid_sweep_loses_its_share_and_the_sweep_finishes_every_run_once(cluster):
     """A compute host that is not the driver's cut off the network while it runs trials: it loses the
     sshfs share too (a read there fails); its runs run again on the others, the sweep finishes with
@@ -556,7 +567,8 @@ def test_a_worker_host_cut_mid_sweep_loses_its_share_and_the_sweep_finishes_ever
           f"integrity {stores['integrity']}; {took:.0f} s; load {_load()}")
 
 
-@pytest.mark.timeout(2400)
+@pytest.mark.timeout(CLUSTER_S + START_S + (480 + 5) + (180 + 60) + 60 + 120 + (240 + 120) + (60 + 5) + (180 + 305)
+                     + (900 + 120) + STORES_S + (120 + 70) + 240 + 15 + STORES_S + 30)  # its waits, in order
 def test_the_drivers_host_cut_mid_sweep_then_resumed_on_the_others(cluster):
     """The driver's host (the Ray head, the sweep's writer, the batch script) cut off mid-sweep: it
     loses the share, SLURM fails the job; ``headsweep slurm`` with the same grid on the two other
@@ -654,7 +666,7 @@ while True:
 EVIDENCE = Path("/tmp/headsweep-shared-home-follow")  # test 5's files when it fails (kept past the hosts' teardown)
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(CLUSTER_S + START_S + (900 + 120) + 120 + 20 + 2 * 30 + STORES_S)  # its waits, in order
 def test_status_follow_on_the_login_host_while_the_sweep_runs(cluster):
     """``headsweep status SWEEP --follow`` on the login host for the whole sweep (the registry read over
     the login host's own sshfs mount every second while the writer on the driver's host commits): the

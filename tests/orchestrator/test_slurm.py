@@ -155,6 +155,12 @@ def _free_port() -> int:
 
 
 PORT_TRIES = 3  # starts of slurmctld and slurmd, each pair on two other free ports, while one was taken meanwhile
+# Each slow test's pytest timeout is the sum of its waits and its fixtures' (tests/waiting.py), in s. slurm_env:
+# munged; each try, the node idle (+ its last sinfo) and the daemons stopped if one exited; at the module's end
+# squeue, scancel, the jobs gone (+ its last squeue), the Ray of the module's jobs (4 at most), the daemons.
+SLURM_S = 30 + PORT_TRIES * (60 + 60 + 2 * 15) + 60 + 60 + (60 + 60) + 4 * 20 + 3 * 15
+SUBMIT_S = 300  # the submit fixture's `headsweep slurm`
+JOB_S = 300 + 60 + 60  # _wait_job: the job ended (+ its last scontrol), its state
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -350,6 +356,7 @@ def _ended_and_resumed(registry: Registry, sweep_id: str, by: str) -> tuple[dict
 
 
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
+@pytest.mark.timeout(SLURM_S + SUBMIT_S + JOB_S + 60)  # the last: scontrol show job
 def test_a_sweep_on_slurm_finishes(submit):
     start = time.monotonic()
     job_id, env, folder, _ = submit()
@@ -369,7 +376,10 @@ def test_a_sweep_on_slurm_finishes(submit):
     print(f"\nsubmit -> sweep finished -> SLURM job ended: {took:.0f} s")
 
 
+# its waits: mid-sweep (3 waits, the dashboard asked), scancel, the job, its Ray gone (+ its last look), the submit
+# again, the job, status
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
+@pytest.mark.timeout(SLURM_S + SUBMIT_S + (3 * 180 + 10) + 60 + JOB_S + (30 + 20) + SUBMIT_S + JOB_S + 300)
 def test_a_cancelled_job_submitted_again_finishes_every_run_once(submit):
     start = time.monotonic()
 
@@ -419,7 +429,9 @@ def test_a_cancelled_job_submitted_again_finishes_every_run_once(submit):
           f"once: {took:.0f} s in all; the end recorded as {lost['detail']['state']}")
 
 
+# its waits: mid-sweep (2 waits), the warning, the job requeued (+ its last look), scontrol update, the job
 @pytest.mark.slow  # in CI (make test-slow), not in the default run: see Makefile
+@pytest.mark.timeout(SLURM_S + SUBMIT_S + 2 * 180 + 60 + (120 + 120) + 60 + JOB_S)
 def test_near_its_time_limit_a_requeue_job_requeues_itself_and_resumes_the_sweep(submit):
     start = time.monotonic()
     job_id, env, folder, _ = submit("--requeue")
