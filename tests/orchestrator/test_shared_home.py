@@ -265,9 +265,10 @@ def _wait_job_watching(cluster, job_id: str, log, watch: Watch, timeout: float) 
     return _job_state(cluster, job_id)
 
 
-def _assert_one_writer_host(watch: Watch, head: str) -> None:
-    """The store files were opened on the driver's host only, and there by the Writer actor."""
-    assert set(watch.holders) == {head}, f"store files open on {watch.holders} (the driver's host: {head})"
+def _assert_one_writer_host(watch: Watch, head: str, readers: frozenset[str] = frozenset()) -> None:
+    """The store files were opened on the driver's host only (and, read-only, on ``readers``' hosts),
+    and there by the Writer actor."""
+    assert set(watch.holders) - readers == {head}, f"store files open on {watch.holders} (the driver's host: {head})"
     assert any(command.startswith("ray::Writer") for command in watch.holders[head].values()), watch.holders
     assert set(watch.writer_logs) == {head}, watch.writer_logs
 
@@ -506,18 +507,87 @@ def test_scancel_mid_sweep_then_the_same_command_finishes_every_run_once(cluster
           f"status says {history}; {took:.0f} s; load {_load()}")
 
 
+# a reader on the login host (test 3): what it reads of the writer's lease, each second
+LEASE_LOOK = """
+import sys, time, os
+from orchestrator.driving.writer import lease_holder, lease_path
+path = lease_path(sys.argv[1])
+while True:
+    try:
+        raw = path.read_text()
+    except OSError as err:
+        raw = f"{type(err).__name__}: {err}"
+    print(f"{time.time():.1f} path={path} holder={lease_holder(sys.argv[1])} raw={raw!r}", flush=True)
+    time.sleep(1)
+"""
+EVIDENCE = Path("/tmp/headsweep-shared-home-follow")  # test 3's files when it fails (kept past the hosts' teardown)
+
+
 @pytest.mark.timeout(CLUSTER_S + START_S + (480 + 10) + 5 + 90 + (600 + 15) + (900 + 60) + 60 + (120 + 60)
-                     + STORES_S)  # its waits, in order (an until's deadline + its probe's commands)
-def test_a_worker_host_cut_mid_sweep_loses_its_share_and_the_sweep_finishes_every_run_once(cluster):
+                     + 120 + 20 + 2 * 30 + STORES_S)  # its waits, in order (an until's deadline + its probe's commands)
+def test_a_worker_host_cut_mid_sweep_while_login_follows_status_every_run_finishes_once(cluster):
     """A compute host that is not the driver's cut off the network while it runs trials: it loses the
     sshfs share too (a read there fails); its runs run again on the others, the sweep finishes with
-    every run once, both files intact; restored, it gets the share back."""
+    every run once, both files intact; restored, it gets the share back.
+
+    All the while ``headsweep status SWEEP --follow`` runs on the login host (the registry read over the
+    login host's own sshfs mount every second while the writer on the driver's host commits). A reader
+    on another host shares no lock with the writer; SQLite rolls back a journal it finds with no lock
+    held (a "hot" one), which a reader whose locks do not reach the writer's may find mid-transaction:
+    so a reader there opens the file read-only (it cannot roll back; it retries) and never records a
+    lost driver (5 of 5 runs failed before: 'malformed', or driver_lost recorded from the login host).
+    The follow ends with the sweep (exit 0), and no host but the driver's and the login host opened
+    the stores."""
     start = time.monotonic()
     home, grid, env, job_id, folder, log, watch, sweep_id = _start_long(cluster, "cut")
     head = _head_host(cluster, log())
     others = [name for name in COMPUTES if name != head]
-    victim = None
+    said = cluster.base / "follow-login.log"
+    follower = cluster.popen("login", [*HEADSWEEP, "status", sweep_id, "--follow"], env=env, cwd=str(ROOT),
+                             stdout=open(said, "wb"), stderr=subprocess.STDOUT)
+    leases = cluster.base / "lease-login.log"  # what the login host reads of the writer's lease, each second
+    looker = cluster.popen("login", [sys.executable, "-c", LEASE_LOOK, f"sqlite:///{home}/registry.db"], env=env,
+                           cwd=str(ROOT), stdout=open(leases, "wb"), stderr=subprocess.STDOUT)
+    try:
+        victim, cut_keys, moved_s = _cut_a_worker(cluster, home, sweep_id, watch, log, others)
+        state = _wait_job_watching(cluster, job_id, log, watch, timeout=900)
+        follow_rc = follower.wait(120)
+    finally:
+        kill_pids(lambda: _tree(follower.pid) | _tree(looker.pid), grace_s=5)
+    checks = {name: _integrity(home / name) if (home / name).exists() else None for name in ("registry.db", "mlflow.db")}
+    readers = {name: pids for name, pids in watch.holders.items() if name != head}
+    print(f"\n[3] job {job_id} {state}; status --follow on login: exit {follow_rc}, last lines "
+          f"{said.read_text(errors='replace').strip().splitlines()[-2:]}; store files open beside the driver's host "
+          f"{head}: {sorted(readers)}; integrity {checks}")
+    if state != "COMPLETED" or follow_rc != 0 or any(said != "ok" for said, _ in checks.values()):
+        shutil.rmtree(EVIDENCE, ignore_errors=True)
+        EVIDENCE.mkdir(parents=True)
+        for path in [*home.glob("registry.db*"), *home.glob("mlflow.db*"), folder / f"slurm-{job_id}.out", said, leases]:
+            shutil.copy(path, EVIDENCE / path.name)
+        print(f"[3] evidence kept in {EVIDENCE}: {sorted(p.name for p in EVIDENCE.iterdir())}")
+    assert state == "COMPLETED", log()[-4000:]
+    until(lambda: cluster.run(victim, ["timeout", "20", "stat", str(home / "registry.db")], timeout=60).returncode == 0,
+          120, f"{victim} did not get the share back")
+    runs = _runs(home, sweep_id)
+    attempts = Counter(attempts for _, _, attempts in runs.values())
+    took = time.monotonic() - start
+    print(f"[3] {victim} cut with {len(cut_keys)} run(s) on it (driver on {head}); moved in {moved_s:.0f} s; "
+          f"attempts {dict(attempts)}; runs per host {dict(Counter(h for _, h, _ in runs.values()))}; {watch.summary()}")
+    assert all(said == "ok" for said, _ in checks.values()), checks
+    assert len(runs) == LONG_RUNS and Counter(s for s, _, _ in runs.values()) == {"finished": LONG_RUNS}, runs
+    assert all(runs[key][1] != victim and runs[key][2] >= 2 for key in cut_keys), {k: runs[k] for k in cut_keys}
+    stores = _check_stores(home, sweep_id, runs)
+    _assert_one_writer_host(watch, head, readers=frozenset({"login"}))
+    assert follow_rc == 0
+    assert set(readers) <= {"login"}, readers  # no compute host but the driver's opened them
+    print(f"[3] MLflow FINISHED {stores['mlflow_finished']} (statuses {dict(stores['mlflow_statuses'])}); "
+          f"integrity {stores['integrity']}; {took:.0f} s; load {_load()}")
 
+
+def _cut_a_worker(cluster, home: Path, sweep_id: str, watch: Watch, log, others: list[str]) -> tuple[str, set[str], float]:
+    """Once 3 runs finished, cut a host of ``others`` running a trial until its runs moved to the other
+    hosts (a read of the share there fails meanwhile), then restore it: (the host, its runs' keys, the
+    seconds they took to move)."""
     def victim_busy() -> str | None:
         watch.sample()
         if _counts_ro(home, sweep_id).get("finished", 0) < 3:
@@ -542,29 +612,9 @@ def test_a_worker_host_cut_mid_sweep_loses_its_share_and_the_sweep_finishes_ever
 
         until(moved, 600, lambda: f"the cut host's runs {cut_keys} did not move: {_running_ro(home, sweep_id)}\n"
               f"{log()[-3000:]}", every_s=2)
-        moved_s = time.monotonic() - cut_at
+        return victim, cut_keys, time.monotonic() - cut_at
     finally:
         cluster.restore(victim)
-
-    def ended() -> bool:
-        watch.sample()
-        return _job_state(cluster, job_id) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
-
-    until(ended, 900, lambda: log()[-3000:], every_s=2)
-    assert _job_state(cluster, job_id) == "COMPLETED", log()[-4000:]
-    until(lambda: cluster.run(victim, ["timeout", "20", "stat", str(home / "registry.db")], timeout=60).returncode == 0,
-          120, f"{victim} did not get the share back")
-    runs = _runs(home, sweep_id)
-    attempts = Counter(attempts for _, _, attempts in runs.values())
-    took = time.monotonic() - start
-    print(f"\n[3] {victim} cut with {len(cut_keys)} run(s) on it (driver on {head}); moved in {moved_s:.0f} s; "
-          f"attempts {dict(attempts)}; runs per host {dict(Counter(h for _, h, _ in runs.values()))}; {watch.summary()}")
-    assert len(runs) == LONG_RUNS and Counter(s for s, _, _ in runs.values()) == {"finished": LONG_RUNS}, runs
-    assert all(runs[key][1] != victim and runs[key][2] >= 2 for key in cut_keys), {k: runs[k] for k in cut_keys}
-    stores = _check_stores(home, sweep_id, runs)
-    _assert_one_writer_host(watch, head)
-    print(f"[3] MLflow FINISHED {stores['mlflow_finished']} (statuses {dict(stores['mlflow_statuses'])}); "
-          f"integrity {stores['integrity']}; {took:.0f} s; load {_load()}")
 
 
 @pytest.mark.timeout(CLUSTER_S + START_S + (480 + 5) + (180 + 60) + 60 + 120 + (240 + 120) + (60 + 5) + (180 + 305)
@@ -648,63 +698,3 @@ def _is_ours(pid: int) -> bool:
     return any(word in command for word in ("ray::", "raylet", "gcs_server", "orchestrator.", "headsweep"))
 
 
-# --------------------------------------------------------------------------- 5. a reader on the login host
-
-
-LEASE_LOOK = """
-import sys, time, os
-from orchestrator.driving.writer import lease_holder, lease_path
-path = lease_path(sys.argv[1])
-while True:
-    try:
-        raw = path.read_text()
-    except OSError as err:
-        raw = f"{type(err).__name__}: {err}"
-    print(f"{time.time():.1f} path={path} holder={lease_holder(sys.argv[1])} raw={raw!r}", flush=True)
-    time.sleep(1)
-"""
-EVIDENCE = Path("/tmp/headsweep-shared-home-follow")  # test 5's files when it fails (kept past the hosts' teardown)
-
-
-@pytest.mark.timeout(CLUSTER_S + START_S + (900 + 120) + 120 + 20 + 2 * 30 + STORES_S)  # its waits, in order
-def test_status_follow_on_the_login_host_while_the_sweep_runs(cluster):
-    """``headsweep status SWEEP --follow`` on the login host for the whole sweep (the registry read over
-    the login host's own sshfs mount every second while the writer on the driver's host commits): the
-    sweep finishes every run once, both files intact. A reader on another host shares no lock with the
-    writer; SQLite rolls back a journal it finds with no lock held (a "hot" one), which a reader whose
-    locks do not reach the writer's may find mid-transaction: so a reader there opens the file read-only
-    (it cannot roll back; it retries) and never records a lost driver (5 of 5 runs failed before:
-    'malformed', or driver_lost recorded from the login host)."""
-    start = time.monotonic()
-    home, grid, env, job_id, folder, log, watch, sweep_id = _start_long(cluster, "follow")
-    head = _head_host(cluster, log())
-    said = cluster.base / "follow-login.log"
-    follower = cluster.popen("login", [*HEADSWEEP, "status", sweep_id, "--follow"], env=env, cwd=str(ROOT),
-                             stdout=open(said, "wb"), stderr=subprocess.STDOUT)
-    leases = cluster.base / "lease-login.log"  # what the login host reads of the writer's lease, each second
-    looker = cluster.popen("login", [sys.executable, "-c", LEASE_LOOK, f"sqlite:///{home}/registry.db"], env=env,
-                           cwd=str(ROOT), stdout=open(leases, "wb"), stderr=subprocess.STDOUT)
-    try:
-        state = _wait_job_watching(cluster, job_id, log, watch, timeout=900)
-        follow_rc = follower.wait(120)
-    finally:
-        kill_pids(lambda: _tree(follower.pid) | _tree(looker.pid), grace_s=5)
-    checks = {name: _integrity(home / name) if (home / name).exists() else None for name in ("registry.db", "mlflow.db")}
-    readers = {name: pids for name, pids in watch.holders.items() if name != head}
-    print(f"\n[5] job {job_id} {state}; status --follow on login: exit {follow_rc}, last lines "
-          f"{said.read_text(errors='replace').strip().splitlines()[-2:]}; store files open beside the driver's host "
-          f"{head}: {sorted(readers)}; {watch.summary()}; integrity {checks}; {time.monotonic() - start:.0f} s; "
-          f"load {_load()}")
-    if state != "COMPLETED" or follow_rc != 0 or any(said != "ok" for said, _ in checks.values()):
-        shutil.rmtree(EVIDENCE, ignore_errors=True)
-        EVIDENCE.mkdir(parents=True)
-        for path in [*home.glob("registry.db*"), *home.glob("mlflow.db*"), folder / f"slurm-{job_id}.out", said, leases]:
-            shutil.copy(path, EVIDENCE / path.name)
-        print(f"[5] evidence kept in {EVIDENCE}: {sorted(p.name for p in EVIDENCE.iterdir())}")
-    assert state == "COMPLETED", log()[-4000:]
-    assert all(said == "ok" for said, _ in checks.values()), checks
-    runs = _runs(home, sweep_id)
-    assert len(runs) == LONG_RUNS and Counter(s for s, _, _ in runs.values()) == {"finished": LONG_RUNS}, runs
-    _check_stores(home, sweep_id, runs)
-    assert follow_rc == 0
-    assert set(readers) <= {"login"}, readers  # no compute host but the driver's opened them
