@@ -85,7 +85,7 @@ scale: venv
 	  && exit $$sqlite
 
 lint: venv
-	$(VENV)/bin/ruff check experiments orchestrator analysis headsweep tests
+	$(VENV)/bin/ruff check base experiments orchestrator analysis headsweep tests
 
 clean:
 	rm -rf $(VENV) .headsweep

@@ -2,7 +2,7 @@
 than the uniform guess's ln K. Such a run's accuracy is the majority class's, which reads like a
 result; the runner flags it (``collapsed`` metric 1 and tag ``true``), nothing drops it.
 
-``evaluate`` (``experiments.core.loop``) reports the two measurements on each evaluation set
+``evaluate`` (``experiments.training.loop``) reports the two measurements on each evaluation set
 (``top_class_share``, ``loss_vs_uniform``); :func:`collapsed` judges the dev ones.
 """
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from experiments.common import outputs
+from base import outputs
 
 PARTS = ("claim", "mlflow", "model", "data", "train", "figures", "artifacts", "finish")
 """The parts a run's set-up, work and bookkeeping are split into, in the order they happen."""

@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.common import collapse
-from experiments.common.result import KINDS, UnitMap, check_map_name
+from base import collapse
+from base.result import KINDS, UnitMap, check_map_name
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ TOP_CLASS_SHARE = Metric(collapse.TOP_CLASS_SHARE, "share of dev predictions in 
 LOSS_VS_UNIFORM = Metric(collapse.LOSS_VS_UNIFORM, "dev loss over ln K, the uniform guess's", score=False)
 COLLAPSED = Metric(collapse.COLLAPSED, "1 = the run predicts one class or no better than uniform", score=False)
 EVALUATION = (ACCURACY, LOSS, TRAIN_LOSS, TOP_CLASS_SHARE, LOSS_VS_UNIFORM, COLLAPSED)
-"""What every run that trains and evaluates a classifier reports (``experiments.core.loop.evaluate``, the runner)."""
+"""What every run that trains and evaluates a classifier reports (``experiments.training.loop.evaluate``, the runner)."""
 OPEN_HEADS = Metric("open_heads", "heads left open (gates > 0 at test time, or not pruned)", score=False)
 EXPECTED_OPEN_HEADS = Metric("expected_open_heads", "expected open heads under the Hard Concrete gates", score=False)
 L0_PENALTY = Metric("l0_penalty", "the L0 penalty of the gates", score=False)
@@ -187,7 +187,7 @@ SOURCE_NOISE = MetricFamily("<metric>_noise_source_<top|random>_<fraction>", "{m
                             r"(?P<metric>.+)_noise_source_(?P<which>top|random)_(?P<fraction>[0-9.e-]+)",
                             "the target prompt's metric with noise on the SOURCE prompt's top / random neurons")
 COST = MetricFamily("cost.<part>_s", "cost.{part}_s", r"cost\.(?P<part>\w+)_s",
-                    "wall seconds of one part of the run (experiments.common.costs); part total: the whole run")
+                    "wall seconds of one part of the run (base.costs); part total: the whole run")
 COST_TOTAL = COST.name(part="total")
 FIRST_IN_WORKER = Metric("cost.first_in_worker", "1 = the first run of its worker process (paid the imports)",
                          score=False)
@@ -200,7 +200,7 @@ METRICS = (*EVALUATION, OPEN_HEADS, EXPECTED_OPEN_HEADS, L0_PENALTY, SPARSITY, P
 """The metrics analysis reads by name (methods declare their others in their own ``OUTPUTS``)."""
 FAMILIES = (PRUNED, PRUNING_CURVE, NOISE, SOURCE_NOISE, COST)
 RUNNER = Outputs(metrics=(COST, FIRST_IN_WORKER))
-"""What the runner adds to every run's metrics (``experiments.keyed.runner``)."""
+"""What the runner adds to every run's metrics (``experiments.harness.runner``)."""
 
 DERIVED = {m.name: m.derived_from for m in MAPS if m.derived_from}
 """Map -> the map of the same run it is computed from (``heads.pruned_at`` -> ``heads.importance``)."""

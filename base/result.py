@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from experiments.common.naming import suggest
+from base.naming import suggest
 
 KINDS = ("heads", "neurons", "layers", "weights")
 """Unit kinds a map may be over: ``heads`` (L, H), ``neurons`` (L, I), ``layers`` (L, 1),

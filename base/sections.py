@@ -2,7 +2,7 @@
 ``Section`` base, ``ConfigError``, the stage roles, and dotted keys and YAML.
 
 A method module imports its ``Section`` and ``ConfigError`` from here; the keyed ``RunConfig``,
-parsing, stages and checks (``experiments.keyed.config``) sit above the methods and read them.
+parsing, stages and checks (``experiments.harness.config``) sit above the methods and read them.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ class TrainConfig(_Frozen):
     eval_every: int = Field(50, gt=0, description="Evaluate (and log gates) every this many steps.")
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
     precision: Literal["fp32", "bf16", "fp16"] = Field(
-        "fp32", description="Forward-pass precision (experiments/core/precision.py): fp32; bf16 = autocast to "
+        "fp32", description="Forward-pass precision (experiments/training/precision.py): fp32; bf16 = autocast to "
         "bfloat16 (CPU or CUDA); fp16 = autocast to float16 with a grad scaler (CUDA only: use bf16 on CPU). "
         "Weights, optimiser states, gates and losses stay float32.",
     )
@@ -213,7 +213,7 @@ same seed and training settings). Grid expansion turns them into a DAG."""
 
 class SharedConfig(_Frozen):
     """The sections every run config shares (seed, model, method, task, train, stages): the plain
-    shape, below the methods. ``experiments.keyed.config.RunConfig`` adds the keys, the stages and
+    shape, below the methods. ``experiments.harness.config.RunConfig`` adds the keys, the stages and
     the method's own section."""
 
 

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from experiments.common.costs import timed
-from experiments.common.naming import closest
+from base.costs import timed
+from base.naming import closest
 
 RANDOM_PREFIX = "random:"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

@@ -116,7 +116,7 @@ def cancel(sweep_id: str) -> dict[str, int]:
 
 
 def _show_figures_in_ipython() -> None:
-    """In IPython (a notebook), a matplotlib Figure shows as its PNG (``experiments.common.png``, the
+    """In IPython (a notebook), a matplotlib Figure shows as its PNG (``base.png``, the
     one encoder): analysis draws Figures without pyplot (thread-safe), so IPython's inline backend,
     which pyplot switches on, never registered them. A display already registered is kept."""
     ipython = sys.modules.get("IPython")
@@ -126,7 +126,7 @@ def _show_figures_in_ipython() -> None:
     from matplotlib.figure import Figure
 
     from analysis.views.figures import DPI
-    from experiments.common.png import figure_png
+    from base.png import figure_png
 
     png = shell.display_formatter.formatters["image/png"]
     try:
@@ -169,7 +169,7 @@ class RunMaps(NamedTuple):
 class Agreement:
     """``across_runs.agreement``'s answer (``result``; its fields read through, e.g. ``.notes``)."""
 
-    result: agreement_result.Agreement
+    result: agreement_result.AgreementMatrix
     filters: select.Filters
 
     @property
@@ -202,7 +202,7 @@ class Agreement:
 class Comparison:
     """``compare.compare_maps``' answer (``result``; its fields read through, e.g. ``.pairs``)."""
 
-    result: agreement_result.Agreement
+    result: agreement_result.AgreementMatrix
     filters: select.Filters
 
     def table(self) -> pd.DataFrame:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 
 WEIGHTS = ("*.safetensors", "pytorch_model*.bin")
 PATTERNS = ("*.json", "*.txt", "*.model", "*.tiktoken")

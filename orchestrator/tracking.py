@@ -165,7 +165,7 @@ def name_keys(configs: Sequence[Mapping[str, Any]]) -> list[str]:
     """The dotted config keys that vary across a sweep's runs (``head_gates.lambda``,
     ``finetune.loss``, ``task.name``), less the seed, the method, the pipelines and the stages'
     own keys: what a child run's name shows so that no two runs of the sweep share a name."""
-    from experiments.common.sections import STAGE_ROLES, flatten
+    from base.sections import STAGE_ROLES, flatten
 
     values: dict[str, set[str]] = {}
     for config in configs:
@@ -182,8 +182,8 @@ def run_name(cfg, keys: Sequence[str], seed: bool = True) -> str:
     model when they vary, the method and its pipeline, each of ``keys`` the run has (a method
     section's key by its short name, ``lambda``; ``train.lr`` whole), then the seed. Without the
     seed (``seed=False``) it names the run's cell, which its seeds share (the ``cell`` tag)."""
-    from experiments.common.sections import flatten
-    from experiments.keyed.config_keys import short_name
+    from base.sections import flatten
+    from experiments.harness.config_keys import short_name
 
     labels, flat = cfg.labels(), flatten(cfg.to_dict())
     shown = [labels[label] for label in ("task", "model") if label in {_BY_LABEL.get(key) for key in keys}]
@@ -218,7 +218,7 @@ def sweep_note(experiment_id: str, sweep_id: str, runs: int, configs: Sequence[A
     the sweep, to each value of each axis with few values, and shows how to find one cell's seeds
     (its ``cell`` tag, the run name without the seed). ``configs``: the grid's cells; ``keys``:
     the sweep's :func:`name_keys`, as its children's names use them."""
-    from experiments.common.sections import flatten
+    from base.sections import flatten
 
     sweep = f"tags.sweep = '{sweep_id}'"
     lines = [description.strip(), ""] if description.strip() else []

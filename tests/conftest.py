@@ -154,7 +154,7 @@ def _run_chain(cfg, tracker=None):
     """Run a config after its upstreams (stages), each once, weights handed on in memory, no Ray:
     (the config's RunResult, {run key: the weights each run handed on})."""
     from experiments import RunContext, run
-    from experiments.core.tracking import MemoryTracker
+    from experiments.training.tracking import MemoryTracker
     from orchestrator.registry.stages import with_upstreams
 
     chain, _ = with_upstreams([cfg])

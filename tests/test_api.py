@@ -3,7 +3,7 @@ the same sweep (the same numbers, the same figure bytes), and examples/notebook.
 kernel (nbclient) and shows them.
 
 The sweep: 6 real tiny-bert head-gate runs (3 seeds x 2 lambdas, a few steps), run in this process
-as a trial runs them (claim, ``experiments.keyed.runner.run``, finish) into a real SQLite registry,
+as a trial runs them (claim, ``experiments.harness.runner.run``, finish) into a real SQLite registry,
 without Ray; ``headsweep.submit`` through a real local Ray head is the slow test at the end.
 """
 
@@ -23,7 +23,7 @@ import yaml
 import headsweep
 from analysis import statistics
 from analysis.views import figures
-from experiments.common.png import figure_png
+from base.png import figure_png
 from headsweep.cli import main as headsweep_cli
 from orchestrator.registry import Registry
 
@@ -49,8 +49,8 @@ N_RUNS, LAYERS, HEADS = 6, 2, 4  # tiny-bert: 2 layers of 4 heads
 def tiny_sweep(tmp_path_factory) -> tuple[str, str, str]:
     """(registry URL, sweep id, MLflow store) of the GRID's runs, each run for real as a trial runs it,
     logged to its own MLflow run in a real local store (its id in the registry)."""
-    from experiments.core.context import RunContext
-    from experiments.keyed.runner import run
+    from experiments.harness.runner import run
+    from experiments.training.context import RunContext
     from orchestrator import tracking
     from orchestrator.driving.grid import expand, parse_grid
 
@@ -296,7 +296,7 @@ def test_cancel_and_resume_in_python_are_the_commands(tmp_path, monkeypatch):
     """``headsweep.cancel`` is ``headsweep cancel``: a sweep whose driver is gone has its running runs and
     itself cancelled at once (no Ray needed); ``cancel`` and ``resume`` name the nearest sweep for an
     unknown id, as the commands do, before touching anything."""
-    from experiments.keyed.config import parse_config
+    from experiments.harness.config import parse_config
     from orchestrator import settings
 
     monkeypatch.setenv("HEADSWEEP_HOME", str(tmp_path / "home"))

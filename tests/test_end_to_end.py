@@ -16,6 +16,7 @@ import ray
 import yaml
 
 from analysis.views.report import sweep_report
+from headsweep import sweep_job
 from headsweep.cli import main as headsweep
 from orchestrator import tracking
 from orchestrator.driving.driver import execute_sweep
@@ -76,6 +77,22 @@ def test_figures_are_logged_to_the_sweeps_parent_run(finished_sweep):
     mlflow = tracking.client()
     names = {a.path for a in mlflow.list_artifacts(finished_sweep["parent"], "figures")}
     assert len(names) == len(logged)
+
+
+def test_the_sweeps_job_logs_the_report_after_its_driver(finished_sweep, monkeypatch, capsys):
+    """What a sweep's Ray Job runs once its driver finished (headsweep.sweep_job, the same call as
+    ``headsweep report``): nothing for an untracked sweep; else every figure into the parent run, each
+    path said; a report that fails is said on stderr and never raised (the job's status is the driver's)."""
+    monkeypatch.setenv("HEADSWEEP_TRACK", "0")
+    sweep_job.report(finished_sweep["sweep"])
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("HEADSWEEP_TRACK", "1")
+    sweep_job.report(finished_sweep["sweep"])
+    said = capsys.readouterr().out.split()
+    names = {a.path for a in tracking.client().list_artifacts(finished_sweep["parent"], "figures")}
+    assert said and set(said) == names and all(path.endswith(".png") for path in said)
+    sweep_job.report("sw-no-such-sweep")
+    assert "sw-no-such-sweep" in capsys.readouterr().err
 
 
 def test_every_cli_command(finished_sweep, tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""What runs report is declared once (experiments/common/outputs.py, each method's ``OUTPUTS``) and read from
+"""What runs report is declared once (base/outputs.py, each method's ``OUTPUTS``) and read from
 there: no map or metric name is typed in analysis/ or the runner, and the declarations hang together.
 
 That every map and metric a run of each method reports is declared is checked where every method runs
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from analysis.data.sweep import LABELS
-from experiments.common import outputs
+from base import outputs
 from experiments.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ def _key(metric: outputs.Metric | outputs.MetricFamily) -> str:
 
 
 def _declared() -> tuple[list[outputs.MapOutput], list[outputs.Metric | outputs.MetricFamily]]:
-    """Every map and metric declared: experiments.common.outputs' and each method's own."""
+    """Every map and metric declared: base.outputs' and each method's own."""
     maps = {m.name: m for m in outputs.MAPS}
     metrics = {_key(m): m for m in (*outputs.METRICS, *outputs.FAMILIES)}
     for module in METHODS.values():
@@ -61,7 +61,7 @@ def test_no_map_or_metric_name_is_typed_in_analysis_or_the_runner():
     maps, metrics = _declared()
     typed = [f"{path.relative_to(ROOT)}:{line}: {text!r}" for path in READERS
              for line, text in typed_names(path.read_text(), maps, metrics, LABELS)]
-    assert typed == [], "read these from experiments.common.outputs:\n" + "\n".join(typed)
+    assert typed == [], "read these from base.outputs:\n" + "\n".join(typed)
 
 
 def test_the_grep_finds_a_typed_name_and_not_a_docstring():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from experiments.common.naming import suggest
+from base.naming import suggest
 
 
 class QueryError(ValueError):

@@ -26,8 +26,8 @@ from sqlalchemy.engine import make_url
 
 from analysis.data.errors import QueryError, did_you_mean
 from analysis.data.sweep import SweepData, from_runs, frozen
+from orchestrator.registry.read_model import Version
 from orchestrator.registry.reader import LAST, NotFound, RegistryReader
-from orchestrator.registry.results import Version
 from orchestrator.status import RunStatus
 
 _CACHE_SIZE = 8  # sweeps kept in memory (a 10,000-run sweep of 144 gates is ~6 MB; of 6 x 1536 neurons ~370 MB)

@@ -22,11 +22,11 @@ from analysis.data.errors import QueryError, did_you_mean, list_choices
 from analysis.data.sweep import AXES, SweepData
 from analysis.data.where import Condition, Where, from_mapping, parse_where  # noqa: F401 (Where: the type callers name)
 from analysis.data.where import describe as describe_where
-from experiments.common import outputs
-from experiments.common.sections import resolve_key
+from base import outputs
+from base.sections import resolve_key
 
 DEFAULT_MAP = outputs.DEFAULT_MAP.name
-"""The map agreement compares when none is named (the methods' declarations, ``experiments.common.outputs``).
+"""The map agreement compares when none is named (the methods' declarations, ``base.outputs``).
 A binarised map's continuous companion (``outputs.companion``) is used where the binarised map is constant in
 a run (every gate closed: Pearson is undefined there, the continuous scores still rank the units); a map
 derived from another of the same run (``outputs.DERIVED``: head_importance's ``heads.pruned_at`` is the order
@@ -59,7 +59,7 @@ def config_keys_of(data: SweepData, axis: str) -> set[str]:
 
 def own_keys(data: SweepData, name: str) -> dict[str, str]:
     """{method: the stored config key ``name`` stands for in its runs}, by the one short-name
-    resolver (``experiments.common.sections.resolve_key``) with the keys each method's stored section
+    resolver (``base.sections.resolve_key``) with the keys each method's stored section
     has: ``lambda`` -> ``head_gates.lambda``, ``loss`` -> ``finetune.loss`` and ``mask_train.loss``."""
     config = config_columns(data)
     found = {}

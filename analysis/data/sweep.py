@@ -22,8 +22,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from analysis.data.errors import QueryError, did_you_mean
-from experiments.common import outputs
-from orchestrator.registry.results import MapInfo, Version
+from base import outputs
+from orchestrator.registry.read_model import MapInfo, Version
 
 GATE, LOG_ALPHA = outputs.GATE.name, outputs.LOG_ALPHA.name
 """The maps ``gates`` / ``scores`` read (a gate method's)."""
@@ -126,7 +126,7 @@ class SweepData(_Runs):
         """The ``(N,)`` column of axis ``name`` (one of ``AXES``)."""
         return self.labels[name] if name in self.labels else getattr(self, name)
 
-    # the labels every run has (experiments.common.sections.SharedConfig's), by name
+    # the labels every run has (base.sections.SharedConfig's), by name
     task = _label("task")
     model = _label("model")
     method = _label("method")

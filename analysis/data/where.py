@@ -89,64 +89,84 @@ def parse_where(text: str | None) -> Where:
     """``"metrics.accuracy > 0.8 and seed:0|1"`` -> its conditions ("" or None -> no condition).
 
     A malformed expression is a ``QueryError`` naming the token where it went wrong."""
-    tokens = list(_tokens(text or ""))
+    parser = _Parser(text or "")
     conditions: list[Condition] = []
-    i = 0
+    while not parser.done():
+        conditions.append(parser.condition())
+        parser.joint()
+    return tuple(conditions)
 
-    def take(kinds: tuple[str, ...], why: str) -> _Token:
-        nonlocal i
-        token = tokens[i] if i < len(tokens) else None
+
+class _Parser:
+    """The tokens of one expression and the position of the next one."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.tokens, self.i = text, list(_tokens(text)), 0
+
+    def done(self) -> bool:
+        return self.i >= len(self.tokens)
+
+    def peek(self) -> _Token | None:
+        return None if self.done() else self.tokens[self.i]
+
+    def take(self, kinds: tuple[str, ...], why: str) -> _Token:
+        token = self.peek()
         if token is None or token.kind not in kinds:
-            raise _error(text or "", token, why)
-        i += 1
+            raise _error(self.text, token, why)
+        self.i += 1
         return token
 
-    def value(why: str) -> str:
+    def punct(self, text: str, why: str) -> None:
+        if self.take(("punct",), why).text != text:
+            raise _error(self.text, self.tokens[self.i - 1], why)
+
+    def value(self, why: str) -> str:
         """A value; a word with ':' inside (``random:minilm-l6``, no blanks) is one value."""
-        nonlocal i
-        first = take(("word", "quoted"), why)
-        out, end = first.text, first.at + len(first.text)
-        while (first.kind == "word" and i + 1 < len(tokens) and tokens[i].text == ":" and tokens[i].at == end
-               and tokens[i + 1].kind == "word" and tokens[i + 1].at == end + 1):
-            out += ":" + tokens[i + 1].text
-            end = tokens[i + 1].at + len(tokens[i + 1].text)
-            i += 2
+        first = self.take(("word", "quoted"), why)
+        out, end, tokens = first.text, first.at + len(first.text), self.tokens
+        while (first.kind == "word" and self.i + 1 < len(tokens) and tokens[self.i].text == ":"
+               and tokens[self.i].at == end and tokens[self.i + 1].kind == "word" and tokens[self.i + 1].at == end + 1):
+            out += ":" + tokens[self.i + 1].text
+            end = tokens[self.i + 1].at + len(tokens[self.i + 1].text)
+            self.i += 2
         return out
 
-    while i < len(tokens):
-        key = take(("word",), "expected a key (metrics.<name>, params.<key> or an axis such as seed)")
+    def values(self, separator: str, why: str) -> list[str]:
+        """A value and each further one after ``separator``."""
+        values = [self.value(why)]
+        while not self.done() and self.tokens[self.i].text == separator:
+            self.i += 1
+            values.append(self.value(f"expected a value after '{separator}'"))
+        return values
+
+    def condition(self) -> Condition:
+        """``KEY IN (V, ...)``, ``KEY:V|V`` or ``KEY OP VALUE``."""
+        key = self.take(("word",), "expected a key (metrics.<name>, params.<key> or an axis such as seed)")
         if _keyword(key, "and") or key.text.lower() == "in":
-            raise _error(text or "", key, "expected a key before it")
-        if _keyword(tokens[i] if i < len(tokens) else None, "in"):
-            i += 1
-            if take(("punct",), "expected '(' after IN").text != "(":
-                raise _error(text or "", tokens[i - 1], "expected '(' after IN")
-            values = [value("expected a value")]
-            while i < len(tokens) and tokens[i].text == ",":
-                i += 1
-                values.append(value("expected a value after ','"))
-            if take(("punct",), "expected ')' to close IN (...)").text != ")":
-                raise _error(text or "", tokens[i - 1], "expected ')' to close IN (...)")
-            conditions.append(Condition(key.text, "=", tuple(values)))
-        else:
-            op = take(("op",), "expected an operator (=, !=, <, <=, >, >=, :, in) after the key")
-            values = [value(f"expected a value after '{op.text}'")]
-            while op.text == ":" and i < len(tokens) and tokens[i].text == "|":
-                i += 1
-                values.append(value("expected a value after '|'"))
-            name = {"==": "=", ":": "="}.get(op.text, op.text)
-            if len(values) > 1 or name == "=":
-                conditions.append(Condition(key.text, "=", tuple(values)))
-            else:
-                conditions.append(Condition(key.text, name, tuple(values)))
-        if i < len(tokens):
-            joint = tokens[i]
-            if not (_keyword(joint, "and") or joint.text == ","):
-                raise _error(text or "", joint, "expected 'and' or ',' between two conditions")
-            i += 1
-            if i == len(tokens):
-                raise _error(text or "", None, f"expected a condition after '{joint.text}'")
-    return tuple(conditions)
+            raise _error(self.text, key, "expected a key before it")
+        if _keyword(self.peek(), "in"):
+            self.i += 1
+            self.punct("(", "expected '(' after IN")
+            values = self.values(",", "expected a value")
+            self.punct(")", "expected ')' to close IN (...)")
+            return Condition(key.text, "=", tuple(values))
+        op = self.take(("op",), "expected an operator (=, !=, <, <=, >, >=, :, in) after the key")
+        values = self.values("|", f"expected a value after '{op.text}'") if op.text == ":" else \
+            [self.value(f"expected a value after '{op.text}'")]
+        name = {"==": "=", ":": "="}.get(op.text, op.text)
+        return Condition(key.text, "=" if len(values) > 1 or name == "=" else name, tuple(values))
+
+    def joint(self) -> None:
+        """``and`` or ``,`` between two conditions (nothing after the last)."""
+        joint = self.peek()
+        if joint is None:
+            return
+        if not (_keyword(joint, "and") or joint.text == ","):
+            raise _error(self.text, joint, "expected 'and' or ',' between two conditions")
+        self.i += 1
+        if self.done():
+            raise _error(self.text, None, f"expected a condition after '{joint.text}'")
+
 
 
 def from_mapping(filters: dict | None) -> Where:

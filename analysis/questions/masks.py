@@ -47,9 +47,9 @@ from analysis.data.select import (
 )
 from analysis.data.sweep import SweepData
 from analysis.questions.agreement.strata import check_across, strata
-from experiments.common import outputs
-from experiments.common.mask_format import chance_iou, read_masks
-from experiments.common.mask_format import mask_iou as iou_of
+from base import outputs
+from base.mask_format import chance_iou, read_masks
+from base.mask_format import mask_iou as iou_of
 
 DENSITY_MAP = outputs.HEAD_DENSITY.name
 """The map every masked run has: which runs have a stored mask to compare."""

@@ -20,7 +20,7 @@ from analysis.data.select import (
 )
 from analysis.data.sweep import SweepData
 from analysis.questions.pruning import cell_labels
-from experiments.common import outputs
+from base import outputs
 
 ACCURACY = outputs.ACCURACY.name
 PRUNED_ACCURACY = outputs.PRUNED.name(metric=ACCURACY)

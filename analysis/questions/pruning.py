@@ -23,7 +23,7 @@ from analysis.data.select import (
     varying_config,
 )
 from analysis.data.sweep import SweepData
-from experiments.common import outputs
+from base import outputs
 
 CURVE = outputs.PRUNING_CURVE
 """``accuracy_pruned_30`` -> metric ``accuracy``, pct 30; ``accuracy_pruned_30/ood`` -> ``accuracy/ood``."""

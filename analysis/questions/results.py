@@ -23,8 +23,8 @@ from analysis.data.select import (
 )
 from analysis.data.sweep import CELL_LABELS, SweepData
 from analysis.statistics import intervals
-from experiments.common import outputs
-from experiments.common.collapse import COLLAPSED
+from base import outputs
+from base.collapse import COLLAPSED
 
 
 def aggregate(data: SweepData, group_by: Sequence[str], metric: str, filters: Filters | None = None,
@@ -38,7 +38,7 @@ def aggregate(data: SweepData, group_by: Sequence[str], metric: str, filters: Fi
     Runs of different methods are never pooled: when the selection has several,
     ``method`` is added to ``group_by`` (a fine-tune stage and the head-gate runs
     that start from it are different experiments). Where runs report the collapse check
-    (``experiments.common.collapse``), ``collapsed`` counts each group's collapsed runs: they
+    (``base.collapse``), ``collapsed`` counts each group's collapsed runs: they
     stay in its n and stats, the count says how many.
     """
     by = [check_axis(a, data) for a in group_by] or ["group_key"]

@@ -51,7 +51,7 @@ from analysis.data.select import (
 )
 from analysis.data.sweep import SweepData
 from analysis.statistics import nulls
-from experiments.common import outputs
+from base import outputs
 
 METHOD = "prompt_transfer"
 MEASURED = (outputs.TRANSFER_RELATIVE, outputs.TRANSFER_ACCURACY, outputs.OVERLAP_TOP20, outputs.OVERLAP_ACTIVE)

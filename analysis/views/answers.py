@@ -8,7 +8,7 @@ from typing import Any
 
 from analysis import statistics
 from analysis.data.select import py
-from analysis.questions.agreement.result import Agreement, PairResult, Tested
+from analysis.questions.agreement.result import AgreementMatrix, PairResult, Tested
 from analysis.statistics.nulls import NULLS
 
 
@@ -21,7 +21,7 @@ def null_summaries(tested: Tested) -> list[dict[str, Any]]:
 
 
 def tested_rows(tested: Mapping[str, Tested]) -> list[dict[str, Any]]:
-    """Tested statistics by name (``Agreement.statistics``) as flat rows,
+    """Tested statistics by name (``AgreementMatrix.statistics``) as flat rows,
     one per statistic and null (one with empty null fields when it was not tested): its name,
     label, observed value, what was pooled, then ``null_summaries``' fields."""
     blank = dict.fromkeys(("null", "null_mean", "band_lo", "band_hi", "excess", "p_value", "p_text", "n_perm"))
@@ -39,8 +39,8 @@ def tested_json(tested: Tested) -> dict[str, Any]:
     return {"observed": py(tested.observed), "pooled": tested.pooled, "nulls": null_summaries(tested)}
 
 
-def agreement_json(result: Agreement) -> dict[str, Any]:
-    """An ``Agreement`` as plain JSON values (the CLI's --format json and the service share it): the
+def agreement_json(result: AgreementMatrix) -> dict[str, Any]:
+    """An ``AgreementMatrix`` as plain JSON values (the CLI's --format json and the service share it): the
     matrix's statistic as ``mean_offdiag``, every other one under its name."""
     tested = {("mean_offdiag" if name == result.matrix_statistic else name): tested_json(t) for name, t in result.statistics.items()}
     return {"across": result.across, "map": result.map_name, "labels": result.labels,
@@ -49,8 +49,8 @@ def agreement_json(result: Agreement) -> dict[str, Any]:
             "notes": result.notes}
 
 
-def compare_json(result: Agreement) -> dict[str, Any]:
-    """compare-maps' ``Agreement`` as plain JSON values (the CLI's --format json and the service share it): per
+def compare_json(result: AgreementMatrix) -> dict[str, Any]:
+    """compare-maps' ``AgreementMatrix`` as plain JSON values (the CLI's --format json and the service share it): per
     pair the matrix's rho (with ``pooled`` and ``nulls``), every other pairwise statistic tested
     under its name and every top-k one's value; overall ``mean_offdiag`` (rho's), the other pairwise
     statistics' means under their names and each top-k one's ``chance_<name>``."""
@@ -74,7 +74,7 @@ def compare_json(result: Agreement) -> dict[str, Any]:
     }
 
 
-def compare_rows(result: Agreement) -> list[dict[str, Any]]:
+def compare_rows(result: AgreementMatrix) -> list[dict[str, Any]]:
     """One flat row per pair of labels (the CLI's --format csv): each pairwise statistic and its
     nulls (rho's unprefixed), then top-k and each top-k statistic beside its chance."""
     rows = []
@@ -93,7 +93,7 @@ def compare_rows(result: Agreement) -> list[dict[str, Any]]:
     return rows
 
 
-def overlap_json(answer: dict[str, Any]) -> dict[str, Any]:
-    """``compare.overlap``'s answer as plain JSON values: its rho (``spearman``) observed, with ``nulls``."""
+def spearman_json(answer: dict[str, Any]) -> dict[str, Any]:
+    """``compare.spearman``'s answer as plain JSON values: its rho (``spearman``) observed, with ``nulls``."""
     rho = answer["spearman"]
     return answer | {"spearman": py(rho.observed), "nulls": null_summaries(rho), "mean_pairwise": py(answer["mean_pairwise"])}

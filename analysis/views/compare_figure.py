@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from analysis.data.select import Filters, describe, list_choices
-from analysis.questions.agreement.result import RHO, Agreement
+from analysis.questions.agreement.result import RHO, AgreementMatrix
 from analysis.statistics import STATISTICS
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def _shown_null(result: Agreement) -> str | None:
+def _shown_null(result: AgreementMatrix) -> str | None:
     """The null the figure reports: within layers (the stricter), else across all units."""
     for null in ("within_layers", "all_units"):
         if any(null in p.rho.nulls for p in result.pairs):
@@ -22,7 +22,7 @@ def _shown_null(result: Agreement) -> str | None:
     return None
 
 
-def title(result: Agreement, filters: Filters | None = None) -> str:
+def title(result: AgreementMatrix, filters: Filters | None = None) -> str:
     """What the figure shows: sweep, models, tasks, the question and the chance level."""
     where = f" ({describe(filters)})" if filters else ""
     head = f"{result.sweep_id}{where}: {list_choices(result.models, 3)}; {list_choices(result.tasks, 3)}"
@@ -43,7 +43,7 @@ def title(result: Agreement, filters: Filters | None = None) -> str:
     return f"{head}\n{what}\n{rho} (null mean {chance}, {shuffled}; p in each cell){others}"
 
 
-def compare_png(result: Agreement, filters: Filters | None = None) -> bytes:
+def compare_png(result: AgreementMatrix, filters: Filters | None = None) -> bytes:
     """The label x label matrix of rho, annotated with each value and its p, as PNG bytes."""
     from analysis.views import figures
 
@@ -51,7 +51,7 @@ def compare_png(result: Agreement, filters: Filters | None = None) -> bytes:
                                     STATISTICS[RHO].computes)
 
 
-def compare_figure(result: Agreement, filters: Filters | None = None) -> Figure:
+def compare_figure(result: AgreementMatrix, filters: Filters | None = None) -> Figure:
     """The matrix ``compare_png`` encodes, as a matplotlib Figure (the Python API's)."""
     from analysis.views import figures
 
@@ -59,7 +59,7 @@ def compare_figure(result: Agreement, filters: Filters | None = None) -> Figure:
                                            STATISTICS[RHO].computes)
 
 
-def _p_notes(result: Agreement) -> list[list[str]]:
+def _p_notes(result: AgreementMatrix) -> list[list[str]]:
     """Each compared cell's p under the shown null (``_shown_null``), "" elsewhere."""
     null = _shown_null(result)
     notes = np.full(result.matrix.shape, "", dtype=object)

@@ -10,7 +10,7 @@ from analysis.data.sweep import SweepData
 from analysis.questions.neurons import ffn_pruning_points, layer_points, perturbation_points
 from analysis.questions.pruning import pruned_metrics, pruning_points
 from analysis.views import figures
-from experiments.common import outputs
+from base import outputs
 
 ACCURACY = outputs.ACCURACY.name
 

@@ -40,13 +40,13 @@ from analysis.questions import neurons, pruning
 from analysis.questions.agreement.across_runs import agreement
 from analysis.questions.agreement.compare import compare_maps
 from analysis.questions.agreement.maps import plan_maps
-from analysis.questions.agreement.result import Agreement
+from analysis.questions.agreement.result import AgreementMatrix
 from analysis.views import curves, figures
 from analysis.views.compare_figure import compare_figure
 from analysis.views.figure_kinds import FIGURE_KINDS
-from experiments.common import outputs
-from experiments.common.png import FORMATS, figure_bytes
-from experiments.common.units import OPEN_THRESHOLD
+from base import outputs
+from base.png import FORMATS, figure_bytes
+from base.units import OPEN_THRESHOLD
 
 CELL_AXES = CELL_LABELS
 """The labels that name a cell, seed aside (any other config key of a grid names it too)."""
@@ -147,17 +147,17 @@ def _grey(data: SweepData, filters: Filters | None, map_name: str = DEFAULT_MAP)
                             label=f"fraction of {len(sel)} runs with the head open")
 
 
-def agreement_png(result: Agreement, filters: Filters | None = None) -> bytes:
+def agreement_png(result: AgreementMatrix, filters: Filters | None = None) -> bytes:
     """``result`` as an annotated heat map (``agreement_figure``), PNG bytes."""
     return figures.agreement_heatmap(result.matrix, result.labels, _agreement_title(result, filters))
 
 
-def agreement_figure(result: Agreement, filters: Filters | None = None) -> Figure:
+def agreement_figure(result: AgreementMatrix, filters: Filters | None = None) -> Figure:
     """The heat map ``agreement_png`` encodes, as a matplotlib Figure (the Python API's)."""
     return figures.agreement_heatmap_figure(result.matrix, result.labels, _agreement_title(result, filters))
 
 
-def _agreement_title(result: Agreement, filters: Filters | None) -> str:
+def _agreement_title(result: AgreementMatrix, filters: Filters | None) -> str:
     """The mean off-diagonal r and each other pairwise statistic (and, across seeds, the cells
     statistics: stem cell), each with its chance level under the within-layer null."""
     text = f"{result.map_name} r across {result.across}\n{describe(filters)}"
@@ -297,7 +297,7 @@ def check_kind(kind: str) -> None:
 
 
 COST = outputs.COST
-"""The run-cost timings (``experiments.common.costs``): ``cost.<part>_s``, drawn together in one figure."""
+"""The run-cost timings (``base.costs``): ``cost.<part>_s``, drawn together in one figure."""
 
 
 def cost_parts(data: SweepData, filters: Filters | None = None

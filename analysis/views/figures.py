@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from analysis.views.figure_kinds import DPI
-from experiments.common.png import figure_png
+from base.png import figure_png
 
 _CELL_INCHES = 0.42  # side of one head's cell
 
@@ -40,7 +40,7 @@ _SEED_MAP_LEGEND = (
 
 
 def _png(fig: Figure) -> bytes:
-    """Render at ``DPI`` through the one PNG encoder (``experiments.common.png``)."""
+    """Render at ``DPI`` through the one PNG encoder (``base.png``)."""
     return figure_png(fig, DPI)
 
 

@@ -67,7 +67,7 @@ def transfer_png(result: Transfer, filters: Filters | None = None) -> bytes:
     shared scale."""
     from matplotlib.figure import Figure
 
-    from experiments.common.png import figure_png
+    from base.png import figure_png
 
     n = len(result.tasks)
     side = max(3.6, 0.9 * n + 1.6)

@@ -24,7 +24,7 @@ from analysis.questions.transfer import transfer_tables
 from analysis.views import answers, figure_plan
 from analysis.views.figure_kinds import DPI, DPI_RANGE, FIGURE_KINDS
 from analysis.views.transfer import transfer_json
-from experiments.common.png import FORMATS as FIGURE_FORMATS
+from base.png import FORMATS as FIGURE_FORMATS
 
 MAX_PERM = 2000
 """Permutations per null the service computes at most (the CLI and Python compute what they are asked)."""
@@ -195,8 +195,8 @@ SPEARMAN = Question(
         Param("a", "group a, as where: e.g. task:sst2,pipeline:dp", required=True),
         Param("b", "group b, e.g. task:ud-pos", required=True),
         MAP, TOP, _n_perm("relabellings of each null")),
-    lambda data, filters, context, a, b, map, top, n_perm: {"a": a, "b": b, **answers.overlap_json(
-        compare.overlap(data, as_where(a), as_where(b), map, top, filters, n_perm))})
+    lambda data, filters, context, a, b, map, top, n_perm: {"a": a, "b": b, **answers.spearman_json(
+        compare.spearman(data, as_where(a), as_where(b), map, top, filters, n_perm))})
 
 IOU = Question(
     "iou", "do runs keep the same weights? mask IoU across seeds, pipelines, losses, ...", (

@@ -85,7 +85,7 @@ def bias_probs(cfg, ctx, split) -> torch.Tensor:
     checkpoint store); a run without that stage, a split without features or weights that
     are not a bias model's raise with the reason.
     """
-    from experiments.core.state import upstream_weights
+    from experiments.training.state import upstream_weights
 
     if getattr(cfg, "bias_model", None) is None:
         raise ValueError("bias_probs: this run has no bias_model stage (set bias_model: {method: bias_only})")

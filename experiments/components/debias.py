@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from experiments.common.naming import suggest
+from base.naming import suggest
 from experiments.maths.losses import conf_reg_loss, poe_loss, reweight_loss, task_loss
 
 LOSSES = {
@@ -104,10 +104,10 @@ def _of_label(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def teacher_probs(cfg, ctx, state) -> torch.Tensor:
     """(N, C) probabilities of the run's ``teacher`` stage on every training example: the
     teacher's encoder and task decoder (its final weights) evaluated in eval mode, on CPU."""
-    from experiments.core.loop import batches, forward_logits
-    from experiments.core.seeding import derive_seed
-    from experiments.core.state import RunState, build_decoder, upstream_weights
     from experiments.models import load_backbone
+    from experiments.training.loop import batches, forward_logits
+    from experiments.training.seeding import derive_seed
+    from experiments.training.state import RunState, build_decoder, upstream_weights
 
     encoder, _ = load_backbone(cfg.model, derive_seed(cfg.seed, "model_init"))
     decoder = build_decoder(state.task, encoder.config.hidden_size, state.data.num_labels, cfg.seed)

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from experiments.core.precision import autocast
-from experiments.core.seeding import derive_seed
 from experiments.interventions.attention import head_contexts, record_attention
 from experiments.maths.probes import crop
 from experiments.models import load_backbone
-from experiments.tasks._common import default_data_dir
 from experiments.tasks.dependencies import UD_EWT
+from experiments.tasks.parts import default_data_dir
+from experiments.training.precision import autocast
+from experiments.training.seeding import derive_seed
 
 
 def ud_folder(path: str | None) -> Path:
@@ -37,7 +37,7 @@ def stage_encoder(cfg, ctx):
     """(encoder, tokenizer) of the run's ``init_from`` stage if it has one (its final encoder
     weights only: gates, masks or decoders the upstream had are not applied), else the pretrained
     (or ``random:``) model itself."""
-    from experiments.core.state import upstream_weights
+    from experiments.training.state import upstream_weights
 
     encoder, tokenizer = pretrained(cfg)
     if cfg.init_from is not None:

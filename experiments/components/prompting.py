@@ -23,12 +23,7 @@ import torch
 from pydantic import AfterValidator, Field, field_validator
 from torch import nn
 
-from experiments.common.sections import Section
-from experiments.core import optimisers as opt
-from experiments.core.context import RunContext
-from experiments.core.loop import batches, evaluate, num_steps
-from experiments.core.seeding import derive_seed, generator
-from experiments.core.state import RunState, adam, set_up
+from base.sections import Section
 from experiments.interventions.neurons import capture_ffn, perturb_neurons
 from experiments.maths.predictivity import (
     by_layer,
@@ -42,6 +37,11 @@ from experiments.maths.predictivity import (
 )
 from experiments.maths.schedules import linear_warmup_decay
 from experiments.models import load_tokenizer
+from experiments.training import optimisers as opt
+from experiments.training.context import RunContext
+from experiments.training.loop import batches, evaluate, num_steps
+from experiments.training.seeding import derive_seed, generator
+from experiments.training.state import RunState, adam, set_up
 
 
 def _fractions(value: tuple[float, ...]) -> tuple[float, ...]:
@@ -112,11 +112,11 @@ class SkillNeuronsConfig(Section):
         return value
 
 
-def prompt_lr(hp: SkillNeuronsConfig) -> float:
+def prompt_lr(own: SkillNeuronsConfig) -> float:
     """The soft prompt's learning rate: ``lr``, else 1e-3 with the learned read-out, 1e-2 with a frozen verbalizer."""
-    if hp.lr is not None:
-        return hp.lr
-    return 1e-3 if hp.verbalizer == "learned" else 1e-2
+    if own.lr is not None:
+        return own.lr
+    return 1e-3 if own.verbalizer == "learned" else 1e-2
 
 
 REFERENCE_ADAM = {"betas": (0.9, 0.98), "eps": 1e-6}
@@ -127,14 +127,14 @@ REFERENCE_CLIP = 1.0
 """... and ``clip_grad_norm_(self.model.parameters(), max_grad_norm)``, max_grad_norm 1 (trainer.py:66, 115)."""
 
 
-def prompt_groups(hp: SkillNeuronsConfig) -> list[opt.Group]:
-    """What trains (experiments/core/optimisers.py): the prompt, and with ``verbalizer: learned`` the read-out."""
-    trained = ("prompt",) if hp.verbalizer != "learned" else ("prompt", "read-out")
-    if hp.prompt_optimizer == "reference":
+def prompt_groups(own: SkillNeuronsConfig) -> list[opt.Group]:
+    """What trains (experiments/training/optimisers.py): the prompt, and with ``verbalizer: learned`` the read-out."""
+    trained = ("prompt",) if own.verbalizer != "learned" else ("prompt", "read-out")
+    if own.prompt_optimizer == "reference":
         schedule, clip, adam_keys = opt.linear(REFERENCE_WARMUP), opt.clipped(REFERENCE_CLIP, trained), REFERENCE_ADAM
     else:
         schedule, clip, adam_keys = opt.CONSTANT, opt.clipped(None, ()), {"betas": opt.BETAS, "eps": opt.EPS}
-    lrs = {"prompt": prompt_lr(hp), "read-out": hp.readout_lr}
+    lrs = {"prompt": prompt_lr(own), "read-out": own.readout_lr}
     return [opt.Group(name, "Adam", lrs[name], 0.0, schedule, clip, **adam_keys) for name in trained]
 
 
@@ -231,15 +231,15 @@ def _vocabulary_words(tokenizer) -> torch.Tensor:
 
 def _word_rows(cfg, state: RunState, tokenizer, words: torch.Tensor) -> tuple[torch.Tensor | None, list[str]]:
     """The frozen verbalizer rows (C, E) and their words, or (None, []) for a learned read-out."""
-    hp, num_labels = cfg.section, state.data.num_labels
-    if hp.verbalizer == "learned":
+    own, num_labels = cfg.section, state.data.num_labels
+    if own.verbalizer == "learned":
         return None, []
-    if hp.verbalizer == "label_words":
-        chosen = list(hp.label_words or state.data.label_names)
+    if own.verbalizer == "label_words":
+        chosen = list(own.label_words or state.data.label_names)
         if len(chosen) != num_labels:
             raise ValueError(f"skill_neurons.label_words: {len(chosen)} words for {num_labels} classes")
     else:
-        seed = cfg.seed if hp.word_seed is None else hp.word_seed
+        seed = cfg.seed if own.word_seed is None else own.word_seed
         pick = torch.randperm(len(words), generator=generator(seed, "label_words"))[:num_labels]
         chosen = tokenizer.convert_ids_to_tokens(words[pick].tolist())
     table = state.encoder.get_input_embeddings().weight.detach()
@@ -259,26 +259,26 @@ def build(cfg, ctx: RunContext) -> tuple[RunState, PromptedEncoder, torch.optim.
     'decoder' stream), the prompted model over them, and the Adam optimiser of what trains
     (``prompt_groups``); with ``prompt_optimizer: reference`` its schedule is ``state.schedulers["prompt"]``
     over the run's steps."""
-    hp = cfg.section
+    own = cfg.section
     state = set_up(cfg, ctx)
     backbone = state.encoder.requires_grad_(False)
     tokenizer = load_tokenizer(cfg.model)
     vocab = _vocabulary_words(tokenizer)
     table = backbone.get_input_embeddings().weight.detach()
-    pick = torch.randperm(len(vocab), generator=generator(cfg.seed, "prompt"))[: hp.prompt_length]
+    pick = torch.randperm(len(vocab), generator=generator(cfg.seed, "prompt"))[: own.prompt_length]
     prompt = SoftPrompt(table[vocab[pick].to(table.device)]).to(ctx.device)
     words, word_names = _word_rows(cfg, state, tokenizer, vocab)
     with torch.random.fork_rng(devices=[]):  # the 'decoder' stream, as every task decoder
         torch.manual_seed(derive_seed(cfg.seed, "decoder"))
-        readout = Readout(hp.readout, hp.prompt_length, backbone.config.hidden_size, state.data.num_labels, words)
+        readout = Readout(own.readout, own.prompt_length, backbone.config.hidden_size, state.data.num_labels, words)
     state.decoders["task"], state.interventions["prompt"] = readout.to(ctx.device), prompt
     state.values["label_words"] = word_names
     modules = {"prompt": prompt, "read-out": readout}
-    planned = prompt_groups(hp)
+    planned = prompt_groups(own)
     optimizer = adam([{"params": list(modules[group.params].parameters()), "lr": group.lr} for group in planned],
                      betas=planned[0].betas, eps=planned[0].eps)
     state.optimizers["prompt"] = optimizer
-    if hp.prompt_optimizer == "reference":
+    if own.prompt_optimizer == "reference":
         tc = cfg.train
         total = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
         state.schedulers["prompt"] = torch.optim.lr_scheduler.LambdaLR(

@@ -6,7 +6,7 @@ A run config is the shared sections (``seed``, ``model``, ``task``, ``train``,
 declares its ``Config`` (DESIGN.md decision 8); :func:`config_class` joins them.
 
 A run is content-addressed (decision 1): ``run_key`` hashes what the run reads
-(see experiments/keyed/run_keys.py), seed included; ``group_key`` is the same hash
+(see experiments/harness/run_keys.py), seed included; ``group_key`` is the same hash
 without the seed (the unit for mean +- std).
 
 Every mistake is a :class:`ConfigError` whose one-line message names the key
@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, create_model
 
-from experiments.common.naming import suggest
-from experiments.common.sections import (
+from base.naming import suggest
+from base.sections import (
     DEFAULT_METHOD,
     STAGE_ROLES,
     ConfigError,
@@ -36,13 +36,13 @@ from experiments.common.sections import (
     section_value,
     set_dotted,
 )
-from experiments.core import reads as method_reads
-from experiments.keyed.config_keys import method_labels, resolve, unknown_key, wrong_section
-from experiments.keyed.run_keys import extra_tasks, key_material, reseeded_keys, run_and_group_key
+from experiments.harness.config_keys import method_labels, resolve, unknown_key, wrong_section
+from experiments.harness.run_keys import extra_tasks, key_material, reseeded_keys, run_and_group_key
 from experiments.methods import METHODS, check_method
 from experiments.models import check_model_name
 from experiments.tasks import TASKS, bias_feature_names, data_label, unread_key
 from experiments.tasks.reads import unread_line
+from experiments.training import reads as method_reads
 
 
 class RunConfig(SharedConfig):
@@ -99,7 +99,7 @@ class RunConfig(SharedConfig):
 
     @property
     def run_key(self) -> str:
-        """16 hex: the hash of what this run reads (experiments.keyed.run_keys), seed included."""
+        """16 hex: the hash of what this run reads (experiments.harness.run_keys), seed included."""
         return self._keys[0]
 
     @property
@@ -320,7 +320,7 @@ def check_run_keys(cfg: RunConfig, inherited: Collection[str] = ()) -> None:
     """Refuse a key of the method's section or a ``train.*`` key set away from its default that the
     run does not read: it would change the run key and nothing else (``train.grad_clip`` on probes,
     ``head_gates.sp_finetune_steps`` on dp). The method says what it reads (``READS`` and
-    ``unread(section, train)``: experiments/core/reads.py); a ``train.*`` key also counts as read
+    ``unread(section, train)``: experiments/training/reads.py); a ``train.*`` key also counts as read
     when a stage inherits it and reads it (head_ablation's finetune stage reads ``train.lr``).
     ``inherited``: the keys a stage carries from its dependant, which reads them."""
     module = METHODS[cfg.method]

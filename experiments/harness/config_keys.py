@@ -16,8 +16,8 @@ from typing import Any, get_args
 
 from pydantic import BaseModel
 
-from experiments.common.naming import suggest
-from experiments.common.sections import (
+from base.naming import suggest
+from base.sections import (
     ALIASES,
     DEFAULT_METHOD,
     STAGE_ROLES,

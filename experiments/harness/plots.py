@@ -13,8 +13,8 @@ from matplotlib.collections import PatchCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from experiments.common.png import figure_png
-from experiments.common.units import OPEN_THRESHOLD
+from base.png import figure_png
+from base.units import OPEN_THRESHOLD
 
 
 def gate_map_png(gates: np.ndarray, title: str, expected_open: float | None = None) -> bytes:

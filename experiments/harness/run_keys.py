@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
-from experiments.common.sections import (
+from base.sections import (
     CONFIG_VERSION,
     STAGE_ROLES,
     SharedConfig,

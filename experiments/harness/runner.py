@@ -12,21 +12,21 @@ from pathlib import Path
 
 import torch
 
-from experiments.common import collapse, outputs
-from experiments.common.costs import active, timed
-from experiments.common.result import RunResult
-from experiments.common.sections import flatten
-from experiments.common.sources import hash_sources
-from experiments.core.context import RunContext
-from experiments.core.precision import check_precision
-from experiments.core.seeding import sub_seeds
-from experiments.core.tracking import Tracker
+from base import collapse, outputs
+from base.costs import active, timed
+from base.result import RunResult
+from base.sections import flatten
+from base.sources import hash_sources
+from experiments.harness.config import RunConfig
+from experiments.harness.plots import gate_map_png, map_png
 from experiments.interventions.masks import ROLES
-from experiments.keyed.config import RunConfig
-from experiments.keyed.plots import gate_map_png, map_png
 from experiments.maths.hard_concrete import prob_open
 from experiments.methods import METHODS
 from experiments.tasks import TASKS
+from experiments.training.context import RunContext
+from experiments.training.precision import check_precision
+from experiments.training.seeding import sub_seeds
+from experiments.training.tracking import Tracker
 
 
 def run(cfg: RunConfig, ctx: RunContext | None = None) -> RunResult:
@@ -145,11 +145,11 @@ def code_version() -> str:
 
 
 def source_hash() -> str:
-    """sha256 (12 hex) of every .py file of experiments/, orchestrator/ and analysis/ as this process imports them."""
+    """sha256 (12 hex) of every .py file of base/, experiments/, orchestrator/ and analysis/ as this process imports them."""
     import importlib.util
 
     digest = hashlib.sha256()
-    for package in ("experiments", "orchestrator", "analysis"):
+    for package in ("base", "experiments", "orchestrator", "analysis"):
         spec = importlib.util.find_spec(package)  # finds, does not import
         if spec is None or not spec.submodule_search_locations:
             continue

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from experiments.common import outputs
+from base import outputs
 from experiments.interventions.handles import Handle
 from experiments.interventions.heads import _slice_linear  # the same Linear slicing as head pruning
 from experiments.models import architecture_of

@@ -81,9 +81,9 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from experiments.common import outputs
-from experiments.common.mask_format import pack_masks, read_masks
-from experiments.common.result import RunResult
+from base import outputs
+from base.mask_format import pack_masks, read_masks
+from base.result import RunResult
 from experiments.interventions.handles import Handle
 from experiments.models import architecture_of
 
@@ -144,7 +144,7 @@ def decoder_linears(decoder: nn.Module) -> dict[str, nn.Linear]:
 def uses_pooler(encoder: nn.Module, decoder: nn.Module) -> bool:
     """Whether ``read_pooler`` applies: the encoder has a pooler (BERT, RoBERTa) and the decoder
     is a sentence classifier reading the [CLS] state (tagging decoders read every token)."""
-    from experiments.tasks._common import ClassificationDecoder
+    from experiments.tasks.parts import ClassificationDecoder
 
     return getattr(encoder, "pooler", None) is not None and isinstance(decoder, ClassificationDecoder)
 
@@ -500,7 +500,7 @@ def masked_result(cfg, state, metrics: Mapping[str, float], masks: Masks, initia
 
 
 # --------------------------------------------------------------------------- storage
-# The format (pack_masks, read_masks) and mask_iou live in experiments/common/mask_format.py, numpy only,
+# The format (pack_masks, read_masks) and mask_iou live in base/mask_format.py, numpy only,
 # so analysis reads masks without torch; unpack_masks gives tensors.
 
 

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from experiments.common.units import OPEN_THRESHOLD  # one definition, shared with analysis
+from base.units import OPEN_THRESHOLD  # one definition, shared with analysis
 
 BETA = 0.33
 """Temperature of the Hard Concrete distribution."""

@@ -2,13 +2,13 @@
 
 A method module is the whole of a method (DESIGN.md decision 8); adding one is
 one file plus one line here, or one file named in ``HEADSWEEP_METHODS`` (below). It reads like a
-recipe over the rooms below it (experiments/components for what several methods share, core,
+recipe over the rooms below it (experiments/components for what several methods share, training,
 interventions, maths, tasks) and never imports another method. It exposes:
 
 - ``VERSION``: bump it when its results, or a default of its ``Config``, would change;
 - ``PIPELINES``: its pipelines, the first the default (a method with more than one has
   a ``pipeline`` key in its ``Config``, defaulting to the first);
-- ``Config``: its own section, a subclass of ``experiments.common.sections.Section`` with a default
+- ``Config``: its own section, a subclass of ``base.sections.Section`` with a default
   and a description per key; a run config holds it under the method's name
   (``method: head_gates`` + ``head_gates: {lambda: 0.05}``);
 - ``SHORT_NAMES``: keys of its ``Config`` that grids and ``--set`` may write without the
@@ -17,7 +17,7 @@ interventions, maths, tasks) and never imports another method. It exposes:
 - ``labels(section)`` (optional): its labels when not simply its short names' values (multitask:
   no lambda when it trains no gates);
 - ``OUTPUTS`` (optional for methods outside this package, every built-in one has it): what its runs
-  report, an ``experiments.common.outputs.Outputs`` of the maps and metrics declared there (names,
+  report, an ``base.outputs.Outputs`` of the maps and metrics declared there (names,
   meanings, companions, patterns); the method builds its maps and metric names from them, and analysis
   reads the declarations instead of typed names;
 - ``PROGRESS`` (optional): ``{name of a step value: how to say it}``, what ``headsweep run``'s
@@ -30,7 +30,7 @@ interventions, maths, tasks) and never imports another method. It exposes:
 - ``NAME`` (optional, for methods outside this package): its name in ``METHODS``;
 - ``stages(section)`` (optional): the upstream runs it starts from by default (head_gates' SP);
 - ``optimisers(cfg)`` (optional; the methods of the paper recipes have it): each parameter group it
-  trains, as ``experiments.core.optimisers.Group`` (lr, weight decay, schedule, clip, betas, eps), from
+  trains, as ``experiments.training.optimisers.Group`` (lr, weight decay, schedule, clip, betas, eps), from
   the config alone: what ``headsweep run/submit --dry-run`` print (tests/experiments/test_recipe_optimisers.py
   checks them against the torch objects the run builds);
 - ``check(cfg)`` (optional): more validation of a whole run config, at submit (raises
@@ -44,7 +44,7 @@ interventions, maths, tasks) and never imports another method. It exposes:
 Validation, "did you mean", ``--set``, grid axes and ``headsweep methods`` read these,
 so nothing else changes when a method is added.
 
-Precision (``train.precision``, experiments/core/precision.py): a method runs its forwards through
+Precision (``train.precision``, experiments/training/precision.py): a method runs its forwards through
 ``loop.forward_logits`` / ``loop.evaluate`` with ``precision=``, ``state.autocast()`` or
 ``probing.sentence_maps(precision=)``, and its optimiser steps through ``loop.update(...,
 scaler=state.scaler)``; tests/experiments/test_precision.py checks every method's forwards.
@@ -108,7 +108,7 @@ def check_method(name: str, module: ModuleType) -> None:
     """Raise TypeError naming what a method module lacks (a programming error, found at first use)."""
     from pydantic import BaseModel
 
-    from experiments.common.outputs import Outputs
+    from base.outputs import Outputs
 
     def fail(what: str) -> None:
         raise TypeError(f"method '{name}' ({module.__name__}): {what}")
@@ -122,15 +122,15 @@ def check_method(name: str, module: ModuleType) -> None:
         fail("VERSION must be a string and PIPELINES a non-empty tuple")
     config = module.Config
     if not (isinstance(config, type) and issubclass(config, BaseModel)):
-        fail("Config must be a pydantic model (subclass experiments.common.sections.Section)")
+        fail("Config must be a pydantic model (subclass base.sections.Section)")
     if config.model_config.get("extra") != "forbid" or not config.model_config.get("frozen"):
-        fail("Config must be frozen and forbid unknown keys (subclass experiments.common.sections.Section)")
+        fail("Config must be frozen and forbid unknown keys (subclass base.sections.Section)")
     keys = {field.alias or key: field for key, field in config.model_fields.items()}
     for short in getattr(module, "SHORT_NAMES", ()):
         if short not in keys or short in _RESERVED:
             fail(f"short name '{short}' must be a key of its Config and not one of {', '.join(_RESERVED)}")
     if not isinstance(getattr(module, "OUTPUTS", Outputs()), Outputs):
-        fail("OUTPUTS must be an experiments.common.outputs.Outputs (the maps and metrics its runs report)")
+        fail("OUTPUTS must be an base.outputs.Outputs (the maps and metrics its runs report)")
     progress = getattr(module, "PROGRESS", {})
     if not (isinstance(progress, dict) and all(isinstance(v, str) for v in (*progress, *progress.values()))):
         fail("PROGRESS must be a dict {name of a step value: how the progress bar says it}")
@@ -158,7 +158,7 @@ def from_env(environ: dict[str, str] | None = None) -> dict[str, ModuleType]:
     Raises ``ConfigError`` (one line, naming the variable and the module) when one cannot
     be imported, fails ``check_method``, or takes a name already used.
     """
-    from experiments.common.sections import ConfigError
+    from base.sections import ConfigError
 
     value = (os.environ if environ is None else environ).get(ENV_VAR, "")
     found: dict[str, ModuleType] = {}

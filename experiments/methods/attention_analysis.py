@@ -45,16 +45,12 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from experiments.common import outputs
-from experiments.common.naming import suggest
-from experiments.common.result import RunResult
-from experiments.common.sections import Section
+from base import outputs
+from base.naming import suggest
+from base.result import RunResult
+from base.sections import Section
 from experiments.components.finetuning import finetune_stage
 from experiments.components.probing import boundary_ids, pretrained, sentence_maps, ud_folder
-from experiments.core.context import RunContext
-from experiments.core.precision import autocast
-from experiments.core.reads import FORWARDS
-from experiments.core.state import set_up
 from experiments.interventions.attention import record_attention
 from experiments.maths.probes import (
     PATTERNS,
@@ -74,12 +70,16 @@ from experiments.maths.probes import (
     segments,
 )
 from experiments.tasks.dependencies import FILES, UD_RELATIONS, arcs, load_ud_ewt, read_trees
+from experiments.training.context import RunContext
+from experiments.training.precision import autocast
+from experiments.training.reads import FORWARDS
+from experiments.training.state import set_up
 
 VERSION = "1"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
 READS = FORWARDS
-"""The ``train.*`` keys its own code reads (experiments/core/reads.py): forwards only, in its own batches;
+"""The ``train.*`` keys its own code reads (experiments/training/reads.py): forwards only, in its own batches;
 its finetune stage reads the rest."""
 OUTPUTS = outputs.Outputs(
     maps=(outputs.ATTENTION_CHANGE, outputs.CLS_SEP_SHARE, outputs.PATTERN, outputs.CONFIDENCE, outputs.POSITIONAL,
@@ -87,7 +87,7 @@ OUTPUTS = outputs.Outputs(
     metrics=tuple(outputs.Metric(n, f"over heads: {n.replace('_', ' ')} (mean, or the best head; /<pattern|relation>)")
                   for n in ("attention_change", "cls_sep_share", "pattern", "confidence", "positional_heads",
                             "syntactic", "syntactic_reverse", "syntactic_baseline", "rare_word")))
-"""What its runs report (experiments.common.outputs)."""
+"""What its runs report (base.outputs)."""
 REFERENCE = {"attention_change_length": 200}
 """The reference notebook pads every example to max_len = 200 and compares the whole maps."""
 
@@ -123,16 +123,16 @@ def check(cfg) -> None:
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
-    hp = cfg.section
+    own = cfg.section
     state = set_up(cfg, ctx)  # the fine-tuned model (init_from)
     tuned = state.encoder
     base, tokenizer = pretrained(cfg, ctx.device)
     up = cfg.upstreams["init_from"]
     model = f"{cfg.model} after {up.method} on {up.task.name}"
     maps, metrics = {}, {}
-    _kovaleva(maps, metrics, tuned, base, state.data.dev, boundary_ids(tokenizer), hp, ctx.device,
+    _kovaleva(maps, metrics, tuned, base, state.data.dev, boundary_ids(tokenizer), own, ctx.device,
               f"{cfg.task.name} dev", model, state.precision, tokenizer.pad_token_id or 0)
-    _voita(maps, metrics, tuned, tokenizer, hp, cfg.task.data_seed, ctx.device, model, state.precision)
+    _voita(maps, metrics, tuned, tokenizer, own, cfg.task.data_seed, ctx.device, model, state.precision)
     return RunResult(run_key=cfg.run_key, group_key=cfg.group_key, metrics=metrics, maps=maps)
 
 
@@ -160,21 +160,21 @@ def padded_attention_change(base, tuned, input_ids: torch.Tensor, attention_mask
     return total / n
 
 
-def _kovaleva(maps, metrics, tuned, base, dev, boundary, hp, device, split, model, precision="fp32",
+def _kovaleva(maps, metrics, tuned, base, dev, boundary, own, device, split, model, precision="fp32",
               pad_id: int = 0) -> None:
     """attention_change, cls_sep_share and pattern_<type> on the task's dev examples (forwards in
     ``precision``, maps read as float32)."""
-    n = len(dev) if hp.eval_examples is None else min(hp.eval_examples, len(dev))
+    n = len(dev) if own.eval_examples is None else min(own.eval_examples, len(dev))
     where = f"{split}, {n} examples, {model}"
     ids, mask = dev.input_ids[:n], dev.attention_mask[:n]
     cosine, special_share, counts, pairs = 0.0, 0.0, 0.0, 0
-    if hp.attention_change_length is not None:
-        cosine = padded_attention_change(base, tuned, ids, mask, hp.attention_change_length, pad_id,
-                                         hp.batch_size, device, precision) * n
-    for (i, after, _), (_, before, _) in zip(sentence_maps(tuned, ids, mask, hp.batch_size, device, precision=precision),
-                                             sentence_maps(base, ids, mask, hp.batch_size, device, precision=precision),
+    if own.attention_change_length is not None:
+        cosine = padded_attention_change(base, tuned, ids, mask, own.attention_change_length, pad_id,
+                                         own.batch_size, device, precision) * n
+    for (i, after, _), (_, before, _) in zip(sentence_maps(tuned, ids, mask, own.batch_size, device, precision=precision),
+                                             sentence_maps(base, ids, mask, own.batch_size, device, precision=precision),
                                              strict=True):
-        if hp.attention_change_length is None:
+        if own.attention_change_length is None:
             cosine = cosine + attention_cosine(before, after)
         special = np.isin(ids[i][mask[i].bool()].numpy(), boundary)  # (n,)
         masses = pattern_masses(after, special)
@@ -182,8 +182,8 @@ def _kovaleva(maps, metrics, tuned, base, dev, boundary, hp, device, split, mode
         pair = np.unique(segments(special)[~special]).size >= 2
         pairs += pair
         counts = counts + (classify_patterns(masses, pair)[..., None] == np.arange(len(PATTERNS)))  # (L, H, 5)
-    padded = ("" if hp.attention_change_length is None
-              else f", maps padded to {hp.attention_change_length} tokens (the reference's protocol)")
+    padded = ("" if own.attention_change_length is None
+              else f", maps padded to {own.attention_change_length} tokens (the reference's protocol)")
     maps |= [outputs.ATTENTION_CHANGE(cosine / n, f"{where}: {outputs.ATTENTION_CHANGE.meaning}{padded}"),
              outputs.CLS_SEP_SHARE(special_share / n, f"{where}: {outputs.CLS_SEP_SHARE.meaning}")]
     for k, pattern in enumerate(PATTERNS):
@@ -196,15 +196,15 @@ def _kovaleva(maps, metrics, tuned, base, dev, boundary, hp, device, split, mode
     metrics["cls_sep_share"] = float(maps[outputs.CLS_SEP_SHARE.name].values.mean())
 
 
-def _voita(maps, metrics, tuned, tokenizer, hp, data_seed, device, model, precision="fp32") -> None:
+def _voita(maps, metrics, tuned, tokenizer, own, data_seed, device, model, precision="fp32") -> None:
     """confidence, positional, syntactic.<rel> (and .reverse) and rare_word on UD EWT test sentences
     (forwards in ``precision``, maps read as float32)."""
-    folder = ud_folder(hp.ud_dir)
+    folder = ud_folder(own.ud_dir)
     frequency = Counter(w.lower() for tree in read_trees(folder / FILES["train"]) for w in tree.words)
-    data = load_ud_ewt(folder, "dev", tokenizer, hp.max_length, hp.sentences, data_seed)
-    wanted = set(hp.relations)
+    data = load_ud_ewt(folder, "dev", tokenizer, own.max_length, own.sentences, data_seed)
+    wanted = set(own.relations)
     row_max, offsets, to_head, to_dependent, relations, word_offsets, rare = [], [], [], [], [], [], []
-    for i, attn, _ in sentence_maps(tuned, data.input_ids, data.attention_mask, hp.batch_size, device,
+    for i, attn, _ in sentence_maps(tuned, data.input_ids, data.attention_mask, own.batch_size, device,
                                     precision=precision):
         argmax = row_argmax(attn)  # (L, H, n)
         row_max.append(attn.max(axis=-1))
@@ -231,7 +231,7 @@ def _voita(maps, metrics, tuned, tokenizer, hp, data_seed, device, model, precis
     forward = label_rates(np.concatenate(to_head, -1), relations)
     backward = label_rates(np.concatenate(to_dependent, -1), relations)
     baseline = positional_baseline(word_offsets, relations)
-    for rel in hp.relations:
+    for rel in own.relations:
         if rel not in forward:  # no arc of it in these sentences
             continue
         maps |= [outputs.SYNTACTIC(forward[rel], f"{where}: share of {rel} arcs where the dependent attends most to its "

@@ -24,26 +24,26 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from experiments.common import outputs
-from experiments.common.result import RunResult
-from experiments.common.sections import ConfigError, Section
+from base import outputs
+from base.result import RunResult
+from base.sections import ConfigError, Section
 from experiments.components.bias import BiasModel
-from experiments.core.context import RunContext
-from experiments.core.seeding import derive_seed
-from experiments.core.state import adam
 from experiments.maths.losses import task_loss
 from experiments.models import load_tokenizer
 from experiments.tasks import TASKS, bias_feature_names
 from experiments.tasks.cache import load_task
+from experiments.training.context import RunContext
+from experiments.training.seeding import derive_seed
+from experiments.training.state import adam
 
 VERSION = "1"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
 READS = ("eval_every",)
-"""The ``train.*`` keys its own code reads (experiments/core/reads.py): a logistic regression on the bias
+"""The ``train.*`` keys its own code reads (experiments/training/reads.py): a logistic regression on the bias
 features, at bias_only.lr for bias_only.steps: only its evaluations' period."""
 OUTPUTS = outputs.Outputs(metrics=outputs.EVALUATION)
-"""What its runs report (experiments.common.outputs): the evaluation's metrics, no map."""
+"""What its runs report (base.outputs): the evaluation's metrics, no map."""
 BIAS_MODEL = True
 """Its runs may fill a ``bias_model`` stage: they hand on a bias model (experiments/components/bias.py)."""
 
@@ -65,13 +65,13 @@ def check(cfg) -> None:
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
-    hp, task = cfg.section, TASKS[cfg.task.name]
+    own, task = cfg.section, TASKS[cfg.task.name]
     data = load_task(cfg.task, load_tokenizer(cfg.model))
     x, y = data.train.features, data.train.labels  # (N, F), (N,)
     with torch.random.fork_rng(devices=[]):  # the 'decoder' stream, global RNG untouched
         torch.manual_seed(derive_seed(cfg.seed, "decoder"))
         model = BiasModel.for_features(x, data.num_labels)
-    optimizer = adam(model.parameters(), lr=hp.lr)
+    optimizer = adam(model.parameters(), lr=own.lr)
     eval_sets = {"": data.dev} | {f"/{name}": split for name, split in data.eval_sets.items()}
 
     def evaluate() -> dict[str, float]:
@@ -88,17 +88,17 @@ def run(cfg, ctx: RunContext) -> RunResult:
         return scores
 
     eval_steps, metrics = [], {}
-    for step in range(1, hp.steps + 1):
+    for step in range(1, own.steps + 1):
         loss = task_loss(model(x), y)
         penalty = model.linear.weight.square().sum()
         optimizer.zero_grad(set_to_none=True)
-        (loss + hp.l2 * penalty).backward()
+        (loss + own.l2 * penalty).backward()
         optimizer.step()
-        if step % cfg.train.eval_every == 0 or step == hp.steps:
+        if step % cfg.train.eval_every == 0 or step == own.steps:
             metrics = evaluate() | {"train_loss": loss.item()}
             ctx.tracker.log_metrics(metrics, step)
             eval_steps.append(step)
-        ctx.progress(step, hp.steps, {"loss": loss.item()})
+        ctx.progress(step, own.steps, {"loss": loss.item()})
 
     if ctx.save_weights is not None:
         ctx.save_weights(model.weights())
@@ -107,5 +107,5 @@ def run(cfg, ctx: RunContext) -> RunResult:
         group_key=cfg.group_key,
         metrics=metrics,
         eval_steps=np.asarray(eval_steps),
-        steps=hp.steps,
+        steps=own.steps,
     )

@@ -12,23 +12,23 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from experiments.common import outputs
-from experiments.common.result import RunResult
-from experiments.common.sections import Section
+from base import outputs
+from base.result import RunResult
+from base.sections import Section
 from experiments.components.debias import LOSSES, check_loss, loss_stages, objective
-from experiments.core import optimisers as opt
-from experiments.core.context import RunContext
-from experiments.core.loop import forward_logits, num_steps, train_steps, update
-from experiments.core.reads import FINE_TUNING
-from experiments.core.state import fine_tuning, set_up
+from experiments.training import optimisers as opt
+from experiments.training.context import RunContext
+from experiments.training.loop import forward_logits, num_steps, train_steps, update
+from experiments.training.reads import FINE_TUNING
+from experiments.training.state import fine_tuning, set_up
 
 VERSION = "1"
 PIPELINES = ("none",)
 SHORT_NAMES = ("loss",)
 READS = FINE_TUNING
-"""The ``train.*`` keys its own code reads (experiments/core/reads.py): every train key."""
+"""The ``train.*`` keys its own code reads (experiments/training/reads.py): every train key."""
 OUTPUTS = outputs.Outputs(metrics=(*outputs.EVALUATION, outputs.OPEN_HEADS))
-"""What its runs report (experiments.common.outputs)."""
+"""What its runs report (base.outputs)."""
 
 
 class Config(Section):
@@ -43,7 +43,7 @@ def stages(section: Config) -> dict[str, dict]:
 
 
 def optimisers(cfg) -> list[opt.Group]:
-    """Its parameter groups (experiments/core/optimisers.py): the fine-tuning AdamW."""
+    """Its parameter groups (experiments/training/optimisers.py): the fine-tuning AdamW."""
     return opt.fine_tuning(cfg.train)
 
 

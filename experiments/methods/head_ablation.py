@@ -28,28 +28,28 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from experiments.common import outputs
-from experiments.common.result import RunResult
-from experiments.common.sections import Section
+from base import outputs
+from base.result import RunResult
+from base.sections import Section
 from experiments.components.finetuning import finetune_stage
-from experiments.core.context import RunContext
-from experiments.core.loop import evaluate
-from experiments.core.reads import BATCHED_FORWARDS
-from experiments.core.state import RunState, set_up
 from experiments.interventions.attention import disable_heads
 from experiments.tasks import Split
+from experiments.training.context import RunContext
+from experiments.training.loop import evaluate
+from experiments.training.reads import BATCHED_FORWARDS
+from experiments.training.state import RunState, set_up
 
 VERSION = "1"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
 READS = BATCHED_FORWARDS
-"""The ``train.*`` keys its own code reads (experiments/core/reads.py): forwards in batches of
+"""The ``train.*`` keys its own code reads (experiments/training/reads.py): forwards in batches of
 train.batch_size; its finetune stage reads the rest."""
 OUTPUTS = outputs.Outputs(
     maps=(outputs.HEAD_ABLATION, outputs.LAYER_ABLATION),
     metrics=(*outputs.EVALUATION, *(outputs.Metric(n, "the dev metric's change when the most needed unit is disabled")
                                     for n in ("ablation_delta_min", "ablation_delta_max", "layer_ablation_delta_min"))))
-"""What its runs report (experiments.common.outputs)."""
+"""What its runs report (base.outputs)."""
 
 
 class Config(Section):

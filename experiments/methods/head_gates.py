@@ -45,33 +45,33 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from experiments.common import outputs
-from experiments.common.result import RunResult
-from experiments.common.sections import Section
+from base import outputs
+from base.result import RunResult
+from base.sections import Section
 from experiments.components.finetuning import finetune_stage
-from experiments.core import optimisers as opt
-from experiments.core.context import RunContext
-from experiments.core.loop import evaluate_all, forward_logits, num_steps, train_steps, update
-from experiments.core.reads import FINE_TUNING
-from experiments.core.seeding import generator
-from experiments.core.state import adam, fine_tuning, set_up
 from experiments.interventions.gates import HeadGates
 from experiments.interventions.heads import attach_head_gates
 from experiments.maths.hard_concrete import eval_gates, l0_penalty, open_heads, prob_open
 from experiments.maths.losses import task_loss
+from experiments.training import optimisers as opt
+from experiments.training.context import RunContext
+from experiments.training.loop import evaluate_all, forward_logits, num_steps, train_steps, update
+from experiments.training.reads import FINE_TUNING
+from experiments.training.seeding import generator
+from experiments.training.state import adam, fine_tuning, set_up
 
 VERSION = "2"  # 2: sparsity evaluates z * keep (learned gates stay heads.gate); SP starts from a finetune stage
 PIPELINES = ("dp", "sp")
 SHORT_NAMES = ("lambda", "sparsity", "pipeline")  # grid axes and --set: lambda = head_gates.lambda
 READS = FINE_TUNING
-"""The ``train.*`` keys its own code reads (experiments/core/reads.py): every train key: the gates train
+"""The ``train.*`` keys its own code reads (experiments/training/reads.py): every train key: the gates train
 with the model (dp) or on the fine-tuned one (sp)."""
 PROGRESS = {outputs.OPEN_HEADS.name: "open heads"}  # beside the loss on `headsweep run`'s progress bar
 OUTPUTS = outputs.Outputs(
     maps=(outputs.GATE, outputs.LOG_ALPHA, outputs.KEPT),
     metrics=(*outputs.EVALUATION, outputs.OPEN_HEADS, outputs.EXPECTED_OPEN_HEADS, outputs.L0_PENALTY,
              outputs.Metric("heads_kept", "heads among the top by log_alpha (sparsity)", score=False)))
-"""What its runs report (experiments.common.outputs)."""
+"""What its runs report (base.outputs)."""
 
 
 class Config(Section):
@@ -114,36 +114,36 @@ def stages(section: Config) -> dict[str, dict]:
 
 
 def unread(section: Config, train) -> dict[str, str]:
-    """Keys a run of ``section`` does not read (experiments/core/reads.py): dp starts from no stage."""
+    """Keys a run of ``section`` does not read (experiments/training/reads.py): dp starts from no stage."""
     if section.pipeline != "sp":
         return {"sp_finetune_steps": f"read only with pipeline sp (it is {section.pipeline})"}
     return {}
 
 
 def optimisers(cfg) -> list[opt.Group]:
-    """Its parameter groups (experiments/core/optimisers.py): the fine-tuning AdamW over the encoder and,
+    """Its parameter groups (experiments/training/optimisers.py): the fine-tuning AdamW over the encoder and,
     in dp, the decoder (sp freezes it), and the gates' own Adam at ``lr``, constant."""
-    tc, hp = cfg.train, cfg.section
-    trained = ("encoder", "decoder") if hp.pipeline == "dp" else ("encoder",)
-    together = (*trained, "gates") if hp.clip_gates else trained
+    tc, own = cfg.train, cfg.section
+    trained = ("encoder", "decoder") if own.pipeline == "dp" else ("encoder",)
+    together = (*trained, "gates") if own.clip_gates else trained
     model = [group for group in opt.fine_tuning(tc, together) if group.params in trained]
-    gates_clip = opt.clipped(tc.grad_clip, together) if hp.clip_gates else opt.clipped(None, ())
-    return [*model, opt.Group("gates", "Adam", hp.lr, 0.0, opt.CONSTANT, gates_clip)]
+    gates_clip = opt.clipped(tc.grad_clip, together) if own.clip_gates else opt.clipped(None, ())
+    return [*model, opt.Group("gates", "Adam", own.lr, 0.0, opt.CONSTANT, gates_clip)]
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
-    tc, hp = cfg.train, cfg.section  # hp: this method's Config
+    tc, own = cfg.train, cfg.section  # own: this method's Config
     state = set_up(cfg, ctx)  # with init_from (always for SP): the upstream's encoder and decoder
-    encoder, decoder, task = state.encoder, state.decoder, state.task
+    encoder, decoder = state.encoder, state.decoder
     gates = HeadGates(state.num_layers, state.num_heads, generator(cfg.seed, "gates")).to(ctx.device)
     handle = attach_head_gates(encoder, gates)  # a fresh noise sample per forward pass in training
-    decoder.requires_grad_(hp.pipeline == "dp")  # SP: the fine-tuned decoder stays frozen
+    decoder.requires_grad_(own.pipeline == "dp")  # SP: the fine-tuned decoder stays frozen
 
     total = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
     model_params = list(encoder.parameters()) + list(decoder.parameters())
     optimizer, scheduler = fine_tuning(state, total)
-    gate_optimizer = adam(gates.parameters(), lr=hp.lr)  # no schedule
-    clipped = model_params + list(gates.parameters()) if hp.clip_gates else model_params
+    gate_optimizer = adam(gates.parameters(), lr=own.lr)  # no schedule
+    clipped = model_params + list(gates.parameters()) if own.clip_gates else model_params
     state.interventions["gates"], state.generators["gate_noise"] = gates, gates.generator
     state.optimizers["gates"] = gate_optimizer
     state.values["trajectory"] = []  # (L, H) test-time gates at each evaluation
@@ -153,7 +153,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
         ids, mask, labels = batch
         loss = task_loss(forward_logits(encoder, decoder, ids, mask, tc.precision), labels)
         penalty = l0_penalty(gates.log_alpha)  # float32: outside autocast, on float32 log_alpha
-        update(loss + hp.lambda_ * penalty, [optimizer, gate_optimizer], scheduler, clipped, tc.grad_clip,
+        update(loss + own.lambda_ * penalty, [optimizer, gate_optimizer], scheduler, clipped, tc.grad_clip,
                state.scaler)
         with torch.no_grad():
             n_open = int(open_heads(eval_gates(gates.log_alpha)).sum())
@@ -172,17 +172,11 @@ def run(cfg, ctx: RunContext) -> RunResult:
     learned = eval_gates(log_alpha)  # (L, H) test-time gates
     final = dict(metrics)
     maps = dict([outputs.GATE(learned.cpu().numpy()), outputs.LOG_ALPHA(log_alpha.cpu().numpy())])
-    if hp.sparsity is not None:
-        keep = _top_heads(log_alpha, hp.sparsity)
-        pruned = learned * keep  # the learned gate values on the kept heads, 0 elsewhere
-        handle.remove()
-        handle = attach_head_gates(encoder, lambda: pruned)
-        final |= {f"{name}_gated": value for name, value in metrics.items() if name in (task.METRIC, "loss")}
-        final |= evaluate_all(state)
-        final |= {"open_heads": float(open_heads(pruned).sum()), "heads_kept": float(keep.sum())}
-        maps |= [outputs.KEPT(keep.cpu().numpy(), f"1 = among the top {int(keep.sum())} heads by log_alpha "
-                                                  f"(sparsity {hp.sparsity})")]
     handle.remove()
+    if own.sparsity is not None:
+        fixed, kept = _fixed_count(state, log_alpha, learned, metrics, own.sparsity)
+        final |= fixed
+        maps |= [kept]
     return RunResult(
         run_key=cfg.run_key,
         group_key=cfg.group_key,
@@ -192,6 +186,22 @@ def run(cfg, ctx: RunContext) -> RunResult:
         eval_steps=np.asarray(state.values["eval_steps"]),
         steps=state.step,
     )
+
+
+def _fixed_count(state, log_alpha: torch.Tensor, learned: torch.Tensor, metrics: dict[str, float],
+                 sparsity: float) -> tuple[dict[str, float], tuple]:
+    """The fixed-count model of ``sparsity``: the top heads by log_alpha at their learned test-time
+    gates, 0 elsewhere, evaluated. Its metrics (the gated model's task metric and loss kept as
+    ``<name>_gated``) and its ``heads.kept`` map."""
+    keep = _top_heads(log_alpha, sparsity)
+    pruned = learned * keep  # the learned gate values on the kept heads, 0 elsewhere
+    handle = attach_head_gates(state.encoder, lambda: pruned)
+    fixed = {f"{name}_gated": value for name, value in metrics.items() if name in (state.task.METRIC, "loss")}
+    fixed |= evaluate_all(state)
+    fixed |= {"open_heads": float(open_heads(pruned).sum()), "heads_kept": float(keep.sum())}
+    handle.remove()
+    return fixed, outputs.KEPT(keep.cpu().numpy(), f"1 = among the top {int(keep.sum())} heads by log_alpha "
+                                                   f"(sparsity {sparsity})")
 
 
 def _top_heads(log_alpha: torch.Tensor, sparsity: float) -> torch.Tensor:

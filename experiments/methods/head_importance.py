@@ -52,14 +52,10 @@ from typing import Any
 import torch
 from pydantic import Field, field_validator
 
-from experiments.common import collapse, outputs
-from experiments.common.result import RunResult
-from experiments.common.sections import Section
+from base import collapse, outputs
+from base.result import RunResult
+from base.sections import Section
 from experiments.components.finetuning import finetune_stage
-from experiments.core.context import RunContext
-from experiments.core.loop import batches, evaluate_all, forward_logits
-from experiments.core.reads import BATCHED_FORWARDS
-from experiments.core.state import RunState, set_up
 from experiments.interventions.heads import attach_head_gates, attach_token_gates
 from experiments.maths.head_importance import (
     abs_token_sum,
@@ -69,18 +65,22 @@ from experiments.maths.head_importance import (
     pruning_counts,
 )
 from experiments.maths.losses import task_loss
+from experiments.training.context import RunContext
+from experiments.training.loop import batches, evaluate_all, forward_logits
+from experiments.training.reads import BATCHED_FORWARDS
+from experiments.training.state import RunState, set_up
 
 VERSION = "2"  # 2: |dL/dxi| per example and token (was: of the batch mean); 5 % steps, ranking fixed,
 # floor counts, all training examples by default (the reference's protocol)
 PIPELINES = ("none",)
 SHORT_NAMES = ()
 READS = BATCHED_FORWARDS
-"""The ``train.*`` keys its own code reads (experiments/core/reads.py): forwards and backwards in batches
+"""The ``train.*`` keys its own code reads (experiments/training/reads.py): forwards and backwards in batches
 of train.batch_size; its finetune stage reads the rest."""
 PROGRESS = {outputs.OPEN_HEADS.name: "open heads"}  # heads left after each pruning step
 OUTPUTS = outputs.Outputs(maps=(outputs.IMPORTANCE, outputs.PRUNED_AT),
                           metrics=(*outputs.EVALUATION, outputs.PRUNING_CURVE))
-"""What its runs report (experiments.common.outputs)."""
+"""What its runs report (base.outputs)."""
 REFERENCE: dict[str, Any] = {}  # every default is the reference script's (heads_pruning.sh --normalize_pruning_by_layer)
 
 
@@ -113,23 +113,23 @@ def stages(section: Config) -> dict[str, dict]:
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
-    hp = cfg.section
+    own = cfg.section
     state = set_up(cfg, ctx)  # the fine-tuned model (init_from)
     state.train(False)  # no dropout: importance and metrics are the model's, not a noise sample's
     for module in state.modules().values():
         module.requires_grad_(False)  # only the gates need gradients
     num_layers, num_heads = state.num_layers, state.num_heads
-    counts = pruning_counts(num_layers * num_heads, hp.step)
+    counts = pruning_counts(num_layers * num_heads, own.step)
 
     keep = torch.ones(num_layers, num_heads, dtype=torch.bool)
     pruned_at = torch.zeros(num_layers, num_heads)
-    importance = first = head_importance(state, keep, hp.examples, hp.normalize_layers)
+    importance = first = head_importance(state, keep, own.examples, own.normalize_layers)
     metrics: dict[str, float] = {}
     for t, count in enumerate(counts):
-        pct = min(100, round(100 * t * hp.step))
+        pct = min(100, round(100 * t * own.step))
         if t > 0:  # remove the next heads, least important first
-            if hp.recompute and t > 1:
-                importance = head_importance(state, keep, hp.examples, hp.normalize_layers)
+            if own.recompute and t > 1:
+                importance = head_importance(state, keep, own.examples, own.normalize_layers)
             removed = least_important(importance, keep, count - int((~keep).sum()))
             keep &= ~removed
             pruned_at[removed] = pct / 100
@@ -142,8 +142,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
             metrics |= scores  # the unpruned model's dev metrics, under their plain names
         ctx.progress(t, len(counts) - 1, {outputs.OPEN_HEADS.name: float(keep.sum())})
 
-    n = _examples(state, hp.examples)
-    norm = "L2-normalised per layer" if hp.normalize_layers else "per token"
+    n = _examples(state, own.examples)
+    norm = "L2-normalised per layer" if own.normalize_layers else "per token"
     return RunResult(
         run_key=cfg.run_key,
         group_key=cfg.group_key,
@@ -152,7 +152,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
             outputs.IMPORTANCE(first.numpy(), f"Michel importance E|dL/dxi| (per example and token) on {n} "
                                               f"train examples, {norm} (larger = more important)"),
             outputs.PRUNED_AT(pruned_at.numpy(), "fraction of heads pruned when it was removed "
-                                                 f"({'recomputed' if hp.recompute else 'fixed'} ranking; larger = kept longer)"),
+                                                 f"({'recomputed' if own.recompute else 'fixed'} ranking; larger = kept longer)"),
         ]),
     )
 

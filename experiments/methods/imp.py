@@ -37,15 +37,10 @@ import torch
 from pydantic import Field, field_validator
 from torch import nn
 
-from experiments.common import outputs
-from experiments.common.result import RunResult
-from experiments.common.sections import Section
+from base import outputs
+from base.result import RunResult
+from base.sections import Section
 from experiments.components.debias import LOSSES, check_loss, loss_stages, objective
-from experiments.core import optimisers as opt
-from experiments.core.context import RunContext
-from experiments.core.loop import forward_logits, num_steps, train_steps, update
-from experiments.core.reads import FINE_TUNING
-from experiments.core.state import fine_tuning, set_up
 from experiments.interventions.masks import (
     attach_masks,
     imp_prune,
@@ -56,15 +51,20 @@ from experiments.interventions.masks import (
     uses_pooler,
 )
 from experiments.maths.schedules import linear_warmup_decay, restarted_linear_decay
+from experiments.training import optimisers as opt
+from experiments.training.context import RunContext
+from experiments.training.loop import forward_logits, num_steps, train_steps, update
+from experiments.training.reads import FINE_TUNING
+from experiments.training.state import fine_tuning, set_up
 
 VERSION = "2"  # 2: the reference rounds: first prune at step 0, encoder-only rewinding, pooler read and pruned,
 # rounds of a tenth of the train section, their lr as the reference rebuilds it (no warm-up, decay to 0.9)
 PIPELINES = ("ft_then_prune", "prune_then_ft")
 SHORT_NAMES = ("sparsity", "pipeline", "loss")
 READS = FINE_TUNING
-"""The ``train.*`` keys its own code reads (experiments/core/reads.py): every train key."""
+"""The ``train.*`` keys its own code reads (experiments/training/reads.py): every train key."""
 OUTPUTS = outputs.Outputs(maps=outputs.MASK_DENSITIES, metrics=(*outputs.EVALUATION, outputs.SPARSITY))
-"""What its runs report (experiments.common.outputs)."""
+"""What its runs report (base.outputs)."""
 ROUNDS = 10
 """Each round removes 10 % of the original weights (PAPERS.md)."""
 
@@ -116,7 +116,7 @@ def check(cfg) -> None:
 
 
 def unread(section: Config, train) -> dict[str, str]:
-    """Keys a run of ``section`` does not read (experiments/core/reads.py)."""
+    """Keys a run of ``section`` does not read (experiments/training/reads.py)."""
     if section.pipeline != "prune_then_ft":
         return {"rewind_steps": "only prune_then_ft rewinds (ft_then_prune keeps training)"}
     return {}
@@ -139,10 +139,10 @@ class FixedMasks(nn.Module):
 
 
 def optimisers(cfg) -> list[opt.Group]:
-    """Its parameter groups (experiments/core/optimisers.py): the fine-tuning AdamW, its lr ``phase_lr``."""
-    tc, hp = cfg.train, cfg.section
-    schedule = f"rounds of {hp.round_fraction:g} of the steps, each a decay's start, no warm-up"
-    if hp.pipeline == "prune_then_ft":
+    """Its parameter groups (experiments/training/optimisers.py): the fine-tuning AdamW, its lr ``phase_lr``."""
+    tc, own = cfg.train, cfg.section
+    schedule = f"rounds of {own.round_fraction:g} of the steps, each a decay's start, no warm-up"
+    if own.pipeline == "prune_then_ft":
         schedule += f"; retraining {opt.linear(tc.warmup_ratio)}"
     return opt.fine_tuning(tc, schedule=schedule)
 
@@ -159,23 +159,23 @@ def phase_lr(step: int, round_steps: int, rounds: int, total: int, retrain: bool
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
-    tc, hp = cfg.train, cfg.section
+    tc, own = cfg.train, cfg.section
     state = set_up(cfg, ctx)  # with init_from: the fine-tuned (a) or early fine-tuned (b) model
     encoder, decoder = state.encoder, state.decoder
-    rewinding = hp.pipeline == "prune_then_ft"
+    rewinding = own.pipeline == "prune_then_ft"
     # (a): our finetune's decoder reads [CLS], unless train.pooler (then set_up's hook reads the pooler already)
-    pooled = hp.pooler and (rewinding or tc.pooler) and uses_pooler(encoder, decoder)
+    pooled = own.pooler and (rewinding or tc.pooler) and uses_pooler(encoder, decoder)
     pooler_hook = read_pooler(encoder) if pooled and not tc.pooler else None
     linears = maskable_weights(encoder, pooler=pooled)
-    rounds = round(hp.sparsity * ROUNDS)
+    rounds = round(own.sparsity * ROUNDS)
     phase = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)  # the train section's
-    round_steps = max(1, round(hp.round_fraction * phase))
+    round_steps = max(1, round(own.round_fraction * phase))
     # a round after each pruning; rewinding retrains the last round's subnetwork for a whole phase
     total = (rounds - 1) * round_steps + (phase if rewinding else round_steps)
     start = state.weights()  # what rewinding returns to (CPU copies)
     masks = FixedMasks(linears).to(state.device)
     state.interventions["masks"] = masks
-    loss_fn = objective(hp.loss, cfg, ctx, state)
+    loss_fn = objective(own.loss, cfg, ctx, state)
 
     params = list(encoder.parameters()) + list(decoder.parameters())
     optimizer, scheduler = fine_tuning(

@@ -44,15 +44,10 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
-from experiments.common import outputs
-from experiments.common.result import RunResult
-from experiments.common.sections import Section
+from base import outputs
+from base.result import RunResult
+from base.sections import Section
 from experiments.components.debias import LOSSES, check_loss, loss_stages, objective
-from experiments.core import optimisers as opt
-from experiments.core.context import RunContext
-from experiments.core.loop import forward_logits, num_steps, train_steps, update
-from experiments.core.reads import FINE_TUNING
-from experiments.core.state import adam, fine_tuning, set_up, upstream_weights
 from experiments.interventions.masks import (
     MaskScores,
     attach_masks,
@@ -63,6 +58,11 @@ from experiments.interventions.masks import (
     uses_pooler,
 )
 from experiments.maths.schedules import cubic_sparsity, linear_warmup_decay
+from experiments.training import optimisers as opt
+from experiments.training.context import RunContext
+from experiments.training.loop import forward_logits, num_steps, train_steps, update
+from experiments.training.reads import FINE_TUNING
+from experiments.training.state import adam, fine_tuning, set_up, upstream_weights
 
 VERSION = "4"  # 4: gradual schedules start from soft magnitude scores (|W|, threshold the k-th |W|), as the
 # reference's gradual scripts; the initial mask stored beside the final one (initial_masks.npz)
@@ -71,10 +71,10 @@ VERSION = "4"  # 4: gradual schedules start from soft magnitude scores (|W|, thr
 PIPELINES = ("prune_only", "ft_then_prune", "prune_then_ft")
 SHORT_NAMES = ("sparsity", "pipeline", "loss")
 READS = FINE_TUNING
-"""The ``train.*`` keys its own code reads (experiments/core/reads.py): every train key; prune_only and
+"""The ``train.*`` keys its own code reads (experiments/training/reads.py): every train key; prune_only and
 ft_then_prune train masks at mask_train.lr, not the model (``unread``)."""
 OUTPUTS = outputs.Outputs(maps=outputs.MASK_DENSITIES, metrics=(*outputs.EVALUATION, outputs.SPARSITY))
-"""What its runs report (experiments.common.outputs)."""
+"""What its runs report (base.outputs)."""
 REFERENCE: dict[str, Any] = {}
 """Every default is the reference scripts' protocol (scripts/mask_train/*: --mask_classifier true
 --train_classifier false, lr 5e-5 with warm-up, magnitude init, --final_sparsity_epoch = epochs)."""
@@ -136,16 +136,16 @@ def stages(section: Config) -> dict[str, dict]:
 
 
 def optimisers(cfg) -> list[opt.Group]:
-    """Its parameter groups (experiments/core/optimisers.py): prune_then_ft fine-tunes the subnetwork (the
+    """Its parameter groups (experiments/training/optimisers.py): prune_then_ft fine-tunes the subnetwork (the
     fine-tuning AdamW); the others train the mask scores at ``lr`` (and with ``train_classifier`` the decoder),
     linear warm-up and decay, clipped together."""
-    tc, hp = cfg.train, cfg.section
-    if hp.pipeline == "prune_then_ft":
+    tc, own = cfg.train, cfg.section
+    if own.pipeline == "prune_then_ft":
         return opt.fine_tuning(tc)
-    trained = ("scores", "decoder") if hp.train_classifier else ("scores",)
+    trained = ("scores", "decoder") if own.train_classifier else ("scores",)
     schedule, clip = opt.linear(tc.warmup_ratio), opt.clipped(tc.grad_clip, trained)
-    groups = [opt.Group("scores", "AdamW", hp.lr, 0.0, schedule, clip)]
-    if hp.train_classifier:
+    groups = [opt.Group("scores", "AdamW", own.lr, 0.0, schedule, clip)]
+    if own.train_classifier:
         groups.append(opt.Group("decoder", "AdamW", tc.head_lr, tc.weight_decay, schedule, clip, decay_1d=True))
     return groups
 
@@ -154,24 +154,24 @@ def check(cfg) -> None:
     check_loss(cfg, cfg.section.loss)
 
 
-def scheduled_sparsity(step: int, total: int, hp: Config) -> float:
+def scheduled_sparsity(step: int, total: int, own: Config) -> float:
     """The target sparsity after ``step`` of ``total`` steps: constant ``sparsity``, or cubic from
     ``initial_sparsity`` at step 0 to ``sparsity`` at ``schedule_end * total``."""
-    start = hp.sparsity if hp.initial_sparsity is None else hp.initial_sparsity
-    return cubic_sparsity(step, start, hp.sparsity, 0, round(hp.schedule_end * total))
+    start = own.sparsity if own.initial_sparsity is None else own.initial_sparsity
+    return cubic_sparsity(step, start, own.sparsity, 0, round(own.schedule_end * total))
 
 
-def score_init(hp: Config) -> str:
+def score_init(own: Config) -> str:
     """The scores' initialisation (``MaskScores(init=...)``): ``init``, with ``auto`` resolved."""
-    if hp.init != "auto":
-        return hp.init
-    return "magnitude" if hp.initial_sparsity is None else "magnitude_soft"
+    if own.init != "auto":
+        return own.init
+    return "magnitude" if own.initial_sparsity is None else "magnitude_soft"
 
 
-def masked_linears(encoder, decoder, hp: Config, pooled: bool) -> dict[str, torch.nn.Linear]:
+def masked_linears(encoder, decoder, own: Config, pooled: bool) -> dict[str, torch.nn.Linear]:
     """The matrices this run masks: every layer's six, the pooler when the classifier reads it,
     and the classifier's unless it trains (prune_then_ft: masks from its upstream, which had them)."""
-    mask_decoder = hp.pipeline != "prune_then_ft" and not hp.train_classifier
+    mask_decoder = own.pipeline != "prune_then_ft" and not own.train_classifier
     return maskable_weights(encoder, decoder if mask_decoder else None, pooler=pooled)
 
 
@@ -190,19 +190,19 @@ def unread(section: Config, train) -> dict[str, str]:
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
-    tc, hp = cfg.train, cfg.section
+    tc, own = cfg.train, cfg.section
     state = set_up(cfg, ctx)  # with init_from: the fine-tuned model (a) or the prune_only run's (b)
     encoder, decoder = state.encoder, state.decoder
     # ft_then_prune: our finetune's decoder reads [CLS], unless train.pooler (then set_up's hook reads the pooler)
-    pooled = hp.pooler and (hp.pipeline != "ft_then_prune" or tc.pooler) and uses_pooler(encoder, decoder)
+    pooled = own.pooler and (own.pipeline != "ft_then_prune" or tc.pooler) and uses_pooler(encoder, decoder)
     pooler_hook = read_pooler(encoder) if pooled and not tc.pooler else None
-    linears = masked_linears(encoder, decoder, hp, pooled)
+    linears = masked_linears(encoder, decoder, own, pooled)
     total = num_steps(len(state.data.train), tc.batch_size, tc.epochs, tc.max_steps)
-    loss_fn = objective(hp.loss, cfg, ctx, state)
+    loss_fn = objective(own.loss, cfg, ctx, state)
 
     initial_masks = None
-    if hp.pipeline == "prune_then_ft":  # a fixed mask on the encoder (and pooler); the weights and classifier train
-        masks = {name: mask.to(state.device) for name, mask in upstream_masks(cfg, ctx, linears, decoder, hp).items()}
+    if own.pipeline == "prune_then_ft":  # a fixed mask on the encoder (and pooler); the weights and classifier train
+        masks = {name: mask.to(state.device) for name, mask in upstream_masks(cfg, ctx, linears, decoder, own).items()}
         handle = attach_masks(linears, masks.__getitem__)
         params = list(encoder.parameters()) + list(decoder.parameters())
         optimizer, scheduler = fine_tuning(state, total)
@@ -211,17 +211,17 @@ def run(cfg, ctx: RunContext) -> RunResult:
             ids, mask, labels = batch
             loss = loss_fn(forward_logits(encoder, decoder, ids, mask, tc.precision), labels, state.batch_index)
             return {"loss": update(loss, optimizer, scheduler, params, tc.grad_clip, state.scaler),
-                    "sparsity": hp.sparsity}
+                    "sparsity": own.sparsity}
     else:  # trained scores over frozen weights
         encoder.requires_grad_(False)
-        decoder.requires_grad_(hp.train_classifier)  # default: masked, never trained (reference)
+        decoder.requires_grad_(own.train_classifier)  # default: masked, never trained (reference)
         scores = MaskScores({name: lin.weight for name, lin in linears.items()},
-                            scheduled_sparsity(0, total, hp), init=score_init(hp)).to(state.device)
+                            scheduled_sparsity(0, total, own), init=score_init(own)).to(state.device)
         initial_masks = scores.binary_masks()
         handle = attach_masks(linears, scores.mask)
         params = list(scores.parameters())
-        groups = [{"params": params, "lr": hp.lr, "weight_decay": 0.0}]
-        if hp.train_classifier:
+        groups = [{"params": params, "lr": own.lr, "weight_decay": 0.0}]
+        if own.train_classifier:
             params = params + list(decoder.parameters())
             groups.append({"params": list(decoder.parameters()), "lr": tc.head_lr, "weight_decay": tc.weight_decay})
         optimizer = adam(groups, decoupled=True)
@@ -235,9 +235,9 @@ def run(cfg, ctx: RunContext) -> RunResult:
             loss = update(loss_fn(logits, labels, state.batch_index), optimizer, scheduler, params, tc.grad_clip,
                           state.scaler)
             done = state.step + 1
-            if done % hp.reset_every == 0 or done == total:
-                scores.reset_thresholds(scheduled_sparsity(done, total, hp))
-            return {"loss": loss, "sparsity": scheduled_sparsity(done, total, hp)}
+            if done % own.reset_every == 0 or done == total:
+                scores.reset_thresholds(scheduled_sparsity(done, total, own))
+            return {"loss": loss, "sparsity": scheduled_sparsity(done, total, own)}
 
         masks = None
 
@@ -250,7 +250,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
     return masked_result(cfg, state, metrics, masks, initial_masks)
 
 
-def upstream_masks(cfg, ctx, linears, decoder, hp: Config) -> dict[str, torch.Tensor]:
+def upstream_masks(cfg, ctx, linears, decoder, own: Config) -> dict[str, torch.Tensor]:
     """The binary masks of the ``init_from`` mask_train run (its mask scores and thresholds,
     handed on as ``interventions.masks.*``), for these matrices: the upstream also masked its
     classifier, which prune_then_ft trains unmasked (the reference's ``--mask_classifier false``)."""
@@ -260,7 +260,7 @@ def upstream_masks(cfg, ctx, linears, decoder, hp: Config) -> dict[str, torch.Te
     if not saved:
         raise ValueError("init_from: the upstream run hands on no mask (prune_then_ft starts from a mask_train run)")
     upstream = dict(linears)
-    if not hp.train_classifier:  # the prune_only run masked these too, after the encoder's (maskable_weights order)
+    if not own.train_classifier:  # the prune_only run masked these too, after the encoder's (maskable_weights order)
         upstream |= decoder_linears(decoder)
     scores = MaskScores({name: lin.weight.detach().cpu() for name, lin in upstream.items()}, 0.0)
     scores.load_state_dict(saved)

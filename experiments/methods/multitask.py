@@ -60,23 +60,10 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from experiments.common import outputs
-from experiments.common.naming import suggest
-from experiments.common.result import RunResult
-from experiments.common.sections import ConfigError, Section, TaskConfig
-from experiments.core.context import RunContext
-from experiments.core.loop import (
-    batch_indices,
-    evaluate,
-    forward_logits,
-    num_steps,
-    take,
-    train_steps,
-    update,
-)
-from experiments.core.reads import FINE_TUNING
-from experiments.core.seeding import derive_seed, generator
-from experiments.core.state import adam, adamw, set_up
+from base import outputs
+from base.naming import suggest
+from base.result import RunResult
+from base.sections import ConfigError, Section, TaskConfig
 from experiments.interventions.gates import HeadGates
 from experiments.interventions.heads import attach_head_gates
 from experiments.maths.hard_concrete import eval_gates, l0_penalty, open_heads, prob_open
@@ -91,17 +78,30 @@ from experiments.maths.task_sampling import (
 from experiments.models import load_tokenizer
 from experiments.tasks import TASKS, TaskData
 from experiments.tasks.cache import load_task
+from experiments.training.context import RunContext
+from experiments.training.loop import (
+    batch_indices,
+    evaluate,
+    forward_logits,
+    num_steps,
+    take,
+    train_steps,
+    update,
+)
+from experiments.training.reads import FINE_TUNING
+from experiments.training.seeding import derive_seed, generator
+from experiments.training.state import adam, adamw, set_up
 
 VERSION = "1"
 PIPELINES = ("none", "shared", "per_task")
 SHORT_NAMES = ("pipeline", "lambda")
 READS = FINE_TUNING
-"""The ``train.*`` keys its own code reads (experiments/core/reads.py): every train key."""
+"""The ``train.*`` keys its own code reads (experiments/training/reads.py): every train key."""
 PROGRESS = {outputs.OPEN_HEADS.name: "open heads"}  # heads some task keeps open
 OUTPUTS = outputs.Outputs(
     maps=(outputs.GATE, outputs.LOG_ALPHA),  # per task (heads.gate.<task>) when pipeline is per_task
     metrics=(*outputs.EVALUATION, outputs.OPEN_HEADS, outputs.EXPECTED_OPEN_HEADS, outputs.L0_PENALTY))
-"""What its runs report (experiments.common.outputs); metrics on each task as ``<metric>/<task>``."""
+"""What its runs report (base.outputs); metrics on each task as ``<metric>/<task>``."""
 MEAN = "mean"
 """The suffix of the mean over tasks: ``accuracy/mean``."""
 
@@ -140,7 +140,7 @@ def extra_tasks(section: Config) -> dict[str, TaskConfig]:
 
 
 def unread(section: Config, train) -> dict[str, str]:
-    """Keys a run of ``section`` does not read (experiments/core/reads.py): the gates' keys without gates."""
+    """Keys a run of ``section`` does not read (experiments/training/reads.py): the gates' keys without gates."""
     if section.pipeline == "none":
         return {key: "read only with pipeline shared or per_task (it is none: no gates)" for key in ("lambda", "lr")}
     return {}
@@ -185,49 +185,19 @@ def _decoder(module: ModuleType, hidden_size: int, num_labels: int, seed: int, n
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
-    tc, hp = cfg.train, cfg.section
+    tc, own = cfg.train, cfg.section
     state = set_up(cfg, ctx)  # the primary: data, decoders["task"] (and init_from weights)
     encoder = state.encoder
-    tasks = [_Task(cfg.task.name, state.task, state.data, state.decoder, cfg.seed)]
-    tokenizer = load_tokenizer(cfg.model)
-    for entry in hp.tasks:
-        module = TASKS[entry.name]
-        data = load_task(entry, tokenizer)
-        decoder = _decoder(module, encoder.config.hidden_size, data.num_labels, cfg.seed, entry.name).to(ctx.device)
-        state.decoders[entry.name] = decoder
-        tasks.append(_Task(entry.name, module, data, decoder, derive_seed(cfg.seed, f"data_order:{entry.name}")))
+    tasks = _tasks(cfg, ctx, state)
 
-    # Which task each step draws from, and which of that task's batches it is.
-    sizes = [len(t.data.train) for t in tasks]
-    total = num_steps(sum(sizes), tc.batch_size, tc.epochs, tc.max_steps)
-    schedule = task_schedule(task_probabilities(sizes, hp.alpha), total, generator(cfg.seed, "task_order"))
-    position = batch_positions(schedule, len(tasks))
-
+    total, schedule, position = _task_order(cfg, tasks)
     model_params = list(encoder.parameters()) + [p for t in tasks for p in t.decoder.parameters()]
-    optimizer = adamw([(list(encoder.parameters()), tc.lr),
-                       ([p for t in tasks for p in t.decoder.parameters()], tc.head_lr)], tc.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_warmup_decay(s, total, tc.warmup_ratio))
-    state.optimizers["model"], state.schedulers["model"] = optimizer, scheduler
+    optimizer, scheduler = _model_optimizer(cfg, state, tasks, total)
 
-    # Gates: one set, or one per task; `active` says whose batch (or evaluation) runs.
-    active = [0]
-    gate_sets: list[HeadGates] = []
-    handle = None
-    if hp.pipeline != "none":
-        noise = generator(cfg.seed, "gates")  # initialises every set, then draws their noise
-        if hp.pipeline == "shared":
-            shared = HeadGates(state.num_layers, state.num_heads, noise)
-            gates: nn.Module = shared
-            gate_sets = [shared] * len(tasks)
-        else:
-            gates = nn.ModuleDict({t.name: HeadGates(state.num_layers, state.num_heads, noise) for t in tasks})
-            gate_sets = [gates[t.name] for t in tasks]
-        gates.to(ctx.device)
-        handle = attach_head_gates(encoder, lambda: gate_sets[active[0]]())
-        gate_optimizer = adam(gates.parameters(), lr=hp.lr)  # no schedule
-        state.interventions["gates"], state.generators["gate_noise"] = gates, noise
-        state.optimizers["gates"] = gate_optimizer
-    maps_of = _gate_map_names(hp.pipeline, [t.name for t in tasks])  # {gate map name: its task index}
+    active = [0]  # whose batch (or evaluation) runs: its task's gates gate the encoder
+    gate_sets, handle = _gates(cfg, ctx, state, tasks, active)
+    gate_optimizer = state.optimizers.get("gates")
+    maps_of = _gate_map_names(own.pipeline, [t.name for t in tasks])  # {gate map name: its task index}
     state.values["trajectory"] = {name: [] for name in maps_of}
 
     def batch(state):
@@ -245,7 +215,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
             value = update(loss, optimizer, scheduler, model_params, tc.grad_clip, state.scaler)
             return {"loss": value, "open_heads": state.num_layers * state.num_heads}
         penalty = l0_penalty(gate_sets[t].log_alpha)
-        update(loss + hp.lambda_ * penalty, [optimizer, gate_optimizer], scheduler, model_params, tc.grad_clip,
+        update(loss + own.lambda_ * penalty, [optimizer, gate_optimizer], scheduler, model_params, tc.grad_clip,
                state.scaler)
         with torch.no_grad():
             expected = prob_open(gate_sets[t].log_alpha).sum().item()
@@ -257,7 +227,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
             metrics = _evaluate(state, tasks, active)
             for name, index in maps_of.items():
                 state.values["trajectory"][name].append(_test_gates(gate_sets[index]))
-            if hp.pipeline == "per_task":
+            if own.pipeline == "per_task":
                 metrics |= {f"open_heads/{t.name}": float(open_heads(eval_gates(g.log_alpha)).sum())
                             for t, g in zip(tasks, gate_sets, strict=True)}
         return metrics
@@ -265,7 +235,76 @@ def run(cfg, ctx: RunContext) -> RunResult:
     metrics = train_steps(state, ctx, total, step, evaluate_tasks, batch)
     if handle is not None:
         handle.remove()
+    return RunResult(
+        run_key=cfg.run_key,
+        group_key=cfg.group_key,
+        metrics=metrics,
+        maps=_gate_maps(maps_of, tasks, gate_sets),
+        trajectories={name: np.stack(values) for name, values in state.values["trajectory"].items()},
+        eval_steps=np.asarray(state.values["eval_steps"]),
+        steps=state.step,
+    )
 
+
+def _task_order(cfg, tasks: list[_Task]) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """The run's steps, which task each step draws from (``n_t ** alpha``, seeded) and which of that
+    task's batches it is."""
+    tc = cfg.train
+    sizes = [len(t.data.train) for t in tasks]
+    total = num_steps(sum(sizes), tc.batch_size, tc.epochs, tc.max_steps)
+    schedule = task_schedule(task_probabilities(sizes, cfg.section.alpha), total, generator(cfg.seed, "task_order"))
+    return total, schedule, batch_positions(schedule, len(tasks))
+
+
+def _model_optimizer(cfg, state, tasks: list[_Task], total: int) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW over the encoder (``train.lr``) and every task's decoder (``train.head_lr``), with linear
+    warm-up and decay (``state.optimizers["model"]``)."""
+    tc = cfg.train
+    optimizer = adamw([(list(state.encoder.parameters()), tc.lr),
+                       ([p for t in tasks for p in t.decoder.parameters()], tc.head_lr)], tc.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_warmup_decay(s, total, tc.warmup_ratio))
+    state.optimizers["model"], state.schedulers["model"] = optimizer, scheduler
+    return optimizer, scheduler
+
+
+def _tasks(cfg, ctx: RunContext, state) -> list[_Task]:
+    """The run's tasks: the primary (``set_up``'s data and decoder) and each of ``multitask.tasks``, whose
+    decoder joins ``state.decoders`` under its name."""
+    tasks = [_Task(cfg.task.name, state.task, state.data, state.decoder, cfg.seed)]
+    tokenizer = load_tokenizer(cfg.model)
+    for entry in cfg.section.tasks:
+        module = TASKS[entry.name]
+        data = load_task(entry, tokenizer)
+        decoder = _decoder(module, state.encoder.config.hidden_size, data.num_labels, cfg.seed, entry.name).to(ctx.device)
+        state.decoders[entry.name] = decoder
+        tasks.append(_Task(entry.name, module, data, decoder, derive_seed(cfg.seed, f"data_order:{entry.name}")))
+    return tasks
+
+
+def _gates(cfg, ctx: RunContext, state, tasks: list[_Task], active: list[int]) -> tuple[list[HeadGates], Any]:
+    """The pipeline's head gates (none; one set shared by the tasks; one set per task) and the handle
+    that gates the encoder with the set of task ``active[0]``; the gates train with their own Adam at
+    ``lr``, no schedule (``state.optimizers["gates"]``)."""
+    own = cfg.section
+    if own.pipeline == "none":
+        return [], None
+    noise = generator(cfg.seed, "gates")  # initialises every set, then draws their noise
+    if own.pipeline == "shared":
+        shared = HeadGates(state.num_layers, state.num_heads, noise)
+        gates: nn.Module = shared
+        gate_sets = [shared] * len(tasks)
+    else:
+        gates = nn.ModuleDict({t.name: HeadGates(state.num_layers, state.num_heads, noise) for t in tasks})
+        gate_sets = [gates[t.name] for t in tasks]
+    gates.to(ctx.device)
+    handle = attach_head_gates(state.encoder, lambda: gate_sets[active[0]]())
+    state.interventions["gates"], state.generators["gate_noise"] = gates, noise
+    state.optimizers["gates"] = adam(gates.parameters(), lr=own.lr)
+    return gate_sets, handle
+
+
+def _gate_maps(maps_of: dict[str, int], tasks: list[_Task], gate_sets: list[HeadGates]) -> dict:
+    """Each gate map (its test-time gates) with its companion log_alpha, named by whose set it is."""
     maps = {}
     for name, index in maps_of.items():
         part = outputs.GATE.part(name) or None  # None: the shared set, else its task
@@ -273,15 +312,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
         log_alpha = gate_sets[index].log_alpha.detach().cpu().numpy()
         maps |= [outputs.GATE(_test_gates(gate_sets[index]), f"test-time gate{whose}, 0 = removed", part),
                  outputs.LOG_ALPHA(log_alpha, f"log_alpha{whose}, larger = more open", part)]
-    return RunResult(
-        run_key=cfg.run_key,
-        group_key=cfg.group_key,
-        metrics=metrics,
-        maps=maps,
-        trajectories={name: np.stack(values) for name, values in state.values["trajectory"].items()},
-        eval_steps=np.asarray(state.values["eval_steps"]),
-        steps=state.step,
-    )
+    return maps
 
 
 def _gate_map_names(pipeline: str, names: list[str]) -> dict[str, int]:

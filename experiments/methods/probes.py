@@ -41,11 +41,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from experiments.common import outputs
-from experiments.common.result import RunResult
-from experiments.common.sections import Section
+from base import outputs
+from base.result import RunResult
+from base.sections import Section
 from experiments.components.probing import sentence_maps, stage_encoder, ud_folder
-from experiments.core.context import RunContext
 from experiments.maths.probes import (
     class_centroids,
     dep_probe_hits,
@@ -58,12 +57,13 @@ from experiments.maths.probes import (
 )
 from experiments.tasks.dependencies import EncodedTrees, arcs, load_ud_ewt
 from experiments.tasks.ud_pos import LABEL_NAMES as UPOS
+from experiments.training.context import RunContext
 
 VERSION = "2"
 PIPELINES = ("none",)
 SHORT_NAMES = ()
 READS = ("precision",)
-"""The ``train.*`` keys its own code reads (experiments/core/reads.py): forwards only; an init_from stage
+"""The ``train.*`` keys its own code reads (experiments/training/reads.py): forwards only; an init_from stage
 reads the rest."""
 OUTPUTS = outputs.Outputs(
     maps=(outputs.DEP_PROBE, outputs.POS_CENTROID),
@@ -72,7 +72,7 @@ OUTPUTS = outputs.Outputs(
              outputs.Metric("majority", "majority-class baseline (/pos_centroid)", score=False),
              *(outputs.Metric(n, f"number of {n.replace('_', ' ')}", score=False)
                for n in ("arcs", "scored_words", "fit_words"))))
-"""What its runs report (experiments.common.outputs)."""
+"""What its runs report (base.outputs)."""
 
 
 class Config(Section):
@@ -95,17 +95,17 @@ REFERENCE: dict[str, Any] = {"centroids_from": "scored"}
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
-    hp = cfg.section
+    own = cfg.section
     encoder, tokenizer = stage_encoder(cfg, ctx)
-    folder = ud_folder(hp.ud_dir)
-    scored = load_ud_ewt(folder, "dev", tokenizer, hp.max_length, hp.score_sentences, cfg.task.data_seed)
+    folder = ud_folder(own.ud_dir)
+    scored = load_ud_ewt(folder, "dev", tokenizer, own.max_length, own.score_sentences, cfg.task.data_seed)
     up = cfg.upstreams.get("init_from")
     model = cfg.model if up is None else f"{cfg.model} after {up.method} on {up.task.name}"
     where = f"UD EWT test, {len(scored)} sentences, {model}"
 
     # One pass over the scored sentences: word attention for the DEP probe, word features for centroids.
     hits, relations, features, tags = [], [], [], []
-    for i, attn, heads in sentence_maps(encoder, scored.input_ids, scored.attention_mask, hp.batch_size,
+    for i, attn, heads in sentence_maps(encoder, scored.input_ids, scored.attention_mask, own.batch_size,
                                         ctx.device, contexts=True, precision=cfg.train.precision):
         first, end = scored.first[i], scored.end[i]
         dependents, governors, rels = arcs(scored.trees[i], len(first), root=True)
@@ -115,22 +115,22 @@ def run(cfg, ctx: RunContext) -> RunResult:
         features.append(word_means(heads, first, end).astype(np.float32))  # (W, L, H, D)
         tags += _tag_ids(scored, i)
     features, tags = np.concatenate(features), np.asarray(tags)
-    if hp.centroids_from == "scored":
+    if own.centroids_from == "scored":
         fit_features, fit_tags = features, tags
     else:
-        fit = load_ud_ewt(folder, "train", tokenizer, hp.max_length, hp.fit_sentences, cfg.task.data_seed)
-        fit_features, fit_tags = _word_features(encoder, fit, hp.batch_size, ctx.device, cfg.train.precision)
+        fit = load_ud_ewt(folder, "train", tokenizer, own.max_length, own.fit_sentences, cfg.task.data_seed)
+        fit_features, fit_tags = _word_features(encoder, fit, own.batch_size, ctx.device, cfg.train.precision)
 
     maps, metrics = {}, {}
     hits_all = np.concatenate(hits, axis=-1)  # (L, H, P)
     by_rel = label_rates(hits_all, relations)
-    _report(maps, metrics, outputs.DEP_PROBE, hits_all.mean(axis=-1), by_rel, _top(relations, hp.top_labels),
+    _report(maps, metrics, outputs.DEP_PROBE, hits_all.mean(axis=-1), by_rel, _top(relations, own.top_labels),
             f"DEP probe, {where}: share of arcs where argmax word attention links head and dependent")
 
     overall, by_tag = _centroid_probe(fit_features, fit_tags, features, tags)
-    fitted = "the scored words" if hp.centroids_from == "scored" else "UD EWT dev"
+    fitted = "the scored words" if own.centroids_from == "scored" else "UD EWT dev"
     _report(maps, metrics, outputs.POS_CENTROID, overall, {UPOS[c]: acc for c, acc in by_tag.items()},
-            _top([UPOS[t] for t in tags], hp.top_labels),
+            _top([UPOS[t] for t in tags], own.top_labels),
             f"POS centroid probe, {where}: share of words whose head output is closest (cosine) to its "
             f"UPOS centroid (fitted on {fitted})")
     metrics[f"majority/{outputs.POS_CENTROID.name.partition('.')[2]}"] = Counter(tags.tolist()).most_common(1)[0][1] / len(tags)

@@ -69,10 +69,10 @@ import copy
 import torch
 from pydantic import Field
 
-from experiments.common import outputs
-from experiments.common.naming import suggest
-from experiments.common.result import RunResult
-from experiments.common.sections import ConfigError, Section
+from base import outputs
+from base.naming import suggest
+from base.result import RunResult
+from base.sections import ConfigError, Section
 from experiments.components.prompting import (
     Fractions,
     PromptedEncoder,
@@ -81,19 +81,19 @@ from experiments.components.prompting import (
     find_skill_neurons,
     perturbation_check,
 )
-from experiments.core.context import RunContext
-from experiments.core.loop import batches, evaluate, forward_logits
-from experiments.core.state import RunState, upstream_weights
 from experiments.interventions.neurons import capture_ffn
 from experiments.maths.predictivity import skill_neuron_mask
 from experiments.maths.transfer import chance_overlap, overlap
 from experiments.models import RANDOM_PREFIX, load_tokenizer
+from experiments.training.context import RunContext
+from experiments.training.loop import batches, evaluate, forward_logits
+from experiments.training.state import RunState, upstream_weights
 
 VERSION = "2"
 PIPELINES = ("none",)
 SHORT_NAMES = ("source_task",)
 READS = ()
-"""The ``train.*`` keys its own code reads (experiments/core/reads.py): none itself: its two skill_neurons
+"""The ``train.*`` keys its own code reads (experiments/training/reads.py): none itself: its two skill_neurons
 stages read theirs (inherited from this run's train)."""
 OUTPUTS = outputs.Outputs(metrics=(
     outputs.ACCURACY, outputs.SOURCE_NOISE, outputs.TRANSFER_RELATIVE, outputs.TRANSFER_ACCURACY, outputs.OVERLAP_TOP20,
@@ -102,7 +102,7 @@ OUTPUTS = outputs.Outputs(metrics=(
     outputs.Metric("overlap_active_chance", "overlap_active of independent activations", score=False),
     outputs.Metric("active_fraction", "fraction of the target prompt's neurons active", score=False),
     outputs.Metric("active_fraction_source", "fraction of the source prompt's neurons active", score=False)))
-"""What its runs report (experiments.common.outputs)."""
+"""What its runs report (base.outputs)."""
 
 TOP_FRACTION = 0.2
 """The paper's top 20 % skill neurons (``overlap_top20``)."""
@@ -191,11 +191,11 @@ def _differ(a, b, keys=None) -> list[str]:
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
-    hp = cfg.section
+    own = cfg.section
     target, model = prompted(cfg, ctx, "init_from")
-    found, own = find_skill_neurons(model, target), calibrated_accuracy(model, target)
+    found, own_accuracy = find_skill_neurons(model, target), calibrated_accuracy(model, target)
     if cfg.upstreams["source"].run_key == cfg.upstreams["init_from"].run_key:  # the diagonal: one run, read once
-        carried, found_source, transfer = model, found, own
+        carried, found_source, transfer = model, found, own_accuracy
     else:
         source, source_model = prompted(cfg, ctx, "source")
         found_source = find_skill_neurons(source_model, source)  # on the source's own data
@@ -210,9 +210,9 @@ def run(cfg, ctx: RunContext) -> RunResult:
     active, active_source = active_neurons(model, alone, target), active_neurons(carried, alone, target)
     metrics = {
         outputs.ACCURACY.name: _accuracy(model, target.decoder, target),
-        "own_accuracy": own,
+        "own_accuracy": own_accuracy,
         outputs.TRANSFER_ACCURACY.name: transfer,
-        outputs.TRANSFER_RELATIVE.name: transfer / own if own > 0 else float("nan"),
+        outputs.TRANSFER_RELATIVE.name: transfer / own_accuracy if own_accuracy > 0 else float("nan"),
         outputs.OVERLAP_TOP20.name: overlap(top_source, top),
         "overlap_top20_chance": chance_overlap(top_source, top),
         outputs.OVERLAP_ACTIVE.name: overlap(active_source, active),
@@ -220,9 +220,9 @@ def run(cfg, ctx: RunContext) -> RunResult:
         "active_fraction": float(active.float().mean()),
         "active_fraction_source": float(active_source.float().mean()),
     }
-    perturbation = perturbation_check(model, target, found_source["per_subtask"], hp.perturb_fractions,
-                                      hp.noise_std)
-    for f, top_acc, random_acc in zip(hp.perturb_fractions, perturbation["accuracy_top"],
+    perturbation = perturbation_check(model, target, found_source["per_subtask"], own.perturb_fractions,
+                                      own.noise_std)
+    for f, top_acc, random_acc in zip(own.perturb_fractions, perturbation["accuracy_top"],
                                       perturbation["accuracy_random"], strict=True):
         for which, value in (("top", top_acc), ("random", random_acc)):
             metrics[outputs.SOURCE_NOISE.name(metric=outputs.ACCURACY.name, which=which, fraction=f)] = value

@@ -96,9 +96,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.common import outputs
-from experiments.common.result import RunResult
-from experiments.common.sections import ConfigError
+from base import outputs
+from base.result import RunResult
+from base.sections import ConfigError
 from experiments.components.prompting import (
     REFERENCE_CLIP,
     PromptedEncoder,
@@ -110,8 +110,12 @@ from experiments.components.prompting import (
     recalibrate,
     trained_parameters,
 )
-from experiments.core.context import RunContext
-from experiments.core.loop import (
+from experiments.interventions.ffn_prune import mean_ffn_activations, pruned_layers, pruned_metrics
+from experiments.maths.losses import task_loss
+from experiments.maths.predictivity import by_layer, skill_neuron_mask
+from experiments.models import MODELS, RANDOM_PREFIX
+from experiments.training.context import RunContext
+from experiments.training.loop import (
     batches,
     evaluate,
     evaluate_all,
@@ -120,17 +124,13 @@ from experiments.core.loop import (
     train_steps,
     update,
 )
-from experiments.core.state import RunState
-from experiments.interventions.ffn_prune import mean_ffn_activations, pruned_layers, pruned_metrics
-from experiments.maths.losses import task_loss
-from experiments.maths.predictivity import by_layer, skill_neuron_mask
-from experiments.models import MODELS, RANDOM_PREFIX
+from experiments.training.state import RunState
 
 VERSION = "3"
 PIPELINES = ("none",)
 SHORT_NAMES = ("prompt_length", "verbalizer", "readout")
 READS = ("epochs", "max_steps", "batch_size", "pooler", "eval_every", "precision")
-"""The ``train.*`` keys its own code reads (experiments/core/reads.py): the prompt and read-out train at
+"""The ``train.*`` keys its own code reads (experiments/training/reads.py): the prompt and read-out train at
 skill_neurons.lr / readout_lr, with no weight decay, and no clipping or warm-up but with
 ``skill_neurons.prompt_optimizer: reference`` (its own clip and schedule, not train's)."""
 OUTPUTS = outputs.Outputs(
@@ -138,7 +138,7 @@ OUTPUTS = outputs.Outputs(
     metrics=(*outputs.EVALUATION, outputs.NOISE, outputs.PRUNED, outputs.PRUNED_KEPT_FRACTION,
              outputs.Metric("predictivity_mean", "mean predictivity of the FFN neurons"),
              outputs.Metric("predictivity_top1", "predictivity of the best FFN neuron")))
-"""What its runs report (experiments.common.outputs)."""
+"""What its runs report (base.outputs)."""
 
 Config = SkillNeuronsConfig
 """Its section is a shared component (experiments/components/prompting.py): prompt_transfer's
@@ -149,12 +149,12 @@ REFERENCE: dict[str, Any] = {"prune_fold": "all", "prompt_optimizer": "reference
 
 
 def optimisers(cfg) -> list:
-    """Its parameter groups (experiments/core/optimisers.py): the prompt (and a learned read-out)."""
+    """Its parameter groups (experiments/training/optimisers.py): the prompt (and a learned read-out)."""
     return prompt_groups(cfg.section)
 
 
 def unread(section: Config, train) -> dict[str, str]:
-    """Keys a run of ``section`` does not read (experiments/core/reads.py): those of another verbalizer."""
+    """Keys a run of ``section`` does not read (experiments/training/reads.py): those of another verbalizer."""
     own = {"label_words": "label_words", "word_seed": "random_words"}
     return {key: f"read only with verbalizer {verbalizer} (it is {section.verbalizer})"
             for key, verbalizer in own.items() if section.verbalizer != verbalizer}
@@ -165,23 +165,23 @@ def check(cfg) -> None:
     the model's positions; a frozen verbalizer needs embeddings as wide as the hidden states."""
     from experiments.tasks import TASKS
 
-    hp, task = cfg.section, TASKS[cfg.task.name]
+    own, task = cfg.section, TASKS[cfg.task.name]
     if task.KIND != "classification":
         raise ConfigError(f"task.name: skill_neurons needs a sentence classification task, and '{cfg.task.name}' "
                           f"is {task.KIND} (a neuron at the soft prompt predicts one label per sentence)")
     names = getattr(task, "LABEL_NAMES", None) or cfg.task.labels
-    if hp.label_words is not None and names is not None and len(hp.label_words) != len(names):
-        raise ConfigError(f"skill_neurons.label_words: {len(hp.label_words)} words for the {len(names)} "
+    if own.label_words is not None and names is not None and len(own.label_words) != len(names):
+        raise ConfigError(f"skill_neurons.label_words: {len(own.label_words)} words for the {len(names)} "
                           f"classes of task '{cfg.task.name}' ({', '.join(names)})")
     sizes = _model_sizes(cfg.model)
     if sizes is None:  # a hub model not on this machine: run time says
         return
     embedding, hidden, positions = sizes
-    if cfg.task.max_length + hp.prompt_length > positions:
-        raise ConfigError(f"skill_neurons.prompt_length: {hp.prompt_length} prompt vectors + task.max_length "
+    if cfg.task.max_length + own.prompt_length > positions:
+        raise ConfigError(f"skill_neurons.prompt_length: {own.prompt_length} prompt vectors + task.max_length "
                           f"{cfg.task.max_length} exceed the {positions} positions of model {cfg.model}")
-    if hp.verbalizer != "learned" and embedding != hidden:
-        raise ConfigError(f"skill_neurons.verbalizer: {hp.verbalizer} scores hidden states ({hidden}) against word "
+    if own.verbalizer != "learned" and embedding != hidden:
+        raise ConfigError(f"skill_neurons.verbalizer: {own.verbalizer} scores hidden states ({hidden}) against word "
                           f"embeddings ({embedding}), which differ in model {cfg.model}; use verbalizer learned")
 
 
@@ -211,10 +211,10 @@ def _model_sizes(name: str) -> tuple[int, int, int] | None:
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
-    tc, hp = cfg.train, cfg.section
+    tc, own = cfg.train, cfg.section
     state, model, optimizer = build(cfg, ctx)
     readout = state.decoder
-    reference = hp.prompt_optimizer == "reference"  # its schedule (build) and clip
+    reference = own.prompt_optimizer == "reference"  # its schedule (build) and clip
     scheduler, clip = state.schedulers.get("prompt"), REFERENCE_CLIP if reference else None
     trained = trained_parameters(state)
 
@@ -229,15 +229,15 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     state.train(False)
     found = find_skill_neurons(model, state)
-    perturbation = perturbation_check(model, state, found["per_subtask"], hp.perturb_fractions, hp.noise_std)
+    perturbation = perturbation_check(model, state, found["per_subtask"], own.perturb_fractions, own.noise_std)
     score = found["score"]
     extra = {"predictivity_top1": float(score.max()), "predictivity_mean": float(score.mean())}
-    for f, top, rand in zip(hp.perturb_fractions, perturbation["accuracy_top"], perturbation["accuracy_random"],
+    for f, top, rand in zip(own.perturb_fractions, perturbation["accuracy_top"], perturbation["accuracy_random"],
                             strict=True):
         for which, value in (("top", top), ("random", rand)):
             extra[outputs.NOISE.name(metric=outputs.ACCURACY.name, which=which, fraction=f)] = value
-    if hp.prune_fraction is not None:  # the paper's pruning of a copy: what is kept, and what it costs
-        extra |= _pruned(model, state, found, hp)
+    if own.prune_fraction is not None:  # the paper's pruning of a copy: what is kept, and what it costs
+        extra |= _pruned(model, state, found, own)
     ctx.tracker.log_metrics(extra, state.step)
     metrics |= extra
 
@@ -245,7 +245,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
     artifacts = {
         "skill_neurons.npz": _npz(found, perturbation, metrics.get("accuracy", float("nan")),
                                   state.values["label_words"]),
-        "perturbation.png": _perturbation_png(perturbation, metrics.get("accuracy", float("nan")), hp.noise_std,
+        "perturbation.png": _perturbation_png(perturbation, metrics.get("accuracy", float("nan")), own.noise_std,
                                               state.num_layers * score.shape[1], title),
         "predictivity_by_layer.png": _by_layer_png(score.numpy(), title),
     }
@@ -263,12 +263,12 @@ def run(cfg, ctx: RunContext) -> RunResult:
     )
 
 
-def _pruned(model: PromptedEncoder, state: RunState, found: dict, hp: SkillNeuronsConfig) -> dict[str, float]:
+def _pruned(model: PromptedEncoder, state: RunState, found: dict, own: SkillNeuronsConfig) -> dict[str, float]:
     """Dev metrics of a sliced copy of the backbone keeping the skill neurons at ``prune_fraction`` in
     the upper three quarters of the layers, the removed ones' mean activation (``prune_baseline``)
     folded into the output bias (``prune_fold``)."""
     batch_size = state.cfg.train.batch_size
-    if hp.prune_baseline == "prompt":  # the reference's train_avg (L, P, I).mean(axis=1)
+    if own.prune_baseline == "prompt":  # the reference's train_avg (L, P, I).mean(axis=1)
         mean = found["train_mean"].mean(dim=0)  # (P, L, I) -> (L, I)
         baseline = {layer: mean[layer].float() for layer in range(len(mean))}
     else:
@@ -276,18 +276,18 @@ def _pruned(model: PromptedEncoder, state: RunState, found: dict, hp: SkillNeuro
             baseline = mean_ffn_activations(model.backbone, batches(state.data.train, batch_size, state.device),
                                             forward=lambda batch: model(batch[0], batch[1]))
         baseline = {layer: values.float() for layer, values in baseline.items()}
-    chosen = by_layer(skill_neuron_mask(found["per_subtask"], hp.prune_fraction))
+    chosen = by_layer(skill_neuron_mask(found["per_subtask"], own.prune_fraction))
     keep = {layer: chosen[layer] for layer in pruned_layers(state.num_layers)}
 
     def pruned_evaluate(backbone) -> dict[str, float]:
         pruned, readout = PromptedEncoder(backbone, model.prompt), state.decoder
-        if hp.recalibrate_bn:  # the read-out's statistics of the pruned backbone, on a copy (the run's stays)
+        if own.recalibrate_bn:  # the read-out's statistics of the pruned backbone, on a copy (the run's stays)
             readout = copy.deepcopy(readout)
             recalibrate(readout, pruned, state)
         return evaluate(pruned, readout, state.data.dev, state.task, batch_size, state.device,
                         state.cfg.train.precision)
 
-    return pruned_metrics(model.backbone, pruned_evaluate, keep, baseline, hp.prune_fold)
+    return pruned_metrics(model.backbone, pruned_evaluate, keep, baseline, own.prune_fold)
 
 
 def _npz(found: dict, perturbation: dict, accuracy: float, words: list[str]) -> bytes:
@@ -312,7 +312,7 @@ def _perturbation_png(perturbation: dict, accuracy: float, std: float, num_neuro
     # matplotlib only when drawing: importing the methods (every config check) stays light
     from matplotlib.figure import Figure
 
-    from experiments.common.png import figure_png
+    from base.png import figure_png
 
     x = 100 * np.asarray(perturbation["fractions"])
     fig = Figure(figsize=(5.5, 3.8), dpi=100)
@@ -333,7 +333,7 @@ def _by_layer_png(score: np.ndarray, title: str) -> bytes:
     """Per layer: the best neuron's predictivity, the 99th percentile and the median."""
     from matplotlib.figure import Figure
 
-    from experiments.common.png import figure_png
+    from base.png import figure_png
 
     layers = np.arange(1, score.shape[0] + 1)
     fig = Figure(figsize=(5.5, 3.8), dpi=100)

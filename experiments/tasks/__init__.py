@@ -7,7 +7,7 @@ build_decoder(hidden_size, num_labels) -> nn.Module and
 compute_metrics(logits, labels) -> dict[str, float]. Bump a task's VERSION
 whenever its results would change for the same files. A task that reads files gets
 check / load / fingerprint from ``files.file_task`` over its spec, a generated one from
-``_common.generated_task`` over its generator: the glue is written once.
+``parts.generated_task`` over its generator: the glue is written once.
 
 Tasks from your own files (DESIGN.md, decision 11):
 
@@ -51,7 +51,7 @@ import os
 from collections.abc import Collection
 from types import ModuleType
 
-from experiments.common.naming import suggest
+from base.naming import suggest
 from experiments.tasks import (
     classification,
     sst2,
@@ -63,7 +63,7 @@ from experiments.tasks import (
     ud_dep,
     ud_pos,
 )
-from experiments.tasks._common import Split, TaskData
+from experiments.tasks.parts import Split, TaskData
 
 __all__ = ["TASKS", "Split", "TaskData", "bias_feature_names", "data_label", "get_task", "unread_key"]
 

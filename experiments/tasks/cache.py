@@ -32,10 +32,10 @@ from typing import Any
 
 import torch
 
-from experiments.common.costs import timed
-from experiments.common.sources import hash_sources
+from base.costs import timed
+from base.sources import hash_sources
 from experiments.tasks import get_task
-from experiments.tasks._common import Split, TaskData
+from experiments.tasks.parts import Split, TaskData
 
 FORMAT = "1"
 """Bump when the stored layout changes."""

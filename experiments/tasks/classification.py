@@ -52,15 +52,15 @@ from dataclasses import dataclass
 import torch
 
 from experiments.tasks import reads
-from experiments.tasks._common import (
+from experiments.tasks.files import eval_set_names, file_task
+from experiments.tasks.labels import read_labelled
+from experiments.tasks.parts import (
     ClassificationDecoder,
     TaskData,
     build_task_data,
     classification_accuracy,
     encode_sentences,
 )
-from experiments.tasks.files import eval_set_names, file_task
-from experiments.tasks.labels import read_labelled
 from experiments.tasks.sources import Source, as_label, file_sources, read_records, suggest
 
 VERSION = "1"

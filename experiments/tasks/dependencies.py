@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from experiments.tasks._common import subset_indices
+from experiments.tasks.parts import subset_indices
 from experiments.tasks.sources import CONLLU_COLUMNS, conllu_sentences
 
 UD_EWT = "ud_ewt"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-from experiments.tasks._common import TaskData, require_files, task_data_dir
+from experiments.tasks.parts import TaskData, require_files, task_data_dir
 from experiments.tasks.sources import Source, fingerprint_sources
 
 _CHECKED: set[tuple[Hashable, str]] = set()

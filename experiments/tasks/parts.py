@@ -1,9 +1,10 @@
-"""Pieces shared by the task modules: data containers, data location, readers,
+"""The parts the task modules are built from: data containers, data location, readers,
 random subsets, tokenisation, the two decoders and accuracy, and the glue of the
 generated tasks (``generated_task``).
 
 Every task module is a plain module over these functions; nothing here knows
-about a particular task.
+about a particular task. Others read them too: the driver's job its data root
+(``default_data_dir``), probing the UD folder.
 """
 
 from __future__ import annotations

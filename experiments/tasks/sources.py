@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.common.naming import suggest
+from base.naming import suggest
 
 FORMATS = ("tsv", "csv", "jsonl", "conllu", "bio", "hf")
 _EXTENSIONS = {

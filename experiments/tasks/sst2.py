@@ -14,8 +14,8 @@ files, so accuracy here reads higher than published SST-2 dev numbers.
 from __future__ import annotations
 
 from experiments.tasks import classification, reads
-from experiments.tasks._common import ClassificationDecoder, classification_accuracy
 from experiments.tasks.files import file_task, fixed_sources
+from experiments.tasks.parts import ClassificationDecoder, classification_accuracy
 
 VERSION = "1"
 KIND = "classification"

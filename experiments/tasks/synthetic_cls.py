@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 
 from experiments.tasks import reads
-from experiments.tasks._common import (
+from experiments.tasks.parts import (
     ClassificationDecoder,
     classification_accuracy,
     encode_sentences,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 
 from experiments.tasks import reads
-from experiments.tasks._common import (
+from experiments.tasks.parts import (
     TaggingDecoder,
     encode_words,
     generate_tagged,

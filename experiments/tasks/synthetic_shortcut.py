@@ -32,7 +32,7 @@ import random
 import torch
 
 from experiments.tasks import reads
-from experiments.tasks._common import (
+from experiments.tasks.parts import (
     ClassificationDecoder,
     TaskData,
     build_task_data,

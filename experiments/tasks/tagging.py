@@ -25,15 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from experiments.tasks import reads
-from experiments.tasks._common import (
+from experiments.tasks.files import eval_set_names, file_task
+from experiments.tasks.labels import read_labelled
+from experiments.tasks.parts import (
     TaggingDecoder,
     TaskData,
     build_task_data,
     encode_words,
     tagging_accuracy,
 )
-from experiments.tasks.files import eval_set_names, file_task
-from experiments.tasks.labels import read_labelled
 from experiments.tasks.sources import (
     CONLLU_COLUMNS,
     Source,

@@ -32,7 +32,8 @@ from __future__ import annotations
 import torch
 
 from experiments.tasks import reads
-from experiments.tasks._common import (
+from experiments.tasks.files import check_once, fixed_sources
+from experiments.tasks.parts import (
     IGNORE_INDEX,
     TaggingDecoder,
     TaskData,
@@ -40,7 +41,6 @@ from experiments.tasks._common import (
     encode_words,
     tagging_accuracy,
 )
-from experiments.tasks.files import check_once, fixed_sources
 from experiments.tasks.sources import CONLLU_COLUMNS, Source, conllu_sentences, fingerprint_sources
 
 VERSION = "1"

@@ -11,8 +11,8 @@ and empty nodes are skipped; each word's first subword carries its tag.
 from __future__ import annotations
 
 from experiments.tasks import reads, tagging
-from experiments.tasks._common import TaggingDecoder, tagging_accuracy
 from experiments.tasks.files import file_task, fixed_sources
+from experiments.tasks.parts import TaggingDecoder, tagging_accuracy
 from experiments.tasks.sources import Source
 
 VERSION = "1"

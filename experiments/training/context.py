@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from experiments.common.costs import Costs
-from experiments.core.tracking import MemoryTracker, Tracker
+from base.costs import Costs
+from experiments.training.tracking import MemoryTracker, Tracker
 
 __all__ = ["Checkpointer", "RunCancelled", "RunContext", "Tracker"]
 

@@ -20,13 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from experiments.common import collapse
-from experiments.core.context import RunContext
-from experiments.core.precision import autocast
-from experiments.core.seeding import derive_seed
-from experiments.core.state import RunState
+from base import collapse
 from experiments.maths.losses import IGNORE_INDEX, task_loss
 from experiments.tasks import Split
+from experiments.training.context import RunContext
+from experiments.training.precision import autocast
+from experiments.training.seeding import derive_seed
+from experiments.training.state import RunState
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """(input_ids (B, T), attention_mask (B, T), labels (B,) or (B, T)), on the run's device."""
@@ -76,7 +76,7 @@ def batches(split: Split, batch_size: int, device: str, n: int | None = None) ->
 def forward_logits(encoder, decoder, input_ids, attention_mask, precision: str = "fp32") -> torch.Tensor:
     """Task logits (B, C) or (B, T, C): the decoder over the encoder's last hidden states.
 
-    The forward runs under ``precision``'s autocast (``train.precision``: experiments/core/precision.py)
+    The forward runs under ``precision``'s autocast (``train.precision``: experiments/training/precision.py)
     on the inputs' device; bf16/fp16 logits come back as float32, so every loss on them is float32."""
     with autocast(precision, input_ids.device):
         hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, Hd)

@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-"""The autocast dtype of each ``train.precision`` (experiments.keyed.config.TrainConfig; fp32: no autocast)."""
+"""The autocast dtype of each ``train.precision`` (experiments.harness.config.TrainConfig; fp32: no autocast)."""
 
 
 def device_type(device: str | torch.device) -> str:
@@ -48,7 +48,7 @@ def precision_error(precision: str, device: str | torch.device) -> str | None:
 def check_precision(cfg: Any, device: str | torch.device) -> None:
     """Raise ConfigError when the run, or a run it starts from (its stages), asks for a precision
     ``device`` cannot run: fp16 anywhere but on CUDA. Called where the device is known, before
-    anything runs (``experiments.keyed.runner.run``, ``headsweep run``, a grid whose trials get no GPU)."""
+    anything runs (``experiments.harness.runner.run``, ``headsweep run``, a grid whose trials get no GPU)."""
     for role, config in _with_upstreams(cfg, ""):
         error = precision_error(config.train.precision, device)
         if error is not None:

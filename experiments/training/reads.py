@@ -5,7 +5,7 @@ nothing else: ``train.grad_clip`` on ``probes``, which trains nothing, would be 
 the same probes under another key. So each method module declares ``READS``, the ``train.*`` keys
 its own code may read (built from the groups below), and, where a run of it reads less than that
 or less than its whole section (a pipeline, a verbalizer), ``unread(section, train)``: the keys
-this run does not read, each with why. Validation (``experiments.keyed.config.check_run_keys``)
+this run does not read, each with why. Validation (``experiments.harness.config.check_run_keys``)
 refuses any of them set away from its default, unless a stage of the run inherits it and reads
 it (the ``finetune`` stage of ``head_ablation`` reads ``train.lr``). ``model`` is read by every
 method. tests/experiments/test_method_reads.py checks each declaration against what the method's
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import ModuleType
 
-from experiments.common.sections import TrainConfig
+from base.sections import TrainConfig
 
 FINE_TUNING = tuple(TrainConfig.model_fields)
 """Every ``train.*`` key: a method that trains the model (its optimiser, schedule, clipping, steps)."""

@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from experiments.core.precision import autocast, grad_scaler
-from experiments.core.seeding import derive_seed
 from experiments.models import head_layout, load_backbone
 from experiments.tasks.cache import load_task
+from experiments.training.precision import autocast, grad_scaler
+from experiments.training.seeding import derive_seed
 
 
 @dataclass
@@ -51,7 +51,7 @@ class RunState:
     """Plain values that belong in a checkpoint: ``eval_steps``, a gate ``trajectory``, ..."""
     device: str = "cpu"
     precision: str = "fp32"
-    """``train.precision`` of the run: how its forwards run (``autocast()``, experiments/core/precision.py)."""
+    """``train.precision`` of the run: how its forwards run (``autocast()``, experiments/training/precision.py)."""
     scaler: torch.amp.GradScaler | None = None
     """fp16's gradient scaler (``loop.update(..., scaler=state.scaler)``); None in fp32 and bf16."""
 
@@ -262,7 +262,7 @@ def set_up(cfg, ctx) -> RunState:
 def read_pooler_for_good(encoder: nn.Module, decoder: nn.Module, model: str) -> None:
     """``train.pooler``: the [CLS] classifier reads the encoder's pooler for the whole run
     (``masks.read_pooler``, a forward hook; the pooler's weights are the encoder's and train with it)."""
-    from experiments.common.sections import ConfigError
+    from base.sections import ConfigError
     from experiments.interventions.masks import read_pooler, uses_pooler
 
     if not uses_pooler(encoder, decoder):

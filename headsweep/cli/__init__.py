@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from headsweep.api import MlflowArtifacts
 from headsweep.cli import questions, run, slurm, sweeps, tracking
 from orchestrator import settings

@@ -20,7 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from orchestrator import settings
 
 SWEEP_HELP = "a sweep id, or 'last' (the newest sweep)"

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from analysis import statistics
 from analysis.data.select import py
-from analysis.questions.agreement.result import Agreement
+from analysis.questions.agreement.result import AgreementMatrix
 from analysis.views.answers import null_summaries
 from headsweep.cli.common import out
 from headsweep.cli.output import fmt3, null_cells
@@ -65,7 +65,7 @@ def show_spearman(answer: dict[str, Any], args: argparse.Namespace) -> None:
               f"(chance {fmt3(answer['chance_jaccard'])})")
 
 
-def show_compare(result: Agreement, args: argparse.Namespace) -> None:
+def show_compare(result: AgreementMatrix, args: argparse.Namespace) -> None:
     """A table per pairwise statistic (rho's with the top-k statistics beside it), each pair's value
     against both nulls, and each one's mean over the pairs."""
     sweep = args.sweep

@@ -1,6 +1,6 @@
 """The optimiser table of ``headsweep run --dry-run`` and ``headsweep submit --dry-run``: each parameter
 group the runs and the stages they start from train, as their methods declare it
-(``optimisers(cfg)``, experiments/core/optimisers.py), from the configs alone (no model loaded)."""
+(``optimisers(cfg)``, experiments/training/optimisers.py), from the configs alone (no model loaded)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from collections.abc import Iterable
 
 from rich.table import Table
 
-from experiments.core.optimisers import COLUMNS
+from experiments.training.optimisers import COLUMNS
 
 
 def optimiser_table(configs: Iterable) -> Table:
     """One row per parameter group of each distinct (method, pipeline, groups) among ``configs`` and their
     stages; a method that declares no ``optimisers`` gets one row saying so."""
-    from experiments.common.sections import STAGE_ROLES
+    from base.sections import STAGE_ROLES
     from experiments.methods import METHODS
 
     rows: dict[tuple, None] = {}  # in order: the cells' groups, then their stages'

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.common.naming import suggest
-from experiments.common.sections import ConfigError
+from base.naming import suggest
+from base.sections import ConfigError
 
 ROW_FORMATS = ("table", "csv", "parquet", "json")
 """The run table's and results' formats (rows, whatever the format)."""

@@ -113,7 +113,7 @@ def cmd_figures(args: argparse.Namespace) -> int:
     prints their paths."""
     from analysis.data.loading import open_sweep
     from analysis.data.select import parse_filter
-    from experiments.common.png import figure_bytes
+    from base.png import figure_bytes
 
     reader = registry(args)
     data, where = open_sweep(reader, args.sweep), parse_filter(args.where)

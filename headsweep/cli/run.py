@@ -8,8 +8,8 @@ import traceback
 
 from rich.table import Table
 
-from experiments.common.naming import suggest
-from experiments.common.sections import ConfigError, read_yaml
+from base.naming import suggest
+from base.sections import ConfigError, read_yaml
 from headsweep.cli.common import TRACKING_HELP, out, progress_bar
 
 
@@ -35,8 +35,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     A run that starts from other runs (stages: ``init_from``, SP's default fine-tune) runs
     them first, each once: their final weights go to the checkpoint store under their run
     keys, where a later run (or sweep) finds and reuses them."""
-    from experiments.core.precision import check_precision
-    from experiments.keyed.config import apply_overrides, parse_config
+    from experiments.harness.config import apply_overrides, parse_config
+    from experiments.training.precision import check_precision
 
     cfg = parse_config(apply_overrides(load_yaml(args.config), args.sets or []))
 
@@ -89,10 +89,10 @@ def _progress_value(value) -> str:
 def _run_tracked(cfg, args: argparse.Namespace, store, save: bool):
     """``experiments.run`` of one config with a progress bar and (unless --no-track) an MLflow run;
     its upstreams' weights from ``store``, its own saved there when ``save``."""
-    from experiments.core.context import RunContext
-    from experiments.core.tracking import MemoryTracker
-    from experiments.keyed.runner import run
+    from experiments.harness.runner import run
     from experiments.methods import METHODS
+    from experiments.training.context import RunContext
+    from experiments.training.tracking import MemoryTracker
 
     tracker, finish = MemoryTracker(), None
     if args.track:
@@ -134,8 +134,8 @@ def _run_tracked(cfg, args: argparse.Namespace, store, save: bool):
 
 def cmd_methods(args: argparse.Namespace) -> int:
     """Every method (or one): VERSION, pipelines, short names, and its keys with defaults and meaning."""
-    from experiments.keyed import config_keys as keys
-    from experiments.keyed.config import RunConfig
+    from experiments.harness import config_keys as keys
+    from experiments.harness.config import RunConfig
     from experiments.methods import METHODS
 
     if args.method is not None and args.method not in METHODS:

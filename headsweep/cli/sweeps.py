@@ -9,7 +9,7 @@ import argparse
 
 from rich.table import Table
 
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from headsweep.cli.common import SWEEP_HELP, known_sweep, out, progress_bar
 from orchestrator import settings
 from orchestrator.status import RUN_DONE, SWEEP_DONE, RunStatus
@@ -142,8 +142,8 @@ def show_status(sweep_id: str) -> None:
 
 def collapsed_text(runs: dict) -> str | None:
     """'2 of 6 checked runs collapsed (...): <key> (finetune seed 1), ...' of a sweep's runs
-    (``registry.sweep_runs``), None when none did (``experiments.common.collapse``)."""
-    from experiments.common.collapse import COLLAPSED
+    (``registry.sweep_runs``), None when none did (``base.collapse``)."""
+    from base.collapse import COLLAPSED
 
     checked = [(i, m[COLLAPSED]) for i, m in enumerate(runs["metrics"]) if COLLAPSED in m]
     hit = [i for i, flag in checked if flag == 1.0]

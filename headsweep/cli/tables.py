@@ -15,8 +15,8 @@ from analysis import statistics
 from analysis.data.select import py
 from analysis.questions.run_table import RunTable
 from analysis.views.answers import null_summaries
-from experiments.common.collapse import COLLAPSED
-from experiments.common.units import OPEN_THRESHOLD
+from base.collapse import COLLAPSED
+from base.units import OPEN_THRESHOLD
 from headsweep.cli.common import out
 from headsweep.cli.output import cell, fmt2, fmt3, null_cells, signed
 

@@ -8,7 +8,7 @@ import os
 import sys
 
 from analysis.views.report import sweep_report
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from headsweep.cli.common import DB_HELP, SWEEP_HELP, TRACKING_HELP, console, out
 from orchestrator import settings
 

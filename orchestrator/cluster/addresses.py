@@ -9,7 +9,7 @@ import os
 import socket
 import subprocess
 
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from orchestrator.cluster.processes import is_loopback
 
 

@@ -43,7 +43,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from orchestrator import settings
 from orchestrator.cluster import addresses
 from orchestrator.cluster.processes import (

@@ -12,13 +12,13 @@ from pathlib import Path
 
 from orchestrator import settings
 
-PACKAGES = ("experiments", "orchestrator", "analysis", "headsweep")
-"""headsweep too: the driver's job ends with ``python -m headsweep.cli report`` (the CLI lives there)."""
+PACKAGES = ("base", "experiments", "orchestrator", "analysis", "headsweep")
+"""headsweep too: the driver's job is ``python -m headsweep.sweep_job`` (the driver, then the report)."""
 
 
 def shipped_code() -> list[str]:
-    """The folders of this process's own experiments/, orchestrator/, analysis/ and headsweep/: what a
-    job ships."""
+    """The folders of this process's own base/, experiments/, orchestrator/, analysis/ and headsweep/:
+    what a job ships."""
     import importlib.util
 
     return [importlib.util.find_spec(name).submodule_search_locations[0] for name in PACKAGES]
@@ -64,7 +64,7 @@ def job_runtime_env(env: dict[str, str]) -> dict:
     every task and actor of the job (the Tune trials), ahead of whatever checkout the cluster's
     Python has installed, so a sweep runs the code that submitted it.
     """
-    from experiments.keyed.runner import code_version
+    from experiments.harness.runner import code_version
 
     packages, files = plugin_code(env.get("HEADSWEEP_METHODS", ""))  # plug-in methods ship with the job too
     return {

@@ -38,8 +38,9 @@ from ray.tune.utils.object_cache import _ObjectCache  # noqa: E402
 
 from orchestrator import settings  # noqa: E402
 from orchestrator.driving import trial, writer  # noqa: E402
+from orchestrator.driving.trial import worker_trial  # noqa: E402
 from orchestrator.driving.writer import Remote, Writer  # noqa: E402
-from orchestrator.registry.history import WORKER_LOST, worker_trial  # noqa: E402
+from orchestrator.registry.events import WORKER_LOST  # noqa: E402
 from orchestrator.status import RunStatus, SweepStatus  # noqa: E402
 
 STALE_AFTER_S = 4 * trial.HEARTBEAT_S

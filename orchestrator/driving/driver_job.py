@@ -19,7 +19,8 @@ from orchestrator.cluster.head import cluster_in_use, known_dashboard
 from orchestrator.cluster.packaging import job_runtime_env
 from orchestrator.driving.writer import lease_path
 from orchestrator.registry import Registry
-from orchestrator.registry.history import ALIVE, history
+from orchestrator.registry.history import history
+from orchestrator.registry.supervision import ALIVE
 from orchestrator.status import SWEEP_DONE
 
 
@@ -27,7 +28,7 @@ def driver_env(head: dict[str, str], track: bool) -> dict[str, str]:
     """Environment of the driver job and its trials: where the registry, MLflow, Ray and the data
     are. The data root is resolved here, where the grid was validated: the trials import the
     shipped code from Ray's package cache, where the default ``../shared/data`` is not beside it."""
-    from experiments.tasks._common import default_data_dir
+    from experiments.tasks.parts import default_data_dir
 
     return {
         "HEADSWEEP_HOME": str(settings.home()),
@@ -43,19 +44,20 @@ def driver_env(head: dict[str, str], track: bool) -> dict[str, str]:
     }
 
 
-def start_driver(registry: Registry, sweep_id: str, where: dict[str, str] | None = None, track: bool = True) -> str | None:
+def start_driver(registry: Registry, sweep_id: str, head: dict[str, str] | None = None, track: bool = True) -> str | None:
     """Submit the sweep's driver as a Ray Job (None, and the sweep marked finished, if nothing is left)."""
     if not registry.unfinished(sweep_id):
         registry.set_sweep(sweep_id, status="finished")
         return None
-    where = where or cluster_in_use()
-    submission = submit_driver(where["dashboard"], sweep_id, driver_env(where, track))
+    head = head or cluster_in_use()
+    submission = submit_driver(head["dashboard"], sweep_id, driver_env(head, track))
     registry.set_sweep(sweep_id, driver=submission, status="submitted")
     return submission
 
 
 def submit_driver(dashboard: str, sweep_id: str, env: dict[str, str]) -> str:
-    """Start ``python -m orchestrator.driving.driver SWEEP`` as a Ray Job; return the job's submission id.
+    """Start the sweep's Ray Job (``python -m headsweep.sweep_job SWEEP``: the driver, then the sweep's
+    report); return the job's submission id.
     Ray's own INFO lines go to ``$HEADSWEEP_HOME/logs/<sweep>.log``."""
     client = jobs.job_client(dashboard)  # imports Ray, which sets up its loggers: redirect them after
     with jobs.ray_logs_to(settings.home() / "logs" / f"{sweep_id}.log"):
@@ -67,13 +69,9 @@ def _submit_driver(client, sweep_id: str, env: dict[str, str]) -> str:
     for attempt in range(10):  # a just-started node's job agent may not be up yet
         try:
             client.submit_job(
-                # the sweep, then its figures logged to the sweep's MLflow parent run; the job's status is the
-                # driver's. A killed or crashed driver ends the job at once (its figures wait for the driver that
-                # finishes the sweep): the supervisor resumes it within seconds.
-                entrypoint=(
-                    f"{sys.executable} -m orchestrator.driving.driver {sweep_id}; rc=$?; [ $rc -ne 0 ] || "
-                    f"[ \"$HEADSWEEP_TRACK\" = 0 ] || {sys.executable} -m headsweep.cli report {sweep_id} || true; exit $rc"
-                ),
+                # the driver, then the sweep's report (headsweep/sweep_job.py: the top level joins the
+                # orchestrator's driver and analysis's report); the job's status is the driver's
+                entrypoint=f"{sys.executable} -m headsweep.sweep_job {sweep_id}",
                 submission_id=submission_id,
                 runtime_env=job_runtime_env(env),
             )

@@ -54,8 +54,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from experiments.common.naming import suggest
-from experiments.common.sections import (
+from base.naming import suggest
+from base.sections import (
     DEFAULT_METHOD,
     ConfigError,
     TaskConfig,
@@ -63,8 +63,8 @@ from experiments.common.sections import (
     parse_yaml,
     read_yaml,
 )
-from experiments.keyed import config_keys as keys
-from experiments.keyed.config import (
+from experiments.harness import config_keys as keys
+from experiments.harness.config import (
     RunConfig,
     UnreadKey,
     check_data,
@@ -73,7 +73,7 @@ from experiments.keyed.config import (
     parse_config,
     with_stages,
 )
-from experiments.keyed.run_keys import fingerprints_memoised
+from experiments.harness.run_keys import fingerprints_memoised
 from experiments.tasks import TASKS
 from experiments.tasks.reads import unread_line
 from orchestrator.registry.db import gc_paused
@@ -287,7 +287,7 @@ def expand(spec: GridSpec) -> list[RunConfig]:
     applied: set[tuple[str, str]] = set()  # (base | axes, key) of grid keys some cell used
     methods: set[str] = set()
     index = 0
-    from experiments.core.precision import check_precision
+    from experiments.training.precision import check_precision
 
     on_cpu = spec.resources.gpus == 0  # trials without a GPU run on CPU (orchestrator/driving/trial.py)
     with gc_paused(), fingerprints_memoised():

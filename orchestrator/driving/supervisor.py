@@ -6,7 +6,7 @@ One per registry on each cluster: a Ray Job (``python -m orchestrator.driving.su
 CPU (a job's entrypoint asks for none), opens no port, and talks only to the registry and to
 the head's Jobs API (HTTP, as the CLI does). Every ``HEADSWEEP_SUPERVISOR_POLL_S`` seconds
 (default 5) it looks at the live sweeps and the lost ones with automatic resumes
-(``Registry.supervised_sweeps``) and does what ``registry.history.decide`` says:
+(``Registry.supervised_sweeps``) and does what ``registry.supervision.decide`` says:
 
 - a live sweep whose driver job FAILED or was STOPPED (killed, crashed), automatic resumes
   or not: the driver is lost (``Registry.lose_driver``: the sweep failed, a ``driver_lost``
@@ -44,7 +44,8 @@ from orchestrator.cluster.packaging import job_runtime_env
 from orchestrator.driving import writer
 from orchestrator.driving.driver_job import driver_env, start_driver
 from orchestrator.registry import Registry
-from orchestrator.registry.history import ALIVE, GAVE_UP, LIVE, ORPHANED, RESUMED, decide
+from orchestrator.registry.events import GAVE_UP, LIVE, ORPHANED, RESUMED
+from orchestrator.registry.supervision import ALIVE, decide
 from orchestrator.status import SweepStatus
 
 ORPHAN_AFTER_S = 60.0

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from orchestrator import hub, settings
 from orchestrator.cluster.head import cluster_in_use
 from orchestrator.cluster.jobs import cluster_nodes
@@ -27,7 +27,8 @@ from orchestrator.driving.driver_job import (
 )
 from orchestrator.driving.grid import GridSpec, check_resources, expand, grid_text, load_grid
 from orchestrator.registry import Registry, RegistryReader
-from orchestrator.registry.history import RESUMED, resume_pending
+from orchestrator.registry.events import RESUMED
+from orchestrator.registry.supervision import resume_pending
 from orchestrator.status import SWEEP_DONE
 
 DONE = SWEEP_DONE  # a sweep whose driver has ended
@@ -74,11 +75,11 @@ def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, t
     spec = load_grid(grid_path, sets)
     configs = expand(spec)
     hub.resolve(configs)  # hub models into the cache the trials read, or one line naming what cannot be had
-    where = cluster_in_use()
+    head = cluster_in_use()
     resources = spec.resources.model_dump()
-    nodes = cluster_nodes(where["dashboard"])
+    nodes = cluster_nodes(head["dashboard"])
     check_resources(resources, nodes)
-    check_shared(configs, where, track, len(nodes))
+    check_shared(configs, head, track, len(nodes))
     writer.refuse_if_written_elsewhere(settings.registry_url(), "submit")
     registry = Registry(settings.registry_url())
     sweep_id, counts = registry.create_sweep(
@@ -90,24 +91,24 @@ def submit(grid_path: str, *, force: bool = False, rerun_failed: bool = False, t
     registry.set_sweep(sweep_id, auto_resumes=auto_resumes)
     if track:
         track_sweep(registry, sweep_id, spec, Path(grid_path).name, configs, counts["total"])
-    driver = start_driver(registry, sweep_id, where, track)
-    return Submitted(sweep_id, counts, driver, supervisor.ensure(where) if driver else None)
+    driver = start_driver(registry, sweep_id, head, track)
+    return Submitted(sweep_id, counts, driver, supervisor.ensure(head) if driver else None)
 
 
-def check_shared(configs: list, where: dict[str, str], track: bool, nodes: int) -> None:
+def check_shared(configs: list, head: dict[str, str], track: bool, nodes: int) -> None:
     """On a cluster of several nodes, every node sees the files the sweep keeps on disk
     (``orchestrator.cluster.shared``), or one line naming the node and the path."""
-    from experiments.common.sections import STAGE_ROLES
+    from base.sections import STAGE_ROLES
     from orchestrator.cluster import shared
     from orchestrator.cluster.packaging import job_runtime_env
 
-    env = driver_env(where, track)
+    env = driver_env(head, track)
     dumped = [config.model_dump() if hasattr(config, "model_dump") else config for config in configs]
     staged = any(config.get(role) for config in dumped for role in STAGE_ROLES)
     written, read = shared.local_paths(env, track=track, artifacts=settings.artifact_root(),
                                        checkpoints=settings.checkpoint_root(), staged=staged,
                                        hub_models=hub.hub_models(configs))
-    shared.unseen_on_nodes(where["dashboard"], job_runtime_env(env), written, read, nodes)
+    shared.unseen_on_nodes(head["dashboard"], job_runtime_env(env), written, read, nodes)
 
 
 def track_sweep(registry: Registry, sweep_id: str, spec: GridSpec, grid_name: str, configs: list, runs: int) -> str:
@@ -145,12 +146,12 @@ def resume(sweep_id: str, track: bool = True, by: str | None = None) -> str | No
     unfinished = [config for status, config in zip(runs["status"], runs["config"], strict=True)
                   if status not in ("finished", "cancelled")]
     hub.resolve(unfinished)
-    where = cluster_in_use()
-    check_shared(unfinished, where, track, len(cluster_nodes(where["dashboard"])))
-    driver = start_driver(registry, sweep_id, where, track=track)
+    head = cluster_in_use()
+    check_shared(unfinished, head, track, len(cluster_nodes(head["dashboard"])))
+    driver = start_driver(registry, sweep_id, head, track=track)
     registry.add_event(sweep_id, RESUMED, {"driver": driver, "auto": False} | ({"by": by} if by else {}))
     if driver:
-        supervisor.ensure(where)
+        supervisor.ensure(head)
     return driver
 
 

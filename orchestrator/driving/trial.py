@@ -9,6 +9,8 @@ killed worker resumes mid-run, and writes status and results back.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import tempfile
 import threading
 import time
@@ -21,13 +23,12 @@ import ray
 import torch
 from ray import tune
 
-from experiments.common.costs import Costs
-from experiments.common.result import RunResult
-from experiments.core.context import RunCancelled, RunContext
-from experiments.core.tracking import MemoryTracker
-from experiments.keyed.config import parse_config
+from base.costs import Costs
+from base.result import RunResult
+from experiments.harness.config import parse_config
+from experiments.training.context import RunCancelled, RunContext
+from experiments.training.tracking import MemoryTracker
 from orchestrator.driving.writer import Remote, Tracker, Writer
-from orchestrator.registry.history import worker_name, worker_trial
 from orchestrator.status import RunStatus
 
 HEARTBEAT_S = 5.0
@@ -35,6 +36,22 @@ log = logging.getLogger("headsweep.trial")
 CANCEL_POLL_S = 2.0
 _writers: dict[tuple, Writer | Remote] = {}  # one per worker process; reused actors keep it
 _worker_runs = {"started": 0}  # runs this worker process started: its first pays the imports
+
+
+def worker_name(trial_id: str, node_id: str, node_ip: str) -> str:
+    """Who holds a run, for this process (the ``worker`` of its row and of a ``worker_lost`` event;
+    ``registry.history.worker_node`` reads its node back for ``status``):
+    ``<Tune trial id>@<host>[<Ray node id, 8 hex> <node IP>]:<pid>``, e.g. ``a1b2c_00003@gpu7[3f2a9c01
+    10.0.0.7]:4242``. The trial id first (:func:`worker_trial`: a retry of the same trial takes its
+    run over), the pid last; the Ray node tells apart nodes that share a host name (containers,
+    nodes simulated on one machine), so ``status`` can say which node was lost."""
+    return f"{trial_id}@{socket.gethostname()}[{node_id[:8]} {node_ip}]:{os.getpid()}"
+
+
+def worker_trial(worker: str | None) -> str:
+    """The Tune trial id of a :func:`worker_name` ("" for none)."""
+    return (worker or "").split("@", 1)[0]
+
 
 
 def writer_for(env: dict[str, Any]) -> Writer | Remote:
@@ -141,7 +158,7 @@ def stage_hooks(claimed: dict[str, Any], checkpoints: str | None) -> dict[str, A
 
 
 def _default_run(cfg, ctx) -> RunResult:
-    from experiments.keyed.runner import run
+    from experiments.harness.runner import run
 
     return run(cfg, ctx)
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from orchestrator import filesystems, retry
 from orchestrator.registry import Registry, RegistryReader
 from orchestrator.status import RunStatus, SweepStatus

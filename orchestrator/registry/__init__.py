@@ -6,11 +6,13 @@ Split along its seams, each part one file:
 - ``db``: engine, retries, migrations (``orchestrator/migrations``), shared transactions;
 - ``store``: submitting grids and the sweeps' fields, progress and cancellation;
 - ``lifecycle``: one run's claim, heartbeat, finish (with its maps), fail, orphans;
-- ``results``: the read model analysis uses (run columns in one query, one query per map);
+- ``read_model``: the read model analysis uses (run columns in one query, one query per map);
 - ``reader``: :class:`RegistryReader`, the reads only (sweeps, counts, events and the read model),
   never migrating: what analysis opens;
 - ``stages``: the DAG of runs that start from other runs, and the driver's waves over it;
-- ``history``: each sweep's events (driver lost, resumed, automatic resumes used up, workers lost).
+- ``events``: each sweep's events (driver lost, resumed, automatic resumes used up, workers lost);
+- ``supervision``: the supervisor's policy over them, given a driver's Ray job state;
+- ``history``: the events as ``status`` says them.
 
 :class:`Registry` is all of them over one database; open one per process by URL.
 """
@@ -25,10 +27,10 @@ from orchestrator.registry.db import (
     head_revision,
     upgrade,
 )
-from orchestrator.registry.history import SweepHistory
+from orchestrator.registry.events import SweepEvents
 from orchestrator.registry.lifecycle import ORPHAN_ERROR, STALE_AFTER_S, RunLifecycle
+from orchestrator.registry.read_model import MapInfo, MapStack, ReadModel, Version
 from orchestrator.registry.reader import LAST, RegistryReader
-from orchestrator.registry.results import MapInfo, MapStack, ReadModel, Version
 from orchestrator.registry.schema import (
     Base,
     Run,
@@ -42,7 +44,7 @@ from orchestrator.registry.store import SweepStore
 from orchestrator.status import RunStatus, SweepStatus
 
 
-class Registry(SweepStore, RunLifecycle, SweepHistory, RegistryReader):
+class Registry(SweepStore, RunLifecycle, SweepEvents, RegistryReader):
     """Sweeps and runs in one SQL database (SQLite file or PostgreSQL), by SQLAlchemy URL.
 
     Safe to use from several processes at once (each opens its own Registry);
@@ -53,7 +55,7 @@ class Registry(SweepStore, RunLifecycle, SweepHistory, RegistryReader):
 
 __all__ = [
     "LAST", "ORPHAN_ERROR", "STALE_AFTER_S", "Base", "MapInfo", "MapStack", "NotFound", "ReadModel", "Registry", "RegistryReader",
-    "Run", "RunDep", "RunLifecycle", "RunMap", "RunStatus", "Sweep", "SweepEvent", "SweepHistory", "SweepRun",
+    "Run", "RunDep", "RunLifecycle", "RunMap", "RunStatus", "Sweep", "SweepEvent", "SweepEvents", "SweepRun",
     "SchemaBehind", "SweepStatus", "SweepStore", "Version",
     "alembic_config", "downgrade", "head_revision", "upgrade",
 ]

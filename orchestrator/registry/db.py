@@ -43,7 +43,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from orchestrator import retry
 from orchestrator.filesystems import on_network_filesystem
 from orchestrator.registry.schema import VERSION_TABLE, Base

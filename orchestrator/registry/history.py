@@ -1,146 +1,28 @@
-"""A sweep's history: the events the supervisor acts on and ``status`` shows.
-
-Kinds (``detail`` in brackets): ``driver_lost`` {driver, state, orphaned}: the sweep's Ray job
-ended without the driver writing the sweep's final status (killed, crashed, its head gone), with
-``orphaned`` runs still RUNNING then; ``worker_lost`` {run_key, worker, attempt, then}: a trial's
-worker process died mid-run (killed, out of memory, its Ray node lost) and Tune ``retried`` the
-run or ``failed`` it (no retry left); the worker (:func:`worker_name`) names its Ray node, and the
-runs lost with one node at once are one line of ``status``; ``orphaned`` {run_keys}: runs whose
-worker stopped heartbeating while the driver lived, back to pending;
-``resumed`` {driver, auto, attempt, of, by}: a new driver, by hand (``headsweep resume``; ``by``
-names who, e.g. the SLURM job that resumed it) or by the supervisor; ``gave_up`` {used, of}: the automatic resumes are used up.
-
-Reading them is pure and lives here, below the supervisor, the sweep commands and the analysis
-service (which read it): :func:`decide` (what the supervisor does with a sweep, given its driver
-job's state) and :func:`history` (the lines ``status`` and ``GET /sweeps/{id}`` print).
+"""A sweep's history as a person reads it: the lines ``status`` and ``GET /sweeps/{id}`` print
+for the sweep's events (``events``: their kinds and how they are recorded), e.g. 'driver failed at
+14:02; resumed automatically (1/3)'. Pure; the analysis service reads it.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 from collections.abc import Callable
 from datetime import UTC, datetime
 from itertools import takewhile
-from typing import Any, NamedTuple
+from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from orchestrator.registry.events import (
+    ALLOCATION_ENDED,
+    DRIVER_LOST,
+    GAVE_UP,
+    ORPHANED,
+    RESUMED,
+    WORKER_LOST,
+)
+from orchestrator.registry.supervision import decide
 
-from orchestrator.registry.db import Database, now, retrying
-from orchestrator.registry.reader import in_sweep
-from orchestrator.registry.schema import Run, Sweep, SweepEvent
-from orchestrator.status import RunStatus, SweepStatus
-
-DRIVER_LOST, RESUMED, GAVE_UP = "driver_lost", "resumed", "gave_up"
-WORKER_LOST, ORPHANED = "worker_lost", "orphaned"
-LIVE = (SweepStatus.SUBMITTED, SweepStatus.RUNNING)
-ALIVE = ("PENDING", "RUNNING")
-"""States of a driver's Ray job while it lives."""
-DIED = ("FAILED", "STOPPED")
-"""States of a driver's Ray job that ended without its driver writing the sweep's final status."""
 NODE_BURST_S = 60.0
 """Workers of one Ray node lost within this many seconds of the first are one loss of the node."""
-ALLOCATION_ENDED = "ALLOCATION_ENDED"
-"""The state of a driver that ended with its SLURM allocation (``orchestrator/slurm/``): not
-resumed by the supervisor (its Ray goes too), but by the job's next allocation."""
-_FIELDS = (Sweep.id, Sweep.status, Sweep.driver, Sweep.auto_resumes, Sweep.cancel_requested,
-           Sweep.mlflow_parent_run_id)
-
-
-class SweepHistory(Database):
-    """Recording and reading sweep events; the supervisor's two queries."""
-
-    @retrying
-    def add_event(self, sweep_id: str, kind: str, detail: dict[str, Any], at: datetime | None = None) -> None:
-        with self._write() as connection:
-            connection.execute(insert(SweepEvent).values(sweep_id=sweep_id, kind=kind, detail=detail, at=at or now()))
-
-    @retrying
-    def lose_driver(self, sweep_id: str, driver: str, state: str, at: datetime | None = None) -> bool:
-        """The sweep's driver ``driver`` is dead: a live sweep -> failed, and a ``driver_lost`` event,
-        in one transaction, with how many of its runs it left RUNNING (orphans: their heartbeats have
-        stopped or soon will). False (nothing written) when the sweep has another driver by now or is
-        no longer live (its driver wrote the final status, or someone noticed first)."""
-        with self._write() as connection:
-            changed = connection.execute(
-                update(Sweep).where(Sweep.id == sweep_id, Sweep.driver == driver, Sweep.status.in_(LIVE))
-                .values(status=SweepStatus.FAILED, updated_at=now())).rowcount
-            if changed:
-                orphaned = connection.execute(select(func.count()).select_from(Run).where(
-                    in_sweep(sweep_id), Run.status == RunStatus.RUNNING)).scalar()
-                connection.execute(insert(SweepEvent).values(
-                    sweep_id=sweep_id, kind=DRIVER_LOST, at=at or now(),
-                    detail={"driver": driver, "state": state, "orphaned": orphaned}))
-        return changed == 1
-
-    @retrying
-    def supervised_sweeps(self) -> list[dict[str, Any]]:
-        """The sweeps the supervisor looks at (each with ``events``): every live (submitted or
-        running) sweep with a driver, whose driver's death it records whatever the sweep's
-        automatic resumes; and, with auto-resume on and not cancelled, the failed ones whose latest
-        event is a lost driver (to resume)."""
-        latest = (select(SweepEvent.sweep_id, func.max(SweepEvent.id).label("last"))
-                  .group_by(SweepEvent.sweep_id).subquery())
-        resumable = (Sweep.auto_resumes > 0, Sweep.cancel_requested.is_(False))
-        with self._read() as connection:
-            live = connection.execute(
-                select(*_FIELDS).where(Sweep.driver.is_not(None), Sweep.status.in_(LIVE))).all()
-            lost = connection.execute(
-                select(*_FIELDS).join(latest, latest.c.sweep_id == Sweep.id)
-                .join(SweepEvent, SweepEvent.id == latest.c.last)
-                .where(*resumable, Sweep.driver.is_not(None), Sweep.status == SweepStatus.FAILED,
-                       SweepEvent.kind == DRIVER_LOST)).all()
-        sweeps = [row._asdict() for row in (*live, *lost)]
-        return [sweep | {"events": self.events(sweep["id"])} for sweep in sorted(sweeps, key=lambda s: s["id"])]
-
-
-# --------------------------------------------------------------------------- reading it (pure)
-
-
-class Action(NamedTuple):
-    kind: str  # reconcile | lose | resume | give_up
-    attempt: int = 0  # resume: this automatic resume's number; give_up: how many were used
-    of: int = 0  # the sweep's auto_resumes
-
-
-def resumes_used(events: list[dict[str, Any]]) -> int:
-    """Automatic resumes since the sweep was submitted or last resumed by hand."""
-    used = 0
-    for event in events:
-        if event["kind"] == RESUMED:
-            used = used + 1 if event["detail"].get("auto") else 0
-    return used
-
-
-def decide(sweep: dict[str, Any], state: str | None = None) -> Action | None:
-    """What the supervisor does with one sweep: a ``supervised_sweeps`` row (status, auto_resumes,
-    cancel_requested, events) and, for a live sweep, its driver job's state.
-
-    A live sweep whose driver died is lost whatever its automatic resumes, so that no reader (the
-    analysis service reads only) ever sees it "running"; reconciling a live sweep's orphans and
-    resuming a lost one only with automatic resumes on and no cancel."""
-    of = sweep["auto_resumes"] or 0
-    acts = of > 0 and not sweep["cancel_requested"]
-    if sweep["status"] in LIVE:
-        if state in DIED:
-            return Action("lose")
-        return Action("reconcile") if acts and state in ALIVE else None  # SUCCEEDED: it wrote the final status
-    events = sweep["events"]
-    if not acts or sweep["status"] != SweepStatus.FAILED or not events or events[-1]["kind"] != DRIVER_LOST:
-        return None
-    if events[-1]["detail"].get("state") not in DIED:
-        return None  # gone with its head, or not this cluster's: by hand
-    used = resumes_used(events)
-    return Action("resume", used + 1, of) if used < of else Action("give_up", used, of)
-
-
-def resume_pending(sweep: dict[str, Any], within_s: float = 120.0) -> bool:
-    """The sweep (with ``events``) lost its driver less than ``within_s`` ago and the supervisor is
-    to resume it (``wait`` keeps following it while a supervisor runs)."""
-    action = decide(sweep)
-    return (action is not None and action.kind == "resume"
-            and (now() - sweep["events"][-1]["at"]).total_seconds() < within_s)
 
 
 def history(sweep: dict[str, Any], supervised: Callable[[], bool] = lambda: True) -> list[str]:
@@ -241,28 +123,14 @@ def _node_losses(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return grouped
 
 
-def worker_name(trial_id: str, node_id: str, node_ip: str) -> str:
-    """Who holds a run, for this process (the ``worker`` of its row and of a ``worker_lost`` event):
-    ``<Tune trial id>@<host>[<Ray node id, 8 hex> <node IP>]:<pid>``, e.g. ``a1b2c_00003@gpu7[3f2a9c01
-    10.0.0.7]:4242``. The trial id first (:func:`worker_trial`: a retry of the same trial takes its
-    run over), the pid last; the Ray node tells apart nodes that share a host name (containers,
-    nodes simulated on one machine), so ``status`` can say which node was lost."""
-    return f"{trial_id}@{socket.gethostname()}[{node_id[:8]} {node_ip}]:{os.getpid()}"
-
-
-def worker_trial(worker: str | None) -> str:
-    """The Tune trial id of a :func:`worker_name` ("" for none)."""
-    return (worker or "").split("@", 1)[0]
-
-
 def worker_node(worker: str | None) -> tuple[str, str] | None:
-    """(node id, IP) of a :func:`worker_name`; None for a worker recorded without them (``host:pid``)."""
+    """(node id, IP) of a worker as ``orchestrator.driving.trial.worker_name`` names it; None for a worker recorded without them (``host:pid``)."""
     found = re.search(r"\[(\w+) ([^\]]+)\]:\d+$", worker or "")
     return (found[1], found[2]) if found else None
 
 
 def worker_where(worker: str | None) -> str:
-    """Where a :func:`worker_name` ran, for a person: 'gpu7 (Ray node 3f2a9c01, 10.0.0.7)' ("" when it
+    """Where a worker (``trial.worker_name``) ran, for a person: 'gpu7 (Ray node 3f2a9c01, 10.0.0.7)' ("" when it
     was recorded without its node)."""
     node = worker_node(worker)
     if node is None:

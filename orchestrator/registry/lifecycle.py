@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import and_, delete, exists, insert, or_, select, update
 
-from experiments.common.result import KINDS, UnitMap, check_map_name
+from base.result import KINDS, UnitMap, check_map_name
 from orchestrator.registry.db import Database, NotFound, json_safe, now, retrying
 from orchestrator.registry.reader import in_sweep
 from orchestrator.registry.schema import Run, RunDep, RunMap, pack_map

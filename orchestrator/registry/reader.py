@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select
 
 from orchestrator.registry.db import NotFound, retrying
-from orchestrator.registry.results import ReadModel
+from orchestrator.registry.read_model import ReadModel
 from orchestrator.registry.schema import Run, RunDep, Sweep, SweepEvent, SweepRun
 from orchestrator.status import RunStatus
 

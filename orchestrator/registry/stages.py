@@ -23,7 +23,7 @@ from orchestrator.registry.schema import Run, RunDep, SweepRun
 from orchestrator.status import RunStatus
 
 if TYPE_CHECKING:  # type hints only: parsing configs (and importing the methods) is the caller's
-    from experiments.keyed.config import RunConfig
+    from experiments.harness.config import RunConfig
 
 Edge = tuple[str, str, str]
 """(run_key, role, upstream_key)."""

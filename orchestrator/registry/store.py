@@ -27,7 +27,7 @@ from orchestrator.registry.stages import StageGraph, dag_summary, edge_rows, wit
 from orchestrator.status import RunStatus, SweepStatus
 
 if TYPE_CHECKING:  # type hints only: parsing configs (and importing the methods) is the caller's
-    from experiments.keyed.config import RunConfig
+    from experiments.harness.config import RunConfig
 
 _LIVE_SWEEP = (SweepStatus.SUBMITTED, SweepStatus.RUNNING)
 _BATCH = 2_500

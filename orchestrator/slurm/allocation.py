@@ -46,7 +46,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from orchestrator import settings
 from orchestrator.cluster.addresses import node_ip
 from orchestrator.cluster.head import LOOPBACK_ENV, head_ports
@@ -157,19 +157,19 @@ def start_ray(tmp: str, nodes: int, ip: str) -> tuple[list[subprocess.Popen], di
     once every node joined; the processes to stop and the head's address and dashboard URL."""
     processes = []
     try:
-        head, ports = start_node(tmp, ip)
-        processes.append(head)
-        where = {"address": f"{ip}:{ports['gcs']}", "dashboard": f"http://127.0.0.1:{ports['dashboard']}"}
+        head_process, ports = start_node(tmp, ip)
+        processes.append(head_process)
+        head = {"address": f"{ip}:{ports['gcs']}", "dashboard": f"http://127.0.0.1:{ports['dashboard']}"}
         if nodes > 1:
             processes.append(subprocess.Popen([
                 "srun", "--no-kill", f"--nodes={nodes - 1}", f"--ntasks={nodes - 1}", "--ntasks-per-node=1",
                 f"--exclude={os.environ.get('SLURMD_NODENAME', socket.gethostname())}",
-                sys.executable, "-m", "orchestrator.slurm.allocation", "node", where["address"]]))
-        _wait_for_nodes(where["dashboard"], nodes, processes, tmp)
+                sys.executable, "-m", "orchestrator.slurm.allocation", "node", head["address"]]))
+        _wait_for_nodes(head["dashboard"], nodes, processes, tmp)
     except BaseException:
         stop_ray(processes, tmp)
         raise
-    return processes, where
+    return processes, head
 
 
 def stop_ray(processes: list[subprocess.Popen], tmp: str) -> None:
@@ -225,7 +225,7 @@ def record_end(sweep_id: str) -> bool:
     """The sweep's driver ended with its SLURM allocation: the sweep failed, its history says so
     (nothing when its driver had written the final status, or this was recorded already)."""
     from orchestrator.registry import Registry
-    from orchestrator.registry.history import ALLOCATION_ENDED
+    from orchestrator.registry.events import ALLOCATION_ENDED
 
     registry = Registry(settings.registry_url())
     sweep = registry.get_sweep(sweep_id)
@@ -296,9 +296,9 @@ def run_job(folder: Path, requeue: bool = False) -> int:
     processes: list[subprocess.Popen] = []
     sweep_id, finished_before, again = None, 0, False
     try:
-        processes, where = start_ray(tmp, nodes, ip)
-        print(f"Ray: {nodes} node(s), head {where['address']}, dashboard {where['dashboard']}, temp dir {tmp}")
-        os.environ |= {"RAY_ADDRESS": where["address"], "HEADSWEEP_RAY_DASHBOARD": where["dashboard"]}
+        processes, head = start_ray(tmp, nodes, ip)
+        print(f"Ray: {nodes} node(s), head {head['address']}, dashboard {head['dashboard']}, temp dir {tmp}")
+        os.environ |= {"RAY_ADDRESS": head["address"], "HEADSWEEP_RAY_DASHBOARD": head["dashboard"]}
         _quiet()
         sweep_id = start_sweep(folder, job_id)
         finished_before = _finished(sweep_id)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from orchestrator import settings
 from orchestrator.driving.writer import refuse_if_written_elsewhere
 

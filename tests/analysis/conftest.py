@@ -54,7 +54,7 @@ class Sweep:
 
 
 def _config(task: str, pipeline: str, lam: float, seed: int):
-    from experiments.keyed.config import parse_config
+    from experiments.harness.config import parse_config
 
     return parse_config({
         "model": "minilm-l6", "method": "head_gates", "seed": seed,

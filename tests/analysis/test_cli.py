@@ -24,7 +24,7 @@ import pytest
 
 from analysis import statistics
 from analysis.views.report import sweep_report
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from headsweep.cli import common, questions
 from headsweep.cli import main as headsweep
 from orchestrator import report
@@ -80,7 +80,7 @@ def test_results_csv_json_parquet(sweep, tmp_path, capsys):
 def test_open_heads_are_shown_with_expected_open_heads_beside_them(tmp_path, capsys):
     """One definition of open (test-time gate > 0.001), named in the caption, and beside it the mean of
     what the L0 penalty counts; runs that report no expected open heads (a fine-tune) show '-'."""
-    from experiments.keyed.config import parse_config
+    from experiments.harness.config import parse_config
 
     configs = [parse_config({"model": "minilm-l6", "method": "head_gates", "seed": seed, "train": {"max_steps": 10},
                              "head_gates": {"lambda": lam}}) for lam in (0.01, 0.1) for seed in (0, 1)]

@@ -22,7 +22,7 @@ from analysis.data.select import QueryError
 from analysis.data.sweep import from_runs
 from analysis.questions.agreement import compare, maps, relabel
 from analysis.views import answers, compare_figure, figure_plan
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from headsweep.cli import common, questions
 from orchestrator.registry import Registry
 
@@ -300,7 +300,7 @@ def methods_sweep(tmp_path_factory):
     """A registry sweep of head_gates SP and imp runs that start from the same fine-tunes (2 tasks x
     3 seeds): log_alpha (head_gates) and importance (imp) share a per-(task, seed) profile, and the
     ablation delta is its negation; imp runs also store a layers map."""
-    from experiments.keyed.config import parse_config
+    from experiments.harness.config import parse_config
 
     rng = np.random.default_rng(11)
     url = f"sqlite:///{tmp_path_factory.mktemp('compare') / 'registry.db'}"

@@ -10,7 +10,7 @@ import pytest
 
 from analysis.data.loading import clear_cache, load_sweep
 from analysis.data.select import QueryError
-from experiments.common.result import UnitMap
+from base.result import UnitMap
 from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import Registry
 

@@ -8,8 +8,8 @@ import pytest
 from analysis.data.loading import load_sweep
 from analysis.data.select import QueryError
 from analysis.questions.masks import flip_iou, mask_iou
-from experiments.common.mask_format import pack_masks
-from experiments.keyed.config import parse_config
+from base.mask_format import pack_masks
+from experiments.harness.config import parse_config
 from orchestrator.registry import Registry
 
 LAYERS, HEADS, HIDDEN = 2, 4, 8

@@ -10,7 +10,7 @@ from analysis.data.loading import clear_cache, load_sweep
 from analysis.data.select import QueryError
 from analysis.questions import neurons
 from analysis.views import figure_plan
-from experiments.common.result import UnitMap
+from base.result import UnitMap
 from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import Registry
 

@@ -366,7 +366,7 @@ def test_a_constant_binarised_map_switches_to_its_continuous_companion(fresh_swe
 
 
 def test_spearman_of_independent_tasks_is_chance(data):
-    result = answers.overlap_json(compare.overlap(data, {"task": [CLS]}, {"task": [TAG]}, k_frac=0.2))
+    result = answers.spearman_json(compare.spearman(data, {"task": [CLS]}, {"task": [TAG]}, k_frac=0.2))
     assert (result["n_a"], result["n_b"]) == (12, 12)
     within = next(n for n in result["nulls"] if n["null"] == "within_layers")
     assert within["band_lo"] < result["spearman"] < within["band_hi"] and within["p_value"] > 0.05
@@ -374,7 +374,7 @@ def test_spearman_of_independent_tasks_is_chance(data):
 
 
 def test_spearman_of_pipelines_is_high_with_full_top_k_overlap(data, sweep):
-    result = answers.overlap_json(compare.overlap(data, {"pipeline": ["dp"]}, {"pipeline": ["sp"]}, k_frac=0.2))
+    result = answers.spearman_json(compare.spearman(data, {"pipeline": ["dp"]}, {"pipeline": ["sp"]}, k_frac=0.2))
     a = np.stack([z for (_, p, *_), z in sweep.gates.items() if p == "dp"])
     b = np.stack([z for (_, p, *_), z in sweep.gates.items() if p == "sp"])
     assert result["spearman"] == pytest.approx(spearman.spearman_rows(a.mean(axis=0)[None], b.mean(axis=0)[None])[0])
@@ -384,7 +384,7 @@ def test_spearman_of_pipelines_is_high_with_full_top_k_overlap(data, sweep):
 
 
 def test_spearman_on_the_continuous_map(data):
-    result = answers.overlap_json(compare.overlap(data, {"pipeline": ["dp"]}, {"pipeline": ["sp"]}, map_name="heads.log_alpha"))
+    result = answers.spearman_json(compare.spearman(data, {"pipeline": ["dp"]}, {"pipeline": ["sp"]}, map_name="heads.log_alpha"))
     assert result["map"] == "heads.log_alpha" and result["spearman"] > 0.8
 
 
@@ -397,7 +397,7 @@ def test_spearman_on_the_continuous_map(data):
 def test_spearman_bad_questions(data, kwargs, message):
     args = {"a": {"task": [CLS]}, "b": {"task": [TAG]}} | kwargs
     with pytest.raises(QueryError, match=message):
-        answers.overlap_json(compare.overlap(data, **args))
+        answers.spearman_json(compare.spearman(data, **args))
 
 
 # --------------------------------------------------------------------------- figures
@@ -499,7 +499,7 @@ def test_figure_plan_covers_every_kind(data):
 @pytest.mark.postgres
 def test_load_and_cache_on_postgresql(fresh_pg_database, count_selects):
     """No commit counter on PostgreSQL: every load runs the version query, and a finish shows."""
-    from experiments.keyed.config import parse_config
+    from experiments.harness.config import parse_config
 
     configs = [parse_config({"model": "minilm-l6", "seed": s, "task": {"name": t}})
                for t in (CLS, TAG) for s in (0, 1, 2)]
@@ -522,7 +522,7 @@ def test_open_heads_without_the_metric_counts_gates_above_the_one_threshold(data
     """Defect 7: the fallback counted gates > 0.5; open means test-time gate > 1e-3 everywhere."""
     from dataclasses import replace
 
-    from experiments.common.units import OPEN_THRESHOLD
+    from base.units import OPEN_THRESHOLD
 
     gates = np.array(data.gates)
     gates[:, 0, :] = 0.01  # barely open: open by the papers' definition

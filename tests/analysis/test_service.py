@@ -22,7 +22,7 @@ from analysis.data.loading import load_sweep
 from analysis.questions import results
 from analysis.views import vocabulary
 from analysis.views.service.app import build_app
-from experiments.common.result import UnitMap
+from base.result import UnitMap
 from headsweep.cli import questions
 from orchestrator.registry import Registry
 
@@ -72,8 +72,8 @@ MASK_NAMES = [f"layer.{layer}.{role}" for layer in range(2) for role in ("query"
 def _mask_sweep(url: str, store: str) -> str:
     """A mask_train sweep (3 seeds) in the registry at ``url``, each run's ``masks.npz`` in the checkpoint
     store ``store``; the seeds share 80 % of a base mask (so their IoU is well above chance)."""
-    from experiments.common.mask_format import pack_masks
-    from experiments.keyed.config import parse_config
+    from base.mask_format import pack_masks
+    from experiments.harness.config import parse_config
     from orchestrator.checkpoints import CheckpointStore
 
     rng = np.random.default_rng(0)
@@ -154,7 +154,7 @@ def test_a_sweep_whose_driver_died_is_failed_with_its_history(served):
     here); then it is failed, with its orphaned runs, and the workers that died are named."""
     from orchestrator.driving.driver_job import driver_gone
     from orchestrator.driving.grid import expand, parse_grid
-    from orchestrator.registry.history import WORKER_LOST
+    from orchestrator.registry.events import WORKER_LOST
 
     client, sweep = served  # served from the tests' temp home: no Ray head, no dashboard known
     registry = Registry(sweep.url)
@@ -537,7 +537,7 @@ def every_kind_sweep(tmp_path_factory):
     """(url, sweep id) of a registry sweep with a figure of every kind: head_gates SP (2 lambdas x 3 seeds)
     and head_importance (3 seeds, a pruning curve) runs that start from the same 3 fine-tunes, and
     skill_neurons runs (3 seeds)."""
-    from experiments.keyed.config import parse_config
+    from experiments.harness.config import parse_config
 
     rng = np.random.default_rng(5)
     url = f"sqlite:///{tmp_path_factory.mktemp('every_kind') / 'registry.db'}"

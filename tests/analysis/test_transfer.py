@@ -34,7 +34,7 @@ PAIR_RANK = {pair: rank for rank, pair in enumerate(PAIRS)}  # 0..5
 
 
 def _config(target: str, source: str, seed: int, **section):
-    from experiments.keyed.config import parse_config
+    from experiments.harness.config import parse_config
 
     return parse_config({"method": "prompt_transfer", "model": "minilm-l6", "seed": seed, "task": {"name": target},
                          "prompt_transfer": {"source_task": source, **section}}, check_files=False)

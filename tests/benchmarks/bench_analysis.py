@@ -176,7 +176,7 @@ def bench_loading(registry: Registry, sweep_id: str, neuron_sweep_id: str | None
         b = {**a, "task": [TASKS[1]]}
         times = []
         for _ in range(3):  # the first call also first-touches its rank arrays
-            rho, seconds = _timed(lambda: answers.overlap_json(compare.overlap(
+            rho, seconds = _timed(lambda: answers.spearman_json(compare.spearman(
                 data, a, b, map_name="neurons.predictivity", k_frac=0.2, n_perm=1000)))
             times.append(seconds)
         assert rho["n_a"] == rho["n_b"] == len(SPARSITIES) * len(LAMBDAS) * len(SEEDS[:20])
@@ -216,7 +216,7 @@ def bench_queries(registry: Registry, sweep_id: str) -> None:
     a, b = {"task": [TASKS[0]]}, {"task": [TASKS[1]]}
     times = []
     for _ in range(3):  # the first call also first-touches the 100 MB pairwise matrix
-        rho, seconds = _timed(lambda: answers.overlap_json(compare.overlap(data, a, b, k_frac=0.2, n_perm=1000)))
+        rho, seconds = _timed(lambda: answers.spearman_json(compare.spearman(data, a, b, k_frac=0.2, n_perm=1000)))
         assert (rho["n_a"], rho["n_b"]) == (RUNS // 2, RUNS // 2)
         times.append(seconds)
     _emit("spearman_5000_vs_5000", min(times[1:]), cold_seconds=times[0], spearman=rho["spearman"],

@@ -41,11 +41,11 @@ import torch  # noqa: E402
 from _bench import at_most, emit, finish, side_by_side  # noqa: E402
 
 from experiments import RunContext, parse_config  # noqa: E402
-from experiments.core.loop import batches, forward_logits, take, update  # noqa: E402
-from experiments.core.state import fine_tuning, set_up  # noqa: E402
 from experiments.maths.losses import task_loss  # noqa: E402
 from experiments.methods.head_ablation import ablation_deltas  # noqa: E402
 from experiments.methods.head_importance import head_importance  # noqa: E402
+from experiments.training.loop import batches, forward_logits, take, update  # noqa: E402
+from experiments.training.state import fine_tuning, set_up  # noqa: E402
 
 EXAMPLES, TOKENS, BATCH = 160, 64, 32
 CONFIG = {

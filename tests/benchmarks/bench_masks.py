@@ -43,7 +43,7 @@ import torch  # noqa: E402
 from _bench import at_most, emit, finish  # noqa: E402
 from torch import nn  # noqa: E402
 
-from experiments.common.mask_format import pack_masks  # noqa: E402
+from base.mask_format import pack_masks  # noqa: E402
 from experiments.interventions.masks import (  # noqa: E402
     MaskScores,
     attach_masks,

@@ -39,7 +39,7 @@ CONCURRENT = 2
 
 
 def trivial_run(cfg, ctx):
-    from experiments.common.result import RunResult, UnitMap
+    from base.result import RunResult, UnitMap
 
     ones = np.ones((2, 4), dtype=np.float32)
     return RunResult(cfg.run_key, cfg.group_key, {"accuracy": 1.0}, {"heads.gate": UnitMap(ones, "heads", "test")}, steps=1)

@@ -52,8 +52,8 @@ TINY_GRID = {
 
 
 def minilm_setup(args) -> None:
-    from experiments.common.costs import Costs, active
-    from experiments.common.sections import TaskConfig
+    from base.costs import Costs, active
+    from base.sections import TaskConfig
     from experiments.models import load_backbone
     from experiments.tasks.cache import load_task
 
@@ -110,7 +110,7 @@ def sweep_vs_loop(args) -> None:
     import ray
     import yaml
 
-    from experiments.common.costs import PARTS
+    from base.costs import PARTS
     from orchestrator import settings, tracking
     from orchestrator.driving.driver import execute_sweep
     from orchestrator.driving.grid import expand, parse_grid

@@ -45,7 +45,7 @@ TASKS = 2
 @ray.remote(num_cpus=1)
 def _claim_and_finish(keys: list[str], registry_url: str, through: str | None) -> float:
     """One trial's worth of state changes: claim then finish each run; seconds taken."""
-    from experiments.common.result import UnitMap
+    from base.result import UnitMap
     from orchestrator.driving.writer import Remote, Writer
 
     states = Remote(through) if through else Writer(registry_url, None)

@@ -107,7 +107,7 @@ ray.init(address=sys.argv[1], log_to_driver=False, logging_level="WARNING")
 
 @ray.remote(num_cpus=1, num_gpus=0.25)
 def probe():
-    import experiments.keyed.runner, orchestrator.driving.trial  # what a trial worker imports before its method
+    import experiments.harness.runner, orchestrator.driving.trial  # what a trial worker imports before its method
     return os.getpid(), sorted(m for m in ("torch", "transformers", "matplotlib", "sqlalchemy", "mlflow") if m in sys.modules)
 
 pid, modules = ray.get(probe.remote())

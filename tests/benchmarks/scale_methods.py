@@ -18,9 +18,9 @@ import uuid
 import numpy as np
 from pydantic import Field
 
-from experiments.common.result import RunResult, UnitMap
-from experiments.common.sections import Section
-from experiments.core.seeding import derive_seed
+from base.result import RunResult, UnitMap
+from base.sections import Section
+from experiments.training.seeding import derive_seed
 
 NAME = "gpu_sleep"
 VERSION = "1"

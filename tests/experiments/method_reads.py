@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from experiments.common.sections import TrainConfig
+from base.sections import TrainConfig
 
 MODEL = "tiny-bert"
 TINY_TASK = {"name": "synthetic-cls", "num_train": 32, "num_eval": 16, "max_length": 16}
@@ -113,8 +113,8 @@ def consulted(cfg) -> set[str]:
     import torch
 
     from experiments import RunContext
-    from experiments.core.tracking import MemoryTracker
     from experiments.methods import METHODS
+    from experiments.training.tracking import MemoryTracker
     from orchestrator.registry.stages import with_upstreams
 
     torch.set_num_threads(1)
@@ -145,7 +145,7 @@ TRAIN_KEYS = tuple(TrainConfig.model_fields)
 def parse_without_unread_train(raw: dict):
     """``parse_config(raw)``, less the shared train keys its method does not read (refused, issue 43):
     for tests that give every method one train section."""
-    from experiments.keyed.config import UnreadKey, parse_config
+    from experiments.harness.config import UnreadKey, parse_config
 
     while True:
         try:

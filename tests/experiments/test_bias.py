@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from base.sections import ConfigError, TaskConfig
 from experiments import RunContext, run
-from experiments.common.sections import ConfigError, TaskConfig
 from experiments.components.bias import PREFIX, BiasModel, bias_probs, probs_of
-from experiments.core.tracking import MemoryTracker
-from experiments.keyed.config import parse_config
+from experiments.harness.config import parse_config
 from experiments.methods import METHODS
 from experiments.tasks import TASKS, bias_feature_names, classification
+from experiments.training.tracking import MemoryTracker
 from orchestrator.driving.grid import expand, parse_grid
 
 SHORTCUT = {"name": "synthetic-shortcut", "num_train": 400, "num_eval": 200, "max_length": 24}

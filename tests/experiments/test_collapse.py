@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
+from base import collapse
 from experiments import RunContext, parse_config, run
-from experiments.common import collapse
-from experiments.core.tracking import MemoryTracker
+from experiments.training.tracking import MemoryTracker
 
 BASE = {
     "model": "tiny-bert",

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from experiments.common.naming import suggest
-from experiments.common.sections import CONFIG_VERSION, ConfigError, Section, flatten
-from experiments.keyed import config_keys as keys
-from experiments.keyed.config import RunConfig, apply_overrides, config_class, parse_config
+from base.naming import suggest
+from base.sections import CONFIG_VERSION, ConfigError, Section, flatten
+from experiments.harness import config_keys as keys
+from experiments.harness.config import RunConfig, apply_overrides, config_class, parse_config
 from experiments.methods import METHODS, check_method, finetune, head_gates
 
 DEFAULTS_FILE = Path(__file__).with_name("config_defaults.json")

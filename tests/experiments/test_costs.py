@@ -1,14 +1,14 @@
-"""The per-run stopwatch (experiments/common/costs.py) and the parts the runner times."""
+"""The per-run stopwatch (base/costs.py) and the parts the runner times."""
 
 import itertools
 
 import pytest
 
-from experiments.common import costs as costs_module
-from experiments.common.costs import PARTS, Costs, active, timed
-from experiments.core.context import RunContext
-from experiments.keyed.config import parse_config
-from experiments.keyed.runner import run
+from base import costs as costs_module
+from base.costs import PARTS, Costs, active, timed
+from experiments.harness.config import parse_config
+from experiments.harness.runner import run
+from experiments.training.context import RunContext
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@ Face datasets by name (``task.hf``, ``task.hf_config``; split names in train/dev
 
 import pytest
 
-from experiments.common.sections import ConfigError, TaskConfig
-from experiments.keyed.config import parse_config
+from base.sections import ConfigError, TaskConfig
+from experiments.harness.config import parse_config
 from experiments.tasks import classification, sources, tagging
 
 

@@ -5,8 +5,8 @@ import copy
 import pytest
 import torch
 
+from base.sections import ConfigError
 from experiments import parse_config
-from experiments.common.sections import ConfigError
 from experiments.components.debias import loss_stages
 
 TINY = {

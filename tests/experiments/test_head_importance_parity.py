@@ -39,14 +39,14 @@ import pytest
 import torch
 
 from experiments import parse_config
-from experiments.core.loop import forward_logits
-from experiments.core.state import RunState, build_decoder
 from experiments.interventions.heads import attach_head_gates
 from experiments.maths.head_importance import pruning_counts
 from experiments.maths.losses import task_loss
 from experiments.methods.head_importance import head_importance
 from experiments.models import load_backbone
 from experiments.tasks import TASKS
+from experiments.training.loop import forward_logits
+from experiments.training.state import RunState, build_decoder
 
 TINY = {
     "model": "tiny-bert",

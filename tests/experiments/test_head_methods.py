@@ -6,11 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from base.sections import ConfigError
 from experiments import RunContext, parse_config
-from experiments.common.sections import ConfigError
-from experiments.core.loop import evaluate, evaluate_all, forward_logits
-from experiments.core.state import RunState, build_decoder, set_up
-from experiments.core.tracking import MemoryTracker
 from experiments.interventions.attention import disable_heads
 from experiments.interventions.heads import attach_head_gates
 from experiments.maths.head_importance import (
@@ -25,6 +22,9 @@ from experiments.methods.head_ablation import first_examples, metrics_with
 from experiments.methods.head_importance import token_gradients
 from experiments.models import load_backbone
 from experiments.tasks import TASKS
+from experiments.training.loop import evaluate, evaluate_all, forward_logits
+from experiments.training.state import RunState, build_decoder, set_up
+from experiments.training.tracking import MemoryTracker
 
 TINY = {
     "model": "tiny-bert",

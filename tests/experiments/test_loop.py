@@ -1,4 +1,4 @@
-"""The shared step loop (experiments.core.loop.train_steps): evaluation steps, resume, stages, cancel.
+"""The shared step loop (experiments.training.loop.train_steps): evaluation steps, resume, stages, cancel.
 
 The step function here is a stub that records what the loop hands it, so these tests check the
 bookkeeping only; tests/experiments/test_run.py checks real methods over it end to end.
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config
-from experiments.core.context import RunCancelled
-from experiments.core.loop import batch_indices, evaluate_all, num_steps, take, train_steps
-from experiments.core.state import set_up
-from experiments.core.tracking import MemoryTracker
+from experiments.training.context import RunCancelled
+from experiments.training.loop import batch_indices, evaluate_all, num_steps, take, train_steps
+from experiments.training.state import set_up
+from experiments.training.tracking import MemoryTracker
 
 TINY = {
     "model": "tiny-bert",

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from base.sections import ConfigError
 from experiments import parse_config
-from experiments.common.sections import ConfigError
-from experiments.core.tracking import MemoryTracker
 from experiments.interventions.masks import unpack_masks
+from experiments.training.tracking import MemoryTracker
 
 TINY = {
     "model": "tiny-bert",
@@ -50,10 +50,10 @@ def test_mask_train_hits_the_sparsity_of_every_matrix_and_leaves_the_weights_alo
     assert len(masks) == 2 * 6 + 2 and all(m.dtype == torch.bool for m in masks.values())
     # prune_only trains the scores only, never a weight: the encoder is the pretrained one, the
     # classifier its random initialisation (reference: --train_classifier false)
-    from experiments.core.seeding import derive_seed
-    from experiments.core.state import build_decoder
     from experiments.models import load_backbone
     from experiments.tasks import TASKS
+    from experiments.training.seeding import derive_seed
+    from experiments.training.state import build_decoder
 
     pretrained, _ = load_backbone(cfg.model, derive_seed(cfg.seed, "model_init"))
     after = store[cfg.run_key]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from experiments.common.mask_format import mask_iou, pack_masks
+from base.mask_format import mask_iou, pack_masks
 from experiments.interventions.masks import (
     ROLES,
     TAU,
@@ -30,7 +30,7 @@ from experiments.interventions.masks import (
     weight_snapshot,
 )
 from experiments.models import ARCHITECTURES, MODELS, architecture_of, load_backbone
-from experiments.tasks._common import ClassificationDecoder
+from experiments.tasks.parts import ClassificationDecoder
 
 TINY = {MODELS[name].config["model_type"]: name for name in MODELS if name.startswith("tiny-")}
 SENTENCES = ["the quick brown fox jumps over the lazy dog", "masks keep weights", "a"]

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments.common.sections import ConfigError, TrainConfig
-from experiments.core.reads import FINE_TUNING
-from experiments.keyed.config import parse_config
+from base.sections import ConfigError, TrainConfig
+from experiments.harness.config import parse_config
 from experiments.methods import METHODS, bias_only, probes
+from experiments.training.reads import FINE_TUNING
 from orchestrator.driving.grid import expand, parse_grid
 
 sys.path.insert(0, str(Path(__file__).parent))  # the recorder beside this file

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
+from base.sections import ConfigError
 from experiments import RunContext, parse_config
-from experiments.common.sections import ConfigError
-from experiments.core.seeding import generator
-from experiments.core.state import set_up
-from experiments.core.tracking import MemoryTracker
 from experiments.maths import task_sampling
 from experiments.maths.task_sampling import batch_positions, task_probabilities, task_schedule
 from experiments.methods import multitask
+from experiments.training.seeding import generator
+from experiments.training.state import set_up
+from experiments.training.tracking import MemoryTracker
 
 CLS = {"name": "synthetic-cls", "num_train": 48, "num_eval": 24, "max_length": 24}
 TAG = {"name": "synthetic-tag", "num_train": 96, "num_eval": 24, "max_length": 24}

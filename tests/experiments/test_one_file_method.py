@@ -5,16 +5,17 @@ Config validation, ``--set``, grid validation and expansion, ``headsweep methods
 """
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from base.sections import ConfigError
 from experiments import RunContext, run
-from experiments.common.sections import ConfigError
-from experiments.core.tracking import MemoryTracker
-from experiments.keyed.config import apply_overrides, parse_config
+from experiments.harness.config import apply_overrides, parse_config
 from experiments.methods import METHODS
+from experiments.training.tracking import MemoryTracker
 from orchestrator.driving.grid import expand, parse_grid
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "tiny_method.py"
@@ -80,3 +81,17 @@ def test_it_runs_and_reports_its_map(tiny):
     assert result.run_key == cfg.run_key and result.metrics["accuracy"] == pytest.approx(values.mean())
     assert tracker.tags["method"] == "tiny" and tracker.tags["pipeline"] == "once"
     assert tracker.params["tiny.strength"] == 0.25 and "heads.tiny.png" in tracker.artifacts
+
+
+@pytest.mark.parametrize("old, new", [("experiments.common.sections", "base.sections"),
+                                      ("experiments.core.seeding", "experiments.training.seeding")])
+def test_a_plugin_written_before_the_move_imports_its_old_paths(old, new, monkeypatch):
+    """What a plug-in method imported before issue 46 (docs/changelog.md) is the module at its new home,
+    the very objects (its Config is a Section, its ConfigError is caught as one), with a warning."""
+    for name in (old.rpartition(".")[0], old):  # imported again, as a plug-in's first import would be
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.warns(DeprecationWarning, match=f"moved to {new.rpartition('.')[0]}"):
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old.rpartition(".")[0] + ".nothing_of_the_kind")

@@ -5,7 +5,7 @@ import io
 import matplotlib.image
 import numpy as np
 
-from experiments.keyed.plots import gate_map_png, map_png
+from experiments.harness.plots import gate_map_png, map_png
 
 
 def _pixels(png: bytes) -> np.ndarray:

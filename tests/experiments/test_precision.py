@@ -11,18 +11,18 @@ import pytest
 import torch
 from torch import nn
 
+from base import outputs
+from base.sections import ConfigError
 from experiments import RunContext, parse_config, run
-from experiments.common import outputs
-from experiments.common.sections import ConfigError
-from experiments.core.loop import evaluate_all, forward_logits, take, update
-from experiments.core.precision import autocast, check_precision, grad_scaler
-from experiments.core.state import set_up
-from experiments.core.tracking import MemoryTracker
 from experiments.interventions.gates import HeadGates
 from experiments.interventions.heads import attach_head_gates
 from experiments.maths.hard_concrete import l0_penalty
 from experiments.methods import METHODS
 from experiments.models import architecture_of
+from experiments.training.loop import evaluate_all, forward_logits, take, update
+from experiments.training.precision import autocast, check_precision, grad_scaler
+from experiments.training.state import set_up
+from experiments.training.tracking import MemoryTracker
 from orchestrator.registry.stages import with_upstreams
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/experiments/method_reads.py beside it
@@ -73,8 +73,8 @@ def test_precision_is_a_train_key_whose_default_keeps_every_run_key():
 
 
 def test_the_key_is_documented_in_headsweep_methods(capsys):
-    from experiments.keyed import config_keys
-    from experiments.keyed.config import RunConfig
+    from experiments.harness import config_keys
+    from experiments.harness.config import RunConfig
     from headsweep.cli import main
 
     assert main(["methods", "finetune", "--shared"]) == 0
@@ -249,8 +249,8 @@ def _run_chains(configs, linear_dtypes: dict):
 @pytest.fixture
 def _no_pngs(monkeypatch):
     """Skip drawing (about 1 s a figure here): the methods' own tests look at their PNGs."""
-    monkeypatch.setattr("experiments.keyed.runner.map_png", lambda *args, **kwargs: b"")
-    monkeypatch.setattr("experiments.keyed.runner.gate_map_png", lambda *args, **kwargs: b"")
+    monkeypatch.setattr("experiments.harness.runner.map_png", lambda *args, **kwargs: b"")
+    monkeypatch.setattr("experiments.harness.runner.gate_map_png", lambda *args, **kwargs: b"")
     for name in ("_perturbation_png", "_by_layer_png"):
         monkeypatch.setattr(f"experiments.methods.skill_neurons.{name}", lambda *args, **kwargs: b"")
 
@@ -280,7 +280,7 @@ def test_every_method_runs_its_forwards_in_bf16_and_trains_close_to_fp32(_no_png
         assert dtypes.get(name) == {torch.bfloat16}, name
         assert all(math.isfinite(v) for v in results[configs[name].run_key].metrics.values()), name
     for key, step in with_upstreams(list(configs.values()))[0].items():  # the runs and their upstream stages:
-        result = results[key]  # every map and metric each reports is declared (experiments.common.outputs)
+        result = results[key]  # every map and metric each reports is declared (base.outputs)
         assert (METHODS[step.method].OUTPUTS + outputs.RUNNER).undeclared(result.maps, result.metrics) == [], step.method
     for key, weights in store.items():  # master weights handed on stay float32
         assert {w.dtype for w in weights.values() if w.is_floating_point()} == {torch.float32}, key

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+from base.sections import ConfigError
 from experiments import parse_config
-from experiments.common.sections import ConfigError
-from experiments.core.tracking import MemoryTracker
 from experiments.maths.probes import PATTERNS
 from experiments.tasks import dependencies
+from experiments.training.tracking import MemoryTracker
 
 SMALL = {"fit_sentences": 30, "score_sentences": 15, "max_length": 32, "top_labels": 1}
 FINETUNE = {
@@ -28,7 +28,7 @@ def _one_thread():
 def _no_pngs(monkeypatch):
     """Skip drawing the maps (~1 s each on this machine; these runs report up to 18): the test that
     checks the PNGs draws them."""
-    monkeypatch.setattr("experiments.keyed.runner.map_png", lambda *args, **kwargs: b"")
+    monkeypatch.setattr("experiments.harness.runner.map_png", lambda *args, **kwargs: b"")
 
 
 CONLLU = """# sent_id = 1

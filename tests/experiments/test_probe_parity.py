@@ -329,7 +329,7 @@ def _reference_run(cfg) -> tuple[dict, dict, np.ndarray, dict]:
 
 @pytest.mark.parametrize("centroids_from", [None, "scored"])
 def test_probes_method_equals_the_reference_on_a_tiny_bert(tmp_path, run_chain, monkeypatch, centroids_from):
-    monkeypatch.setattr("experiments.keyed.runner.map_png", lambda *args, **kwargs: b"")
+    monkeypatch.setattr("experiments.harness.runner.map_png", lambda *args, **kwargs: b"")
     torch.set_num_threads(1)
     _write_ud(tmp_path)
     section = {"fit_sentences": None, "score_sentences": None, "max_length": 64, "top_labels": 64, "ud_dir": str(tmp_path)}

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
+from base.sections import ConfigError
 from experiments import RunContext, parse_config, run
-from experiments.common.sections import ConfigError
-from experiments.core.tracking import MemoryTracker
-from experiments.keyed.config import apply_overrides
+from experiments.harness.config import apply_overrides
 from experiments.maths.transfer import chance_overlap, overlap
+from experiments.training.tracking import MemoryTracker
 from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry.stages import with_upstreams
 

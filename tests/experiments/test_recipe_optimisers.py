@@ -30,9 +30,9 @@ import torch
 from transformers import get_linear_schedule_with_warmup
 
 from experiments import RunContext, parse_config, run
-from experiments.core import optimisers as opt
 from experiments.maths.schedules import linear_warmup_decay
 from experiments.methods import METHODS
+from experiments.training import optimisers as opt
 from orchestrator.driving.grid import expand, load_grid
 
 PAPERS = Path(__file__).resolve().parents[2] / "examples" / "papers"
@@ -43,7 +43,7 @@ TINY = {"wang_2022": "tiny-roberta"}
 """The tiny model standing in for each recipe's hub model (tiny-bert where not named)."""
 ROLES = {"encoder": "encoder", "decoders.task": "decoder", "interventions.gates": "gates",
          "interventions.prompt": "prompt", "interventions.masks": "scores"}
-"""Which declared group (experiments/core/optimisers.py ``PARAMS``) a module of the run state trains."""
+"""Which declared group (experiments/training/optimisers.py ``PARAMS``) a module of the run state trains."""
 
 
 # --------------------------------------------------------------------------- the references' schedules
@@ -420,9 +420,9 @@ def test_the_reference_keys_train_to_the_end(method, keys, run_chain, monkeypatc
 
 
 def _tiny_params(cfg):
-    from experiments.core.state import build_decoder
     from experiments.models import load_backbone
     from experiments.tasks import TASKS
+    from experiments.training.state import build_decoder
 
     encoder, _ = load_backbone(cfg.model, 0)
     decoder = build_decoder(TASKS[cfg.task.name], encoder.config.hidden_size, 2, 0)

@@ -15,12 +15,12 @@ import pytest
 import torch
 import yaml
 
+from base.sections import ConfigError
 from experiments import parse_config
-from experiments.common.sections import ConfigError
-from experiments.core.seeding import derive_seed
-from experiments.core.state import build_decoder, fine_tuning_groups, read_pooler_for_good
 from experiments.models import load_backbone
 from experiments.tasks import TASKS
+from experiments.training.seeding import derive_seed
+from experiments.training.state import build_decoder, fine_tuning_groups, read_pooler_for_good
 
 PAPERS = Path(__file__).resolve().parents[2] / "examples" / "papers"
 

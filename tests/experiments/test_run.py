@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config, run
-from experiments.core.tracking import MemoryTracker
-from experiments.keyed.runner import _expected_open
+from experiments.harness.runner import _expected_open
+from experiments.training.tracking import MemoryTracker
 
 TINY = {
     "model": "tiny-bert",
@@ -39,7 +39,7 @@ def test_a_run_records_the_commit_of_the_checkout_it_runs_from(monkeypatch):
     import subprocess
     from pathlib import Path
 
-    from experiments.keyed.runner import code_version, source_hash
+    from experiments.harness.runner import code_version, source_hash
 
     monkeypatch.delenv("HEADSWEEP_CODE_COMMIT", raising=False)
     top = Path(__file__).resolve().parents[2]
@@ -170,7 +170,7 @@ def test_sparsity_keeps_the_top_heads_by_log_alpha_with_their_learned_gates():
 def test_gate_map_draws_layer_1_on_top_dark_when_open():
     from matplotlib.image import imread
 
-    from experiments.keyed.plots import gate_map_png
+    from experiments.harness.plots import gate_map_png
 
     gates = np.full((2, 4), 0.5, dtype=np.float32)
     gates[0] = 1.0  # layer 1 open (black), layer 2 half open (grey)

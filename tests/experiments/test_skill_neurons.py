@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
+from base.sections import ConfigError
 from experiments import RunContext, parse_config
-from experiments.common.sections import ConfigError
 from experiments.components import prompting
-from experiments.core.loop import evaluate_all, forward_logits, update
-from experiments.core.seeding import derive_seed
-from experiments.core.tracking import MemoryTracker
 from experiments.interventions.neurons import capture_ffn, perturb_neurons
 from experiments.maths.losses import task_loss
 from experiments.methods import skill_neurons
 from experiments.models import load_backbone
+from experiments.training.loop import evaluate_all, forward_logits, update
+from experiments.training.seeding import derive_seed
+from experiments.training.tracking import MemoryTracker
 
 TINY = {
     "model": "tiny-bert",

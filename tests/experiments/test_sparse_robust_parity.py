@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.core.seeding import derive_seed
-from experiments.core.state import build_decoder
 from experiments.interventions.masks import MaskScores, magnitude_mask
 from experiments.maths.schedules import cubic_sparsity
 from experiments.models import load_backbone
 from experiments.tasks import TASKS
+from experiments.training.seeding import derive_seed
+from experiments.training.state import build_decoder
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/experiments/method_reads.py beside it
 from method_reads import parse_without_unread_train  # noqa: E402

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config
-from experiments.core.loop import forward_logits
-from experiments.core.state import RunState, set_up
+from experiments.training.loop import forward_logits
+from experiments.training.state import RunState, set_up
 
 TINY = {
     "model": "tiny-bert",

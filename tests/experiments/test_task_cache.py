@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from experiments.common.sections import TaskConfig
+from base.sections import TaskConfig
 from experiments.tasks import TASKS, cache
 from experiments.tasks.cache import cache_folder, data_key, load_task, tokenizer_fingerprint
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 import yaml
 
+from base.sections import ConfigError, TaskConfig, read_yaml
 from experiments import RunContext, run
-from experiments.common.sections import ConfigError, TaskConfig, read_yaml
-from experiments.core.tracking import MemoryTracker
-from experiments.keyed.config import parse_config
+from experiments.harness.config import parse_config
 from experiments.tasks import TASKS, classification, sources, tagging
-from experiments.tasks._common import IGNORE_INDEX
+from experiments.tasks.parts import IGNORE_INDEX
+from experiments.training.tracking import MemoryTracker
 
 ROOT = Path(__file__).resolve().parents[2]
 

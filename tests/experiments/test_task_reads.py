@@ -14,8 +14,8 @@ import re
 
 import pytest
 
-from experiments.common.sections import ConfigError, TaskConfig
-from experiments.keyed.config import parse_config
+from base.sections import ConfigError, TaskConfig
+from experiments.harness.config import parse_config
 from experiments.methods import METHODS
 from experiments.models import load_tokenizer
 from experiments.tasks import TASKS, synthetic_cls

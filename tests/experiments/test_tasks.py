@@ -16,7 +16,7 @@ from experiments.tasks import (
     synthetic_tag,
     ud_pos,
 )
-from experiments.tasks._common import (
+from experiments.tasks.parts import (
     IGNORE_INDEX,
     default_data_dir,
     encode_words,

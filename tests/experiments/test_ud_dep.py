@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from experiments.tasks import TASKS, ud_dep
-from experiments.tasks._common import IGNORE_INDEX
+from experiments.tasks.parts import IGNORE_INDEX
 
 ROW = "\t".join
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from orchestrator.cluster import addresses
 from orchestrator.cluster.head import LOOPBACK_ENV, with_node_address
 

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from experiments.keyed.config import parse_config
+from experiments.harness.config import parse_config
 from headsweep import cli
 from orchestrator.registry import LAST, NotFound, Registry
 

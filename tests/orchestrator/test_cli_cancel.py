@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from experiments.keyed.config import parse_config
+from experiments.harness.config import parse_config
 from headsweep.cli import main as headsweep
 from orchestrator import settings
 from orchestrator.registry import Registry

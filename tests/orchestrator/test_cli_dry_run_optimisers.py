@@ -1,5 +1,5 @@
 """``headsweep run --dry-run`` and ``headsweep submit --dry-run`` print what trains, per parameter group
-(issue 44 item 1): the groups each method declares (experiments/core/optimisers.py), for a hub model
+(issue 44 item 1): the groups each method declares (experiments/training/optimisers.py), for a hub model
 offline; tests/experiments/test_recipe_optimisers.py checks the declarations against the torch objects."""
 
 from pathlib import Path

@@ -89,8 +89,8 @@ def test_methods_lists_every_method_its_keys_defaults_and_short_names(capsys):
 
 
 def test_methods_says_which_defaults_are_the_papers_protocol_and_the_set_that_restores_it(capsys):
-    from experiments.common.sections import section_value
-    from experiments.keyed.config import apply_overrides, parse_config
+    from base.sections import section_value
+    from experiments.harness.config import apply_overrides, parse_config
     from experiments.methods import METHODS
     from headsweep.cli import main
 

@@ -17,7 +17,7 @@ import pytest
 import ray
 import yaml
 
-from experiments.common.result import RunResult, UnitMap
+from base.result import RunResult, UnitMap
 from orchestrator import settings, tracking
 from orchestrator.cluster.head import HEAD_ENV, head_pids, local_head, stop_local_head
 from orchestrator.cluster.jobs import cluster_nodes, job_client, job_state, stop_job

@@ -15,8 +15,8 @@ import pytest
 import ray
 import yaml
 
-from experiments.common.result import RunResult
-from experiments.keyed.runner import run as real_run
+from base.result import RunResult
+from experiments.harness.runner import run as real_run
 from orchestrator import tracking
 from orchestrator.driving.driver import execute_sweep
 from orchestrator.driving.grid import expand, parse_grid

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import ray
 
-from experiments.common.result import RunResult, UnitMap
+from base.result import RunResult, UnitMap
 from orchestrator.driving.driver import execute_sweep
 from orchestrator.driving.grid import expand, parse_grid
 from orchestrator.registry import Registry

@@ -13,7 +13,7 @@ import pytest
 import ray
 import yaml
 
-from experiments.common.sections import read_yaml
+from base.sections import read_yaml
 from orchestrator import tracking
 from orchestrator.driving.driver import execute_sweep
 from orchestrator.driving.grid import expand, parse_grid

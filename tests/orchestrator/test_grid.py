@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 import orchestrator.driving.grid as grid
-from experiments.common.sections import ConfigError
-from experiments.keyed.config import parse_config
+from base.sections import ConfigError
+from experiments.harness.config import parse_config
 from orchestrator.driving.grid import Resources, check_resources, expand, load_grid, parse_grid
 
 

@@ -26,7 +26,7 @@ def _in_child(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 RESOLVE = """
 import json, sys
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from orchestrator import hub
 configs = json.loads(sys.argv[1]) if len(sys.argv) > 1 else []
 try:
@@ -114,7 +114,7 @@ def test_a_dataset_by_name_loads_offline_from_a_filled_cache(tmp_path):
 
 RESUME = """
 import sys
-from experiments.common.sections import ConfigError
+from base.sections import ConfigError
 from orchestrator import settings
 from orchestrator.driving import sweeps
 from orchestrator.driving.grid import expand, parse_grid

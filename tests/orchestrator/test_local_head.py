@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.keyed.runner import source_hash
+from experiments.harness.runner import source_hash
 from orchestrator.cluster.head import (
     LOCAL_ENV,
     ClusterError,
@@ -206,7 +206,7 @@ def test_a_sweep_submitted_from_checkout_b_runs_b_code_on_a_head(head_a, tmp_pat
     with open(checkout_b / "experiments" / "__init__.py", "a") as init:
         init.write('\nCHECKOUT_MARKER = "B"\n')
     env = os.environ | LOCAL_ENV | {"HEADSWEEP_HOME": str(head_a["home"]), "PYTHONPATH": str(checkout_b)}
-    hash_b = subprocess.run([sys.executable, "-c", "from experiments.keyed.runner import source_hash; print(source_hash())"],
+    hash_b = subprocess.run([sys.executable, "-c", "from experiments.harness.runner import source_hash; print(source_hash())"],
                             cwd=checkout_b, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert hash_b != source_hash()
     grid = tmp_path / "grid.yaml"
@@ -229,7 +229,7 @@ def test_a_sweep_submitted_from_checkout_b_runs_b_code_on_a_head(head_a, tmp_pat
 def test_headsweep_head_shows_the_head_and_stops_it_once_no_sweep_runs(head_a, monkeypatch, capsys):
     """``headsweep head status|stop`` (last in this module: it stops head_a). A sweep of the home still
     running: stop refuses, one line; cancelled, stop ends every process of the head."""
-    from experiments.keyed.config import parse_config
+    from experiments.harness.config import parse_config
     from headsweep.cli import main as headsweep
     from orchestrator import settings
     from orchestrator.registry import Registry

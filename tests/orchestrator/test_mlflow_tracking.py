@@ -6,10 +6,10 @@ import mlflow
 import numpy as np
 import pytest
 
-from experiments.common.result import RunResult, UnitMap
-from experiments.common.sections import flatten
-from experiments.keyed.config import parse_config
-from experiments.keyed.runner import log_maps
+from base.result import RunResult, UnitMap
+from base.sections import flatten
+from experiments.harness.config import parse_config
+from experiments.harness.runner import log_maps
 from orchestrator import tracking
 
 
@@ -78,7 +78,7 @@ def test_round_trip_with_a_parent_run_active(store, tmp_path):
 def test_child_names_carry_every_axis_that_varies():
     """Two lambdas of a pipeline, three losses of finetune on another task: no two runs share a
     name; the task shows because it varies, the seed comes last."""
-    from experiments.keyed.config import parse_config
+    from experiments.harness.config import parse_config
     from orchestrator import tracking
 
     configs = [parse_config({"seed": s, "head_gates": {"lambda": lam, "pipeline": p}}, check_files=False)
@@ -97,7 +97,7 @@ def test_child_names_carry_every_axis_that_varies():
 def test_child_names_leave_out_what_the_sweep_shares_and_name_the_cell():
     """One task and model: the name starts with what differs (MLflow's run-name column shows ~20
     characters); without the seed it names the cell, the same for every seed of it."""
-    from experiments.keyed.config import parse_config
+    from experiments.harness.config import parse_config
     from orchestrator import tracking
 
     configs = [parse_config({"seed": s, "model": "tiny-bert", "head_gates": {"lambda": lam, "lr": lr}}, check_files=False)
@@ -116,7 +116,7 @@ def test_sweep_note_links_every_axis_value_as_a_search_that_finds_the_runs(tmp_p
     real store holding the children as a sweep logs them, finds exactly the runs it names."""
     from urllib.parse import parse_qs, urlsplit
 
-    from experiments.keyed.config import parse_config
+    from experiments.harness.config import parse_config
     from orchestrator import tracking
 
     configs = [parse_config({"seed": s, "model": "tiny-bert", "head_gates": {"lambda": lam, "pipeline": p}},
@@ -168,7 +168,7 @@ def test_sweep_note_takes_an_axis_whose_values_are_lists():
     """A key with a list value that varies (``task.text: [premise, hypothesis]`` in one cell, one
     column in another) is linked by the string MLflow logs it as; it once failed the whole submit
     with ``unhashable type: 'list'``."""
-    from experiments.keyed.config import parse_config
+    from experiments.harness.config import parse_config
     from orchestrator import tracking
 
     configs = [parse_config({"seed": 0, "model": "tiny-bert", "task": {"name": "classification", "train": "a.tsv",

@@ -17,8 +17,8 @@ import pytest
 import ray
 import yaml
 
+from base.sections import ConfigError
 from experiments import methods
-from experiments.common.sections import ConfigError
 from orchestrator import tracking
 from orchestrator.driving.driver import execute_sweep
 from orchestrator.driving.grid import expand, parse_grid

@@ -22,12 +22,11 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from experiments.common.result import UnitMap
-from experiments.keyed.config import parse_config
+from base.result import UnitMap
+from experiments.harness.config import parse_config
 from orchestrator.driving.grid import expand, parse_grid
-from orchestrator.registry import ORPHAN_ERROR, NotFound, Registry, RunStatus, upgrade
+from orchestrator.registry import ORPHAN_ERROR, NotFound, Registry, RunStatus, read_model, upgrade
 from orchestrator.registry import db as registry_db
-from orchestrator.registry import results as registry_results
 from orchestrator.registry.schema import VERSION_TABLE, Base
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -430,7 +429,7 @@ def _statements(registry, fn):
         if statement.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK"):
             statements.append(statement)
 
-    fetch = registry_results._fetch_blobs
+    fetch = read_model._fetch_blobs
 
     def fetch_recorded(connection, query):
         if connection.dialect.name == "postgresql":
@@ -438,11 +437,11 @@ def _statements(registry, fn):
         return fetch(connection, query)
 
     sa.event.listen(registry._engine, "before_cursor_execute", record)
-    registry_results._fetch_blobs = fetch_recorded
+    read_model._fetch_blobs = fetch_recorded
     try:
         return fn(), statements
     finally:
-        registry_results._fetch_blobs = fetch
+        read_model._fetch_blobs = fetch
         sa.event.remove(registry._engine, "before_cursor_execute", record)
 
 
@@ -816,7 +815,7 @@ def test_a_registry_migrated_by_newer_code_is_refused_in_one_line(registry_url):
     instead of an Alembic traceback in every trial."""
     from sqlalchemy import text
 
-    from experiments.common.sections import ConfigError
+    from base.sections import ConfigError
 
     Registry(registry_url).close()  # at this code's head
     engine = registry_db.make_engine(registry_url)

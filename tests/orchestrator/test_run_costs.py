@@ -6,7 +6,7 @@ import pytest
 import ray
 import yaml
 
-from experiments.common.costs import PARTS
+from base.costs import PARTS
 from orchestrator import settings, tracking
 from orchestrator.driving.driver import execute_sweep
 from orchestrator.driving.grid import expand, parse_grid

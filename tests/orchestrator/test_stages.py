@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.common.sections import ConfigError
-from experiments.keyed.config import parse_config
+from base.sections import ConfigError
+from experiments.harness.config import parse_config
 from orchestrator.registry import Registry, RunStatus
 from orchestrator.registry.stages import describe_dag, with_upstreams
 

@@ -10,22 +10,12 @@ import sqlalchemy as sa
 
 from orchestrator.driving import supervisor
 from orchestrator.driving.grid import expand, parse_grid
+from orchestrator.driving.trial import worker_name, worker_trial
 from orchestrator.registry import Registry, upgrade
 from orchestrator.registry import db as registry_db
-from orchestrator.registry.history import (
-    DRIVER_LOST,
-    GAVE_UP,
-    ORPHANED,
-    RESUMED,
-    WORKER_LOST,
-    Action,
-    clock,
-    decide,
-    history,
-    worker_name,
-    worker_node,
-    worker_trial,
-)
+from orchestrator.registry.events import DRIVER_LOST, GAVE_UP, ORPHANED, RESUMED, WORKER_LOST
+from orchestrator.registry.history import clock, history, worker_node
+from orchestrator.registry.supervision import Action, decide
 
 
 def _event(kind, **detail):

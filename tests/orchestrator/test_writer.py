@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.common.result import RunResult, UnitMap
+from base.result import RunResult, UnitMap
 from orchestrator import filesystems
 from orchestrator.driving import writer
 from orchestrator.driving.driver import execute_sweep
@@ -243,7 +243,7 @@ def test_a_writer_holds_the_lease_of_a_registry_on_a_network_filesystem_while_it
 
 
 def test_submit_and_resume_from_another_host_are_refused_in_one_line_while_a_writer_holds_it(shared_registry):
-    from experiments.common.sections import ConfigError
+    from base.sections import ConfigError
     from orchestrator.driving import sweeps
 
     url, registry, sweep_id = shared_registry

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from experiments.common.result import RunResult, UnitMap
-from experiments.common.sections import Section
-from experiments.core.seeding import derive_seed
+from base.result import RunResult, UnitMap
+from base.sections import Section
+from experiments.training.seeding import derive_seed
 
 NAME = "tiny"  # its name in METHODS (else the module's: tiny_method)
 VERSION = "1"
@@ -31,10 +31,10 @@ class Config(Section):
 
 
 def run(cfg, ctx) -> RunResult:
-    hp = cfg.section  # this method's Config
+    own = cfg.section  # this method's Config
     rng = np.random.default_rng(derive_seed(cfg.seed, "tiny"))
-    values = hp.strength + 0.01 * rng.random((hp.layers, 4))  # (L, H)
-    if hp.pipeline == "twice":
+    values = own.strength + 0.01 * rng.random((own.layers, 4))  # (L, H)
+    if own.pipeline == "twice":
         values = 2 * values
     ctx.tracker.log_metrics({"accuracy": float(values.mean())}, 1)
     ctx.progress(1, 1, {"loss": 0.0, "open_heads": values.size})

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from experiments import parse_config, run
-from experiments.core.context import RunContext
-from experiments.core.loop import evaluate_all
-from experiments.core.state import set_up
 from experiments.interventions.heads import attach_head_gates
+from experiments.training.context import RunContext
+from experiments.training.loop import evaluate_all
+from experiments.training.state import set_up
 from headsweep.cli.run import load_yaml
 
 pytestmark = pytest.mark.real

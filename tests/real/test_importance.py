@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from experiments import RunContext, parse_config
-from experiments.core.loop import forward_logits
-from experiments.core.state import set_up
 from experiments.maths.losses import task_loss
 from experiments.methods.head_importance import head_importance, token_gradients
 from experiments.models import architecture_of, head_layout
+from experiments.training.loop import forward_logits
+from experiments.training.state import set_up
 
 pytestmark = pytest.mark.real
 

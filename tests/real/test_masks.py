@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from experiments import parse_config
-from experiments.core.seeding import derive_seed
-from experiments.core.state import build_decoder
 from experiments.models import load_backbone
 from experiments.tasks import TASKS
+from experiments.training.seeding import derive_seed
+from experiments.training.state import build_decoder
 
 pytestmark = pytest.mark.real
 

@@ -26,10 +26,10 @@ import torch
 
 from experiments import RunContext, parse_config
 from experiments.components import prompting
-from experiments.core.loop import evaluate
 from experiments.interventions.neurons import perturb_neurons
 from experiments.maths.predictivity import by_layer, random_like, skill_neuron_mask
 from experiments.methods import skill_neurons
+from experiments.training.loop import evaluate
 
 pytestmark = pytest.mark.real
 

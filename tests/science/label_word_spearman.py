@@ -56,15 +56,6 @@ import torch
 from analysis.statistics.spearman import rank_rows, spearman_between
 from experiments import RunContext, parse_config
 from experiments.components.prompting import PromptedEncoder, build
-from experiments.core.loop import (
-    batch_indices,
-    batches,
-    evaluate,
-    forward_logits,
-    num_steps,
-    take,
-    update,
-)
 from experiments.interventions.neurons import capture_ffn
 from experiments.maths.losses import task_loss
 from experiments.maths.predictivity import (
@@ -75,7 +66,16 @@ from experiments.maths.predictivity import (
     subtask_sums,
 )
 from experiments.models import load_tokenizer
-from experiments.tasks._common import split_seed
+from experiments.tasks.parts import split_seed
+from experiments.training.loop import (
+    batch_indices,
+    batches,
+    evaluate,
+    forward_logits,
+    num_steps,
+    take,
+    update,
+)
 
 GRID_EPOCHS = 2  # examples/grid_skill_neurons.yaml: 2 epochs of 32 over 1,000 phrases = 64 steps
 BUCKETS = ("a0", "a1", "b0", "b1", "c0", "c1")  # rank < 300 / < 872 / rest, x rank parity

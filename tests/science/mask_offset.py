@@ -26,8 +26,8 @@ import time
 import torch
 
 from experiments import RunContext, parse_config
-from experiments.core.loop import batches
 from experiments.methods import mask_train
+from experiments.training.loop import batches
 from tests.science.mask_collapse import ratio_var
 from tests.science.skill_prune import wilson
 

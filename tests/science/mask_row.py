@@ -18,8 +18,8 @@ import time
 
 import torch
 
+from base.collapse import collapsed
 from experiments import RunContext, parse_config
-from experiments.common.collapse import collapsed
 from experiments.methods import mask_train
 from tests.science.skill_prune import wilson
 

@@ -29,11 +29,11 @@ import torch
 
 from experiments import RunContext, parse_config
 from experiments.components.prompting import PromptedEncoder
-from experiments.core.loop import batches, evaluate
-from experiments.core.seeding import generator
 from experiments.interventions.ffn_prune import prune_ffn
 from experiments.maths.predictivity import by_layer, random_like, skill_neuron_mask
 from experiments.methods import skill_neurons
+from experiments.training.loop import batches, evaluate
+from experiments.training.seeding import generator
 
 
 def wilson(correct: float, n: int, z: float = 1.96) -> tuple[float, float]:

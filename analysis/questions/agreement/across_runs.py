@@ -32,7 +32,7 @@ from analysis.data.select import (
     value_label,
 )
 from analysis.data.sweep import SweepData
-from analysis.questions.agreement.result import Agreement, R, Tested
+from analysis.questions.agreement.result import AgreementMatrix, R, Tested
 from analysis.questions.agreement.shuffles import (
     MAX_PAIR_WORK,
     statistics_on_copies,
@@ -156,7 +156,7 @@ def _pairs_of_copies(stat: Statistic, rows: np.ndarray, pairs: _LabelPairs) -> n
 
 def agreement(data: SweepData, across: str, filters: Filters | None = None, n_perm: int = 1000,
               seed: int = 0, asked: Sequence[str] | None = None, max_run_perms: int | None = None,
-              map_name: str | None = None, pool: Sequence[str] = (), max_runs: int | None = None) -> Agreement:
+              map_name: str | None = None, pool: Sequence[str] = (), max_runs: int | None = None) -> AgreementMatrix:
     """How much the selected runs agree on which units (heads, neurons) they keep.
 
     ``across``:
@@ -193,7 +193,7 @@ def agreement(data: SweepData, across: str, filters: Filters | None = None, n_pe
     found = _labels(sel, x, across, cells, pool, notes)
     matrix = found.matrix_of(statistics.STATISTICS[R], found.x)
     tested = _tested(found, matrix, x, in_seed_order, wanted, n_perm, seed)
-    return Agreement(R, across, [value_label(v) for v in found.labels], matrix, found.n_runs, tested,
+    return AgreementMatrix(R, across, [value_label(v) for v in found.labels], matrix, found.n_runs, tested,
                      found.matched, found.pooled_axes, notes, maps=[map_used],
                      n_cells=sum(len(idx) >= 3 for idx in cells))
 

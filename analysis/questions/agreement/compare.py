@@ -52,9 +52,10 @@ from analysis.data.sweep import SweepData
 from analysis.questions.agreement import relabel
 from analysis.questions.agreement.maps import across_axis, between_maps, parse_maps
 from analysis.questions.agreement.relabel import Rows, relabelled_tests
-from analysis.questions.agreement.result import RHO, Agreement, PairResult, Tested
+from analysis.questions.agreement.result import RHO, AgreementMatrix, PairResult, Tested
 from analysis.questions.agreement.shuffles import MAX_PAIR_WORK
-from analysis.statistics import spearman, topk
+from analysis.statistics import topk
+from analysis.statistics.spearman import mean_spearman_between
 
 DEFAULT_TOP = 0.1
 """Top-k overlap of the top 10 % of units by default."""
@@ -65,7 +66,7 @@ DEFAULT_TOP = 0.1
 
 def compare_maps(data: SweepData, maps: Sequence[str], filters: Filters | None = None, across: str | None = None,
                  top: float = DEFAULT_TOP, n_perm: int = 1000, seed: int = 0, pool: Sequence[str] = (),
-                 max_run_perms: int | None = None) -> Agreement:
+                 max_run_perms: int | None = None) -> AgreementMatrix:
     """Spearman rho, permutation nulls and top-k overlap between maps, or one map across an axis.
 
     ``maps``: names, each optionally prefixed with ``-`` (flipped). Two or more without
@@ -75,18 +76,7 @@ def compare_maps(data: SweepData, maps: Sequence[str], filters: Filters | None =
     """
     specs = parse_maps(maps)
     across = across or None
-    if not (isinstance(top, int | float) and 0.0 < top <= 1.0):
-        raise QueryError(f"top must be a fraction of the units in (0, 1], got {top} (e.g. 0.1: the top 10 %)")
-    if n_perm < 0:
-        raise QueryError(f"n_perm must be >= 0, got {n_perm}")
-    if across is None and len(specs) < 2:
-        raise QueryError("give two or more maps to compare (e.g. heads.log_alpha heads.importance), "
-                         "or one map with across (e.g. across task)")
-    if across is None and pool:
-        raise QueryError("pool averages over axes when comparing one map across an axis: give across too")
-    if across is not None and len(specs) != 1:
-        raise QueryError(f"across compares one map across the values of an axis; got {len(specs)} maps "
-                         f"({', '.join(s.text for s in specs)})")
+    _check_question(specs, across, top, n_perm, pool)
     sel = select(data, filters)
     notes: list[str] = []
     compared = between_maps(sel, specs, notes) if across is None else across_axis(sel, specs[0], across, pool, notes)
@@ -107,6 +97,39 @@ def compare_maps(data: SweepData, maps: Sequence[str], filters: Filters | None =
     if left_out:
         notes.append(f"{', '.join(left_out)} left out: {work:,} pairs x units x copies is more than "
                      f"{MAX_PAIR_WORK:,}; filter the runs or lower n_perm")
+    matrix, results = _pairs(compared, tested, across, notes)
+    shape = (int(compared.rows.shape[1]), int(compared.rows.shape[2]))
+    over = f"mean over {len(results)} pairs of {'maps' if across is None else across + ' values'}"
+    return AgreementMatrix(
+        RHO, across, labels, matrix, compared.n_runs, _all_tested(tested["offdiag"], left_out, over),
+        sweep_id=data.sweep_id, maps=[s.text for s in specs], kind=specs[0].kind, shape=shape,
+        pairs=results, top=float(top), k=tested["k"],
+        chance=tested["chance"], models=[str(m) for m in axis_values(compared.runs, "model")],
+        tasks=[str(t) for t in axis_values(compared.runs, "task")], matched_on=compared.matched_on,
+        pooled_axes=compared.pooled_axes, notes=notes)
+
+
+def _check_question(specs: list, across: str | None, top: float, n_perm: int, pool: Sequence[str]) -> None:
+    """The question's parameters, each a QueryError that says what to give instead."""
+    if not (isinstance(top, int | float) and 0.0 < top <= 1.0):
+        raise QueryError(f"top must be a fraction of the units in (0, 1], got {top} (e.g. 0.1: the top 10 %)")
+    if n_perm < 0:
+        raise QueryError(f"n_perm must be >= 0, got {n_perm}")
+    if across is None and len(specs) < 2:
+        raise QueryError("give two or more maps to compare (e.g. heads.log_alpha heads.importance), "
+                         "or one map with across (e.g. across task)")
+    if across is None and pool:
+        raise QueryError("pool averages over axes when comparing one map across an axis: give across too")
+    if across is not None and len(specs) != 1:
+        raise QueryError(f"across compares one map across the values of an axis; got {len(specs)} maps "
+                         f"({', '.join(s.text for s in specs)})")
+
+
+def _pairs(compared: Rows, tested: dict[str, Any], across: str | None,
+           notes: list[str]) -> tuple[np.ndarray, list[PairResult]]:
+    """The label x label rho matrix and each pair's result, in label order; a note for each pair of
+    maps ranked in opposite orders (below chance: a map to flip)."""
+    labels, (left_out, _) = compared.labels, tested["left_out"]
     matrix = np.full((len(labels), len(labels)), np.nan)
     results = []
     for (a, b), (n, n_same, values, top_k) in sorted(tested["by_pair"].items()):
@@ -125,15 +148,7 @@ def compare_maps(data: SweepData, maps: Sequence[str], filters: Filters | None =
             notes.append(f"{labels[a]} and {labels[b]} rank the units in opposite orders (rho {rho:.2f}, below "
                          f"chance): if one map's important units are its smallest values, flip it with a "
                          f"leading '-'")
-    shape = (int(compared.rows.shape[1]), int(compared.rows.shape[2]))
-    over = f"mean over {len(results)} pairs of {'maps' if across is None else across + ' values'}"
-    return Agreement(
-        RHO, across, labels, matrix, compared.n_runs, _all_tested(tested["offdiag"], left_out, over),
-        sweep_id=data.sweep_id, maps=[s.text for s in specs], kind=specs[0].kind, shape=shape,
-        pairs=results, top=float(top), k=tested["k"],
-        chance=tested["chance"], models=[str(m) for m in axis_values(compared.runs, "model")],
-        tasks=[str(t) for t in axis_values(compared.runs, "task")], matched_on=compared.matched_on,
-        pooled_axes=compared.pooled_axes, notes=notes)
+    return matrix, results
 
 
 def _all_tested(values: dict[str, tuple[float, dict]], left_out: list[str], pooled: str) -> dict[str, Tested]:
@@ -144,7 +159,7 @@ def _all_tested(values: dict[str, tuple[float, dict]], left_out: list[str], pool
             for stat in statistics.asked("compare_maps") if stat.shape == "pairs"}
 
 
-def overlap(data: SweepData, a: Filters, b: Filters, map_name: str | None = None, k_frac: float = DEFAULT_TOP,
+def spearman(data: SweepData, a: Filters, b: Filters, map_name: str | None = None, k_frac: float = DEFAULT_TOP,
             filters: Filters | None = None, n_perm: int = 1000, seed: int = 0) -> dict[str, Any]:
     """Do two groups of runs rank the units of ``map_name`` alike? (``headsweep spearman``, ``/spearman``)
 
@@ -153,7 +168,7 @@ def overlap(data: SweepData, a: Filters, b: Filters, map_name: str | None = None
     (group b's mean map's units relabelled within layers / across all units); ``jaccard`` /
     ``overlap`` / ``k``: agreement of the two mean maps' top ``k_frac`` units (``topk.in_top_k``,
     ties broken at random), beside ``chance_jaccard`` / ``chance_overlap``; ``mean_pairwise``: mean
-    rho over every (run of a, run of b) pair (``spearman.mean_spearman_between``, lower: it also
+    rho over every (run of a, run of b) pair (``mean_spearman_between``, lower: it also
     counts single-run noise). ``map_name``: default the map most runs of the sweep have.
     """
     map_name = map_name or default_map(data)
@@ -175,7 +190,7 @@ def overlap(data: SweepData, a: Filters, b: Filters, map_name: str | None = None
     compared = Rows(["a", "b"], means, np.array([0, 1]), np.array([[0, 1]]), np.zeros(1, dtype=bool),
                     [len(xa), len(xb)], base, [])
     with ThreadPoolExecutor(max_workers=1) as pool:  # ranking every run (sorts release the GIL) meanwhile
-        pairwise = pool.submit(spearman.mean_spearman_between, xa, xb)
+        pairwise = pool.submit(mean_spearman_between, xa, xb)
         tested = relabelled_tests(compared, n_perm, seed, float(k_frac))
         mean_pairwise = pairwise.result()
     if tested["by_pair"]:

@@ -21,7 +21,7 @@ from analysis.data.select import (
 from analysis.data.sweep import SweepData
 from analysis.questions.agreement.relabel import Rows
 from analysis.questions.agreement.strata import check_across, joint_codes, setting_means
-from experiments.common import outputs
+from base import outputs
 
 
 @dataclass(frozen=True)

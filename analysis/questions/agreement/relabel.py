@@ -136,15 +136,43 @@ def relabelled_tests(compared: Rows, n_perm: int, seed: int, top: float) -> dict
     which = label[pairs[:, 0]] * n_labels + label[pairs[:, 1]]
     groups = {(int(c) // n_labels, int(c) % n_labels): np.flatnonzero(which == c) for c in np.unique(which)}
     nulls_asked = [name for name in NULLS if n_perm and not (name == "within_layers" and units == 1)]
+    nulls = _relabelled_nulls(u, flat, pairs, groups, others, nulls_asked, n_perm, seed, (n_labels, layers, units))
+    top_k = [stat for stat in asked if stat.shape == "top_k"]
+    by_pair = {}
+    for key, idx in groups.items():
+        tested = {name: _tested(float(value[idx].mean()), nulls[name][key]) for name, value in values.items()}
+        by_pair[key] = (len(idx), int(same[idx].sum()), tested,
+                        {stat.name: float(np.mean(stat.top_k(shared[idx], k))) for stat in top_k})
+    offdiag = {name: _tested(float(np.mean([v[2][name][0] for v in by_pair.values()])) if by_pair else math.nan,
+                             {null: np.mean([nulls[name][key][null] for key in groups], axis=0)
+                              for null in nulls_asked if groups})
+               for name in values}
+    return {"by_pair": by_pair, "offdiag": offdiag, "k": k, "chance": {stat.name: stat.chance(p, k) for stat in top_k},
+            "undefined": undefined, "left_out": (left_out, work)}
+
+
+def _tested(observed: float, nulls: dict[str, np.ndarray]) -> tuple[float, dict]:
+    """An observed value with each null's result (``{null: its drawn values}``)."""
+    return observed, {null: null_result(observed, drawn, null) for null, drawn in nulls.items()}
+
+
+def _relabelled_nulls(u: np.ndarray, flat: np.ndarray, pairs: np.ndarray, groups: dict, others: list[Statistic],
+                      nulls_asked: list[str], n_perm: int, seed: int, shape: tuple[int, int, int]) -> dict:
+    """``{statistic: {pair of labels: {null: (n_perm,) values}}}``: ``rho`` (standardised ranks ``u``,
+    through the ``(P, P)`` cross matrices when they fit) and every other pairwise statistic (``flat``
+    maps) of each pair of labels, under the same relabellings, a chunk of them at a time."""
+    n_labels, layers, units = shape
+    p = layers * units
     sides = {key: (u[pairs[idx, 0]], u[pairs[idx, 1]]) for key, idx in groups.items()}
     cross = {key: u1.T @ u2 / len(u1) for key, (u1, u2) in sides.items()} \
         if len(groups) * p * p <= CROSS_ELEMENTS else {}  # (P, P) each: the null in P operations per draw
+    names = [RHO, *(stat.name for stat in others)]
     nulls: dict[str, dict[tuple[int, int], dict[str, np.ndarray]]] = {name: {key: {} for key in groups}
-                                                                      for name in values}
+                                                                      for name in names}
     rng = np.random.default_rng(seed)
     step = max(1, _CHUNK_ELEMENTS // (n_labels * p))
     for null in nulls_asked:
-        drawn = {name: {key: np.empty(n_perm) for key in groups} for name in values}
+        drawn = {name: {key: np.empty(n_perm) for key in groups} for name in names}
         for start in range(0, n_perm, step):
             perms = _null_perms(rng, min(step, n_perm - start), n_labels, layers, units, null)  # (c, labels, P)
             inverse = {a: _inverse(perms[:, a]) for a in {a for a, _ in groups if a}}
@@ -157,24 +185,7 @@ def relabelled_tests(compared: Rows, n_perm: int, seed: int, top: float) -> dict
                 for stat in others:
                     drawn[stat.name][(a, b)][done] = _relabelled_pairs(stat, flat[pairs[idx, 0]], flat[pairs[idx, 1]],
                                                                        sigma)
-        for name in values:
+        for name in names:
             for key in groups:
                 nulls[name][key][null] = drawn[name][key]
-    top_k = [stat for stat in asked if stat.shape == "top_k"]
-    by_pair = {}
-    for key, idx in groups.items():
-        tested = {}
-        for name, value in values.items():
-            observed = float(value[idx].mean())
-            tested[name] = (observed, {null: null_result(observed, null_values, null)
-                                       for null, null_values in nulls[name][key].items()})
-        by_pair[key] = (len(idx), int(same[idx].sum()), tested,
-                        {stat.name: float(np.mean(stat.top_k(shared[idx], k))) for stat in top_k})
-    offdiag = {}
-    for name in values:
-        mean = float(np.mean([v[2][name][0] for v in by_pair.values()])) if by_pair else math.nan
-        offdiag[name] = (mean, {null: null_result(mean, np.mean([nulls[name][key][null] for key in groups],
-                                                                      axis=0), null)
-                                for null in nulls_asked if groups})
-    return {"by_pair": by_pair, "offdiag": offdiag, "k": k, "chance": {stat.name: stat.chance(p, k) for stat in top_k},
-            "undefined": undefined, "left_out": (left_out, work)}
+    return nulls

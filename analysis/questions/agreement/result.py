@@ -1,4 +1,4 @@
-"""The one answer of the agreement engine: :class:`Agreement` (a matrix over labels and its tested
+"""The one answer of the agreement engine: :class:`AgreementMatrix` (a matrix over labels and its tested
 statistics) with :class:`PairResult` (compare-maps' pairs of labels) and :class:`Tested` (a statistic
 against its permutation nulls).
 
@@ -61,7 +61,7 @@ class PairResult:
 
 
 @dataclass(frozen=True)
-class Agreement:
+class AgreementMatrix:
     """Agreement of unit maps: a matrix over labels, and its statistics tested against permutation nulls.
 
     ``agreement`` (do runs keep the same units? ``matrix_statistic`` r) fills ``map_name`` and

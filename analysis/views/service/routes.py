@@ -44,7 +44,7 @@ from analysis.views.service.params import (
     sweep_out,
 )
 from analysis.views.vocabulary import FIGURE, FIGURE_DPI, FIGURE_FORMAT, FIGURES, Param, Question
-from experiments.common.png import MEDIA_TYPES, figure_bytes
+from base.png import MEDIA_TYPES, figure_bytes
 from orchestrator.registry.history import history as sweep_history
 
 PAGE = (Param("offset", "the first run of the page", int, 0, ge=0, le=10**9),
