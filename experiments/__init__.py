@@ -60,10 +60,12 @@ class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         old = next(old for old in MOVED if spec.name == old or spec.name.startswith(old + "."))
         new = MOVED[old] + spec.name[len(old):]
         warnings.warn(f"{spec.name} moved to {new} (docs/changelog.md)", DeprecationWarning, stacklevel=2)
-        return importlib.import_module(new)
+        module = importlib.import_module(new)
+        spec.loader_state = module.__spec__  # the import system sets the old path's spec on it next
+        return module
 
     def exec_module(self, module) -> None:
-        pass  # the module at the new path ran already
+        module.__spec__ = module.__spec__.loader_state  # it ran already, at its new path: keep its own spec
 
 
 sys.meta_path.insert(0, _Moved())  # before the path finders, which would load base/*.py a second time

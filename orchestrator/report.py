@@ -3,7 +3,7 @@ so the MLflow UI shows the sweep's answer (its figures, and charts of the parent
 
     headsweep report SWEEP_ID
 
-The sweep driver's job runs this after the sweep finishes (``driver_job.submit_driver``). The
+The sweep's Ray Job runs this after its driver finished the sweep (``headsweep.sweep_job``). The
 report is analysis's to draw (``analysis.views.report.sweep_report``: it reads, never writes); this
 module, the orchestrator's side of MLflow, logs what it is handed (:data:`Render`) to the run
 ``get_sweep(id)["mlflow_parent_run_id"]`` (figures under ``figures/``) with an explicit

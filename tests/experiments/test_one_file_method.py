@@ -92,6 +92,6 @@ def test_a_plugin_written_before_the_move_imports_its_old_paths(old, new, monkey
         monkeypatch.delitem(sys.modules, name, raising=False)
     with pytest.warns(DeprecationWarning, match=f"moved to {new.rpartition('.')[0]}"):
         module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
+    assert module is importlib.import_module(new) and module.__spec__.name == new  # its own spec kept
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module(old.rpartition(".")[0] + ".nothing_of_the_kind")
