@@ -17,7 +17,7 @@ from base import outputs
 from experiments.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
-READERS = [*sorted((ROOT / "analysis").rglob("*.py")), ROOT / "experiments" / "keyed" / "runner.py"]
+READERS = [*sorted((ROOT / "analysis").rglob("*.py")), ROOT / "experiments" / "harness" / "runner.py"]
 """Where names are read, never typed: analysis and the runner."""
 
 
