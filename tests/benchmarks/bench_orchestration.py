@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 import sqlalchemy as sa
-from _bench import at_least, at_most, emit, finish, scaled, start_ray
+from _bench import emit, finish, scaled, start_ray
 
 CONCURRENT = 2
 
@@ -177,7 +177,7 @@ def overhead(args) -> None:
         tasks.append(ray_tasks(args.runs))
     ms = {"ours": 1000 * statistics.median(s["seconds"] for s in ours) / args.runs,
           "tune": 1000 * statistics.median(tune) / args.runs, "tasks": 1000 * statistics.median(tasks) / args.runs}
-    emit("orchestration", "overhead_vs_tune", target=at_most(2.0, "x Tune's"), measured="ratio",
+    emit("orchestration", "overhead_vs_tune", measured="ratio",
          ratio=ms["ours"] / ms["tune"], tasks_ratio=ms["ours"] / ms["tasks"], runs=args.runs, repeats=args.repeats,
          ours_ms_per_trial=ms["ours"], tune_ms_per_trial=ms["tune"], tasks_ms_per_trial=ms["tasks"],
          ours_startup_s=statistics.median(s["startup_s"] for s in ours),
@@ -188,7 +188,7 @@ def overhead(args) -> None:
     m = args.long
     ideal = m / CONCURRENT
     ours_s, tune_s, tasks_s = _ours(m, sleeping_run)["seconds"], bare_tune(m, tune_sleeping), ray_tasks(m, 1.0)
-    emit("orchestration", "one_second_trials", target=at_least(0.9, "x Tune's"), measured="ratio",
+    emit("orchestration", "one_second_trials", measured="ratio",
          ratio=tune_s / ours_s, ours_of_ideal=ideal / ours_s, tune_of_ideal=ideal / tune_s,
          tasks_of_ideal=ideal / tasks_s, trials=m, ideal_s=ideal, ours_s=ours_s, tune_s=tune_s, tasks_s=tasks_s,
          note="Tune's release test (10,000 1-s trials, 16 CPUs: 87 % of ideal) scaled to 2 CPUs; ratio: our "
@@ -202,7 +202,7 @@ def memory_ratio(args) -> None:
     for n in (small, args.runs):
         out = subprocess.run([sys.executable, __file__, "--child", str(n)], capture_output=True, text=True, check=True)
         memory[n] = json.loads(out.stdout.strip().splitlines()[-1])
-    emit("orchestration", "driver_memory", target=at_most(1.5), measured="ratio",
+    emit("orchestration", "driver_memory", measured="ratio",
          **{f"rss_mb_{n}": round(memory[n]["rss_mb"], 1) for n in (small, args.runs)},
          ratio=round(memory[args.runs]["rss_mb"] / memory[small]["rss_mb"], 3),
          peak_ratio=round(memory[args.runs]["maxrss_mb"] / memory[small]["maxrss_mb"], 3))

@@ -5,23 +5,28 @@ Prints one JSON line per figure (``_bench.emit``: target, met, load; exits 1 on 
   as a run's ``set_up`` loads them (``load_backbone`` + ``load_task``: the ``cost.model_s`` and
   ``cost.data_s`` of the run), in one process with its own ``HEADSWEEP_HOME``: the first run
   (model read, data tokenised and cached) then ``--repeats`` warm ones, interleaved with its peer,
-  what a plain script pays (``from_pretrained`` of model and tokenizer + the task's own load).
-  Target: warm / plain <= 0.5.
+  what a plain script pays (``from_pretrained`` of model and tokenizer + the task's own load):
+  warm / plain.
 - ``sweep_vs_loop``: K (``--runs``) tiny-bert head_gates runs (a generated task, a few steps each)
   through a real sweep (local Ray, 2 concurrent 1-CPU trials, SQLite registry, MLflow on, figures)
-  vs the same K trainings (``experiments.run`` of the same configs, no tracking) in one plain Python
-  loop in this process, the loop timed before and after the sweep (median). The wall-time ratio,
-  and the gap (sweep - loop) split into the runs' own ``cost.<part>_s`` summed over runs and divided
-  by the concurrency: MLflow (``mlflow``), figures, the registry (``claim`` + ``finish``), and the
-  rest (Ray and Tune: worker start-up, scheduling, the driver) as fractions of it. Informational: at
-  K = 20 runs of ~0.2 s it is the sweep's fixed start (~7 s alone: two trial workers importing torch,
-  Tune's set-up) over 3-4 s of training, a number about K more than about the code (2.66-3.16 alone
-  on 2026-11-29 against the 3x it had as a target); the next figure cancels the start.
-- ``per_run_vs_loop``: a run's own cost through the sweep against the loop's, the sweep's fixed start
+  vs the same K trainings (``experiments.run`` of the same configs, no tracking) in plain Python
+  loops at the sweep's concurrency and a trial's threads: 2 loop processes at once, one torch thread
+  each, every other config to each (:func:`plain_loops`), timed before each sweep and after the
+  last (interleaved with them; each sweep on a Ray of its own, so that the loops run without Ray's
+  daemons, as a plain script does). The wall-time ratio (the lesser of the two K sweeps over the least loop), and the gap (sweep - loop)
+  split into that sweep's runs' own ``cost.<part>_s`` summed over runs and divided by the
+  concurrency: MLflow (``mlflow``), figures, the registry (``claim`` + ``finish``), and the rest (Ray
+  and Tune: worker start-up, scheduling, the driver) as fractions of it. At K = 20 runs of ~0.2 s it
+  is mostly the sweep's fixed start (two trial workers importing torch, Tune's set-up) over a few
+  seconds of training: a number about K as much as about the code; the next figure cancels the start.
+- ``per_run_vs_loop``: a run's own cost through the sweep against the loops', the sweep's fixed start
   cancelled: sweeps of K, 4K and K again (other seeds each), (sweep of 4K - the lesser K sweep) /
-  (loop of 4K - loop of K, each the lesser of two); unresolved (inf, a miss) when a pair is more than
-  1.5x apart, which says the load changed under the measurement.
-  Target <= 1.5.
+  (loops of 4K - loops of K, each the least of four); unresolved (inf, a miss) when the two least
+  of the K sweeps, of the K loops or of the 4K loops are more than 1.5x apart, which says the load
+  changed under the measurement, or when either difference is not positive (each is checked on its
+  own: two negative differences make a positive ratio).
+
+Targets: ``_bench.TARGETS``.
 
     .venv/bin/python tests/benchmarks/bench_run_cost.py [--repeats 3] [--runs 20] [--max-train 20000]
 """
@@ -29,13 +34,15 @@ Prints one JSON line per figure (``_bench.emit``: target, met, load; exits 1 on 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import multiprocessing
 import os
 import statistics
 import tempfile
 import time
 
-from _bench import at_most, emit, finish, scaled, start_ray
+from _bench import emit, finish, scaled, start_ray
 
 TINY_GRID = {
     "name": "bench-run-cost",
@@ -72,7 +79,7 @@ def minilm_setup(args) -> None:
         warm.append(cached())
         before.append(uncached(cfg))
     total = [w["model"] + w["data"] for w in warm]
-    emit("run_cost", "minilm_warm_setup", target=at_most(0.5, "x plain"), measured="ratio",
+    emit("run_cost", "minilm_warm_setup", measured="ratio",
          ratio=statistics.median(total) / statistics.median(before), warm_s=statistics.median(total), warm_model_s=statistics.median(w["model"] for w in warm),
          warm_data_s=statistics.median(w["data"] for w in warm), first_s=first["model"] + first["data"],
          first_model_s=first["model"], first_data_s=first["data"],
@@ -96,14 +103,62 @@ def uncached(cfg) -> float:
     return time.perf_counter() - started
 
 
-def plain_loop(configs) -> float:
-    """Wall seconds of the same trainings in one Python loop: ``experiments.run``, no tracking."""
+def _loop_worker(conn, threads: int) -> None:
+    """One plain loop, a trial worker's twin: ``threads`` torch threads; it trains each list of
+    configs it receives one after the other (``experiments.run``, no tracking) and sends back the
+    seconds, until it receives None."""
+    import torch
+
     from experiments import RunContext, run
 
-    started = time.perf_counter()
-    for cfg in configs:
-        run(cfg, RunContext())
-    return time.perf_counter() - started
+    torch.set_num_threads(threads)
+    while (configs := conn.recv()) is not None:
+        started = time.perf_counter()
+        for cfg in configs:
+            run(cfg, RunContext())
+        conn.send(time.perf_counter() - started)
+
+
+@contextlib.contextmanager
+def plain_loops(processes: int, threads: int):
+    """The sweep's peer: ``processes`` plain loops at once (the sweep's concurrent trials), each a
+    process of ``threads`` torch threads (a trial's). Yields ``timed(configs)``: the wall seconds of
+    ``configs`` trained by the loops, every ``processes``-th config to each."""
+    context = multiprocessing.get_context("spawn")
+    pipes, workers = [], []
+    for _ in range(processes):
+        ours, theirs = context.Pipe()
+        workers.append(context.Process(target=_loop_worker, args=(theirs, threads), daemon=True))
+        workers[-1].start()
+        pipes.append(ours)
+
+    def timed(configs) -> float:
+        started = time.perf_counter()
+        for i, pipe in enumerate(pipes):
+            pipe.send(configs[i::processes])
+        for pipe in pipes:
+            pipe.recv()
+        return time.perf_counter() - started
+
+    try:
+        yield timed
+    finally:
+        for pipe in pipes:
+            pipe.send(None)
+        for worker in workers:
+            worker.join(60)
+
+
+def per_run_ratio(sweeps_k: list[float], sweep_4k: float, loops_k: list[float], loops_4k: list[float]) -> float:
+    """What 3K more runs add through the sweep over what they add in the loops, the sweep's fixed
+    start cancelled: (sweep of 4K - the least K sweep) / (the least loop of 4K - the least loop of
+    K): the least of each (noise only adds). inf (unresolved: a miss, not a ratio of two machines)
+    when the two least of a kind are more than 1.5x apart (the load changed under them) or when
+    either difference is not positive, each checked on its own sign (two negative differences would
+    make a positive ratio)."""
+    steady = all(least[1] <= 1.5 * least[0] for least in map(sorted, (sweeps_k, loops_k, loops_4k)))
+    sweep_more, loop_more = sweep_4k - min(sweeps_k), min(loops_4k) - min(loops_k)
+    return sweep_more / loop_more if steady and sweep_more > 0 and loop_more > 0 else math.inf
 
 
 def sweep_vs_loop(args) -> None:
@@ -137,49 +192,53 @@ def sweep_vs_loop(args) -> None:
     first, four, again = (cells(range(args.runs)), cells(range(args.runs, 5 * args.runs)),  # other seeds each:
                           cells(range(5 * args.runs, 6 * args.runs)))  # other runs, the same work
     spec, configs, more = first[1], first[2], four[2]
-    plain_loop(configs[:1])  # the imports and the first model build, which the sweep's workers pay too
-    loops, loops_4k = [plain_loop(configs)], [plain_loop(more)]
+    concurrency, threads = spec.max_concurrent, max(1, int(spec.resources.cpus))  # as trial.py sets a trial's
     registry = Registry(settings.registry_url())
     mlflow = tracking.client()
-    start_ray(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-              runtime_env={"env_vars": {"HEADSWEEP_HOME": os.environ["HEADSWEEP_HOME"]}})
-    try:  # K, 4K, then K again (each of other seeds): a warm-up that favours later sweeps hits both sizes
-        first_s, sweep_id = sweep(*first)
-        sweep_4k_s, _ = sweep(*four)
-        again_s, _ = sweep(*again)
-    finally:
-        ray.shutdown()
-    loops.append(plain_loop(configs))
-    loops_4k.append(plain_loop(more))
-    # the least of each pair (noise only adds); a pair more than 1.5x apart says the load changed under it
-    sweep_s, loop_s, loop_4k_s = min(first_s, again_s), min(loops), min(loops_4k)
-    steady = all(max(pair) <= 1.5 * min(pair) for pair in ([first_s, again_s], loops, loops_4k))
+    timed, swept = [], []
+    with plain_loops(concurrency, threads) as loop:
+        loop(configs[:concurrency])  # the imports and each loop's first model build, which the sweep's workers pay too
+        # the loops of K and 4K before each sweep and after the last, interleaved, so that a change of load hits
+        # both alike; sweeps of K, 4K, then K again (each of other seeds): a warm-up that favours later sweeps
+        # hits both sizes. Each sweep on a Ray of its own, started and stopped around it (not timed): the loops
+        # run without Ray's daemons, as a plain script does, and every sweep pays the same fixed start.
+        for cell in (first, four, again):
+            timed.append((loop(configs), loop(more)))
+            start_ray(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                      runtime_env={"env_vars": {"HEADSWEEP_HOME": os.environ["HEADSWEEP_HOME"]}})
+            try:
+                swept.append(sweep(*cell))
+            finally:
+                ray.shutdown()
+        timed.append((loop(configs), loop(more)))
+    (first_s, first_id), (sweep_4k_s, _), (again_s, again_id) = swept
+    loops, loops_4k = (list(kind) for kind in zip(*timed, strict=True))
+    (sweep_s, sweep_id), loop_s = min((first_s, first_id), (again_s, again_id)), min(loops)  # noise only adds
     metrics = registry.sweep_runs(sweep_id)["metrics"]
-    concurrency = spec.max_concurrent
     summed = {part: sum(m[f"cost.{part}_s"] for m in metrics) / concurrency for part in PARTS}
-    gap = first_s - loop_s
+    gap = sweep_s - loop_s
     parts = {"mlflow": summed["mlflow"], "figures": summed["figures"], "registry": summed["claim"] + summed["finish"]}
     parts["ray_and_rest"] = gap - sum(parts.values())
     warm = [m for m in metrics if not m["cost.first_in_worker"]]
-    per_run = (sweep_4k_s - sweep_s) / (loop_4k_s - loop_s)  # 3K more runs: the sweep's fixed start cancels
-    if not steady or per_run <= 0:
-        per_run = math.inf  # unresolved: a miss, not a ratio made of two different machines
-    emit("run_cost", "sweep_vs_loop", target=None, ratio=first_s / loop_s,
-         sweep_s=first_s, loop_s=loop_s, loops_s=loops, gap_s=gap, runs=args.runs,
+    emit("run_cost", "sweep_vs_loop", measured="ratio", ratio=sweep_s / loop_s,
+         sweep_s=sweep_s, sweeps_s=[first_s, again_s], loop_s=loop_s, loops_s=loops, gap_s=gap, runs=args.runs,
+         loop_processes=concurrency, loop_threads=threads,
          **{f"{part}_of_gap": value / gap for part, value in parts.items()},
          warm_total_s=statistics.median(m["cost.total_s"] for m in warm) if warm else None,
-         note="informational: at K tiny runs this is the sweep's fixed start over K trainings (per_run_vs_loop "
-              "has the target); the parts: the runs' cost.<part>_s summed and divided by the concurrency (2), as fractions of "
-              "the gap; ray_and_rest is what is left (worker start-up, Tune, the driver); the loop runs one "
-              "training at a time on torch's default threads, the sweep two on one thread each")
-    emit("run_cost", "per_run_vs_loop", target=at_most(1.5, "x the loop"), measured="ratio", ratio=per_run,
-         sweep_4k_s=sweep_4k_s, loop_4k_s=loop_4k_s, sweeps_s=[first_s, again_s], loops_s=loops, loops_4k_s=loops_4k,
-         steady=steady, runs=args.runs,
-         sweep_start_s=sweep_s - per_run * loop_s,
+         note="the lesser K sweep over the lesser loop: at K tiny runs mostly the sweep's fixed start over K "
+              "trainings; the loop: 2 processes at once, one torch thread each, as the sweep's 2 one-CPU trials; "
+              "the parts: that sweep's runs' cost.<part>_s summed and divided by the concurrency (2), as fractions "
+              "of the gap; ray_and_rest is what is left (worker start-up, Tune, the driver)")
+    per_run = per_run_ratio([first_s, again_s], sweep_4k_s, loops, loops_4k)
+    emit("run_cost", "per_run_vs_loop", measured="ratio", ratio=per_run,
+         sweep_4k_s=sweep_4k_s, loop_4k_s=min(loops_4k), sweeps_s=[first_s, again_s], loops_s=loops,
+         loops_4k_s=loops_4k, sweep_more_s=sweep_4k_s - sweep_s, loop_more_s=min(loops_4k) - loop_s, runs=args.runs,
+         sweep_start_s=sweep_s - per_run * loop_s if math.isfinite(per_run) else None,
          note="what 3K more runs add: (sweep of 4K - sweep of K, the lesser of one before and one after) / "
-              "(loop of 4K - loop of K, the lesser of two), other seeds each; inf (a miss) when a pair is more than "
-              "1.5x apart (the load changed under it) or the difference is not positive; the "
-              "sweep's fixed start (workers importing torch, Tune's set-up) cancels; sweep_start_s is that start")
+              "(loops of 4K - loops of K, the least of four, interleaved with the sweeps), other seeds each, the loops as in sweep_vs_loop; "
+              "inf (a miss) when the two least of a kind are more than 1.5x apart (the load changed under them) or either difference "
+              "is not positive; the sweep's fixed start (workers importing torch, Tune's set-up) cancels; "
+              "sweep_start_s is that start")
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from _bench import at_most, emit, finish, scaled, side_by_side
+from _bench import emit, finish, scaled, side_by_side
 
 PARAMS = {f"section{i // 7}.key{i}": f"value-{i}" for i in range(35)}
 TAGS = {"task": "sst2", "model": "minilm-l6", "method": "head_gates", "pipeline": "dp", "seed": "0",
@@ -116,7 +116,7 @@ def main() -> None:
         for run_ids in ids.values():
             check(run_ids[-1])
         median = {name: statistics.median(seconds) for name, seconds in times.items()}
-        emit("tracking", "run_logging", target=at_most(1.3, "x mlflow"), measured="ratio",
+        emit("tracking", "run_logging", measured="ratio",
              ratio=median["headsweep"] / median["mlflow"], async_ratio=median["headsweep"] / median["mlflow_async"],
              **{f"{name}_ms": 1000 * value for name, value in median.items()}, reps=args.reps,
              params=len(PARAMS), tags=len(TAGS), steps=STEPS, metrics=len(METRICS), artifacts=len(artifacts),

@@ -24,15 +24,17 @@ times what a user does next on that sweep. Prints one JSON line per figure and a
 - the MLflow UI at that many children (scale_mlflow_ui.py): pages timed in headless Chromium, with
   screenshots under ``--out``.
 
-``--db postgres`` puts the registry and MLflow in one new database of the machine's PostgreSQL
-(127.0.0.1:5432, trust auth), dropped at the end unless ``--keep``.
+``--db postgres`` puts the registry and MLflow in one new database of a private PostgreSQL server
+started for the run (the tests' own, tests/pg_server.py: ``pg_schema.pg_server_url``), removed at
+the end; with ``--pg URL`` in a new database of that server instead, dropped at the end unless ``--keep``.
 
-    .venv/bin/python tests/benchmarks/scale_sweep.py [--runs 2000] [--db sqlite|postgres] [--steps 8] [--keep]
+    .venv/bin/python tests/benchmarks/scale_sweep.py [--runs 2000] [--db sqlite|postgres [--pg URL]] [--steps 8] [--keep]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -53,12 +55,12 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _bench and scale_mlflow_ui beside it
 from _bench import at_least, emit, finish  # noqa: E402
+from pg_schema import pg_server, pg_server_url  # noqa: E402
 
 HEADSWEEP = str(Path(sys.executable).parent / "headsweep")
 SEEDS, PIPELINES, GATE_LRS = (0, 1, 2), ("dp", "sp"), (0.05, 0.2)
 COST_PARTS = ("claim", "mlflow", "model", "data", "train", "figures", "artifacts", "finish", "total")
 THROUGHPUT_TARGET = 90.0  # % of the ideal (issue 19)
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 def scale_grid(runs: int, steps: int) -> dict:
@@ -89,27 +91,24 @@ def load() -> str:
 # --------------------------------------------------------------------------- the database
 
 
-def create_pg_database(name: str) -> str:
-    """A new database on the machine's PostgreSQL; its SQLAlchemy URL."""
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-
-
-def drop_pg_database(name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+@contextlib.contextmanager
+def pg_database(server_url: str | None, keep: bool):
+    """The SQLAlchemy URL of a new database on ``server_url``'s server (dropped after unless ``keep``),
+    or on a private server started here (removed after, with its database)."""
+    with pg_server_url(server_url) as server:
+        url = pg_server.create_database(server)
+        try:
+            yield url
+        finally:
+            if not (keep and server_url):
+                pg_server.drop_database(server, url)
 
 
-def pg_sizes(name: str) -> dict[str, int]:
+def pg_sizes(url: str) -> dict[str, int]:
     """Bytes of the whole database, of the registry's tables (``hs_``) and of MLflow's (the rest)."""
     import psycopg
 
-    with psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{name}") as conn:
+    with psycopg.connect(pg_server.libpq_url(url)) as conn:
         total = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
         tables = conn.execute("SELECT relname, pg_total_relation_size(oid) FROM pg_class "
                               "WHERE relkind = 'r' AND relnamespace = 'public'::regnamespace").fetchall()
@@ -123,14 +122,14 @@ def folder_size(path: Path) -> tuple[int, int]:
     return len(files), sum(p.stat().st_size for p in files)
 
 
-def store_sizes(home: Path, pg_name: str | None) -> dict[str, float]:
+def store_sizes(home: Path, pg_url: str | None) -> dict[str, float]:
     """MB of the registry, MLflow's store, its artifacts and the checkpoints (and the artifacts' file count)."""
     mb = 1 / 2**20
     artifacts_files, artifacts = folder_size(home / "mlartifacts")
     sizes = {"artifacts_mb": artifacts * mb, "artifact_files": artifacts_files,
              "checkpoints_mb": folder_size(home / "checkpoints")[1] * mb}
-    if pg_name:
-        pg = pg_sizes(pg_name)
+    if pg_url:
+        pg = pg_sizes(pg_url)
         return sizes | {"database_mb": pg["database"] * mb, "registry_mb": pg["registry_tables"] * mb,
                         "mlflow_mb": pg["mlflow_tables"] * mb}
     sqlite = {name: sum(p.stat().st_size for p in home.glob(f"{name}.db*")) * mb for name in ("registry", "mlflow")}
@@ -366,9 +365,9 @@ INFORMATIONAL = "measured at this size: issue 19 asks for the number, with no ta
 def figure(name: str, value, unit: str, context: dict, target=None, note: str | None = None, **extra) -> dict:
     """Print the figure's JSON line (the benchmarks' one way, ``_bench.emit``: target, met, load)
     and return it."""
-    return emit("scale_sweep", name, target=target, measured="value", note=note or (None if target else INFORMATIONAL),
-                check=target is not None,  # the one target: throughput, a share of the ideal measured in the run
-                value=value, unit=unit, **context, **extra)
+    checked = target is not None  # the one target: throughput, a share of the ideal measured in the run
+    return emit("scale_sweep", name, target=target, measured="value" if checked else None, check=checked,
+                note=note or (None if checked else INFORMATIONAL), value=value, unit=unit, **context, **extra)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -427,23 +426,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8, help="training steps per run (default 8)")
     parser.add_argument("--sample-s", type=float, default=3.0, help="seconds between two RSS samples")
     parser.add_argument("--out", help="folder for the report, screenshots and figures (default: a new temp dir)")
-    parser.add_argument("--keep", action="store_true", help="keep the home (and the PostgreSQL database)")
+    parser.add_argument("--pg", metavar="URL", help="with --db postgres: the server to create the database on "
+                                                    "(default: a private one started for the run)")
+    parser.add_argument("--keep", action="store_true", help="keep the home (and --pg's database)")
     parser.add_argument("--no-ui", action="store_true", help="skip the MLflow UI check")
     args = parser.parse_args(argv)
 
     out = Path(args.out or tempfile.mkdtemp(prefix="headsweep_scale_report_")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     home = Path(tempfile.mkdtemp(prefix="headsweep_scale_home_")).resolve()
-    pg_name = f"headsweep_scale_{os.getpid()}" if args.db == "postgres" else None
     print(f"home {home}; report, screenshots and figures under {out}", file=sys.stderr, flush=True)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("HEADSWEEP_") and k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
     env |= {"HEADSWEEP_HOME": str(home), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     rows: list[dict] = []
+    database = contextlib.ExitStack()  # the PostgreSQL database (and its private server), closed after the head
     try:
-        if pg_name:
-            url = create_pg_database(pg_name)
-            env |= {"HEADSWEEP_DB": url, "HEADSWEEP_TRACKING_URI": url}
+        pg_url = database.enter_context(pg_database(args.pg, args.keep)) if args.db == "postgres" else None
+        if pg_url:
+            env |= {"HEADSWEEP_DB": pg_url, "HEADSWEEP_TRACKING_URI": pg_url}
         os.environ.update(env)  # this process reads the same registry (the Python API, the timestamps)
         grid = home / "scale_grid.yaml"
         grid.write_text(yaml.safe_dump(scale_grid(args.runs, args.steps), sort_keys=False))
@@ -456,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler.stopped.set()
         context = {"db": args.db, "runs": args.runs, "load": f"{load_before} -> {load()}"}
         rows += sweep_figures(sweep_id, wall_s, report_s, sampler, context)
-        sizes = {k: round(v, 2) for k, v in store_sizes(home, pg_name).items()}
+        sizes = {k: round(v, 2) for k, v in store_sizes(home, pg_url).items()}
         rows.append(figure("stores", sizes["registry_mb"] + sizes["mlflow_mb"], "MB (registry + MLflow)", context, **sizes))
         for name, args_ in user_commands(sweep_id, out).items():
             timing = time_command(args_, env)
@@ -472,8 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         from orchestrator.cluster.head import stop_local_head
 
         stop_local_head(home)  # this home's Ray head only, by PID
-        if pg_name and not args.keep:
-            drop_pg_database(pg_name)
+        database.close()
         if not args.keep:
             shutil.rmtree(home, ignore_errors=True)
         (out / "report.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))

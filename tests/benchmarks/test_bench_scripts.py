@@ -4,12 +4,14 @@ when the run table gained its ``labels`` column, and nothing noticed until ``mak
 
 At this size a ratio says little, so a missed target is allowed here; what must hold is what the
 contract asks of a script: it ends (exit 0, or 1 naming only missed figures), every figure line
-carries its target and ``met``, and its correctness checks (asserts: ours equal to the reference,
-every request answered) pass. The MiniLM scripts have fixed sizes (minutes each): ``make bench``.
+carries its target and ``met``, each figure ``_bench.TARGETS`` names for its bench is there with
+its target, and its correctness checks (asserts: ours equal to the reference, every request
+answered) pass. The MiniLM scripts have fixed sizes (minutes each): ``make bench``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -38,6 +40,16 @@ def test_script_runs_at_a_small_size(script, pg_url, tmp_path):
     tail = f"\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
     assert figures, f"{script} printed no figure{tail}"
     assert all("target" in row and "met" in row for row in figures), tail
+    spec = importlib.util.spec_from_file_location("_bench_targets", HERE / "_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclass looks its module up
+    spec.loader.exec_module(bench)
+    benches = {row["bench"] for row in figures}
+    targeted = {row["figure"] if "backend" not in row else f"{row['figure']} ({row['backend']})"
+                for row in figures if row["target"] is not None}
+    for name in bench.TARGETS:  # a figure with a peer is never left out nor emitted without its target
+        owner, figure = name.split(".", 1)
+        assert owner not in benches or figure in targeted, f"{name}: not emitted with its target{tail}"
     missed = [row["figure"] for row in figures if row["met"] is False]
     if missed:  # a miss at 1 % of the size is allowed; a crash or a failed check is not
         assert done.returncode == 1 and "MISSED:" in done.stderr, tail
