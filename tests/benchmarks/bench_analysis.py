@@ -29,8 +29,9 @@ a 6 x 1536 ``neurons.predictivity`` map (random floats: ~370 MB).
 - ``http_aggregate_serve_vs_uvicorn``: the same aggregate through HTTP (127.0.0.1) from Ray Serve
   (``serve_app``: proxy + 1 replica) and from the same FastAPI app under uvicorn alone (its own
   process): the first request each (loads the sweep), then 20 concurrent client threads in bursts
-  alternating between the two once cached. Target (``_bench.TARGETS``): on Serve's p99 over uvicorn's. A failed
-  request (a status other than 200, an exception) keeps its latency and fails the script.
+  alternating between the two once cached. Target (``_bench.TARGETS``): on Serve's p99 over
+  uvicorn's. A failed request (a status other than 200, an exception) keeps its latency and fails
+  the script.
 
 "seconds" is one measured run unless said otherwise: information beside the 1-minute load average
 (``_bench.emit``), no target (no peer is measured beside them). The script exits 1 when the HTTP

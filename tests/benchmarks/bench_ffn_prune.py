@@ -6,8 +6,8 @@ Prints one JSON line per figure: ``torch.inference_mode`` forward at batch
 32 x 64 on CPU (one thread: ``bench_heads.THREADS``, ``speedup_of``) of MiniLM with the top 2 % of FFN neurons
 kept (30 of 1,536) and the rest folded into the output bias, vs the unpruned
 model, measured side by side in one process, repetitions interleaved
-(A, B, A, B, ...) until the median paired speed-up is resolved to 2.5 %; the target (the paper's
-~1.4x) is on the lower end of its 95 % interval. Which neurons are kept does not change
+(A, B, A, B, ...) until the median paired speed-up is resolved to 2.5 %; the target (``_bench.TARGETS``:
+the paper's ~1.4x) is on the lower end of its 95 % interval. Which neurons are kept does not change
 the speed, so the ranking is a seeded random one; the baseline is the mean
 activation over the benchmark batch.
 

@@ -21,7 +21,7 @@ extrapolated; one JSON line each (``_bench.emit``: target, met, load):
    forward + backward of the task loss over the same 160 examples with the weights frozen (the
    gradient reaching every layer from the embeddings on, no weight gradients), 3 interleaved
    repetitions each, medians. Michel et al.'s point is that scoring every head costs one backward
-   pass: target ratio <= 1.3 (what the gates' hooks and the per-token sums may add).
+   pass: a target on the ratio (``_bench.TARGETS``: what the gates' hooks and the per-token sums may add).
 5. ``importance_over_epoch``, ``ablation_over_epoch``: by CPU time, against the fine-tuning epoch.
    Informational (the importance pass skips the weight gradients and the step, so it is cheaper by
    construction; the ablation grows with the dev set).

@@ -11,11 +11,11 @@ both alike.
    a linear decoder over [CLS]) of MiniLM with Hard Concrete head gates
    sampled and attached, vs the plain MiniLM, interleaved pairs until the 95 % interval of the
    median ratio is within 2.5 % of it (``_bench.resolved``: 10-60 pairs), so a 5 % difference is
-   resolved. Target: the interval's upper end <= 1.10 (an unresolved, noisy run misses).
+   resolved. Target (``_bench.TARGETS``, as for the next): on the interval's upper end (an unresolved, noisy run misses).
 2. ``pruned_inference``: ``torch.inference_mode`` forward of MiniLM with half
    the heads of every layer physically removed, vs the full model (``speedup_of``):
    interleaved pairs until the 95 % interval of the median paired speed-up (full / pruned) is
-   within 2.5 % of it. Target: the interval's lower end >= 1.10x. The pruned model must equal the
+   within 2.5 % of it. Target: on the interval's lower end. The pruned model must equal the
    gated one (max difference < 1e-4, fp32), or the script fails.
 
 Every line carries its target, whether it was met and the load (``_bench.emit``); the script

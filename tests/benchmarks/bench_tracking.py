@@ -14,7 +14,7 @@ same run logged three ways, repetitions interleaved (``_bench.side_by_side``), m
   flushed by ``end_run``): the option, for scale.
 
 The run: 35 params, 8 tags, 10 evaluation steps of 5 metrics, a 6 x 12 map's ``maps.npz`` and a
-30 KB PNG. Target: headsweep / mlflow <= 1.3 (what our layer adds over MLflow's own cost). Each
+30 KB PNG. Target (``_bench.TARGETS``): on headsweep / mlflow (what our layer adds over MLflow's own cost). Each
 logged run is read back and checked complete (the script fails otherwise).
 """
 
