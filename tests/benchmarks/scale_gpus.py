@@ -171,7 +171,7 @@ def sample_memory(home: Path, sweep_id: str, nodes: list[dict]) -> dict[str, flo
     machine's available memory."""
     table = processes()
     driver = [pid for pid in head_pids(home) if table.get(pid, (0, ""))[1].strip().endswith(
-        f"-m orchestrator.driving.driver {sweep_id}")]
+        f"-m headsweep.sweep_job {sweep_id}")]
     used = _measured(trial_workers(nodes))
     uss = sorted(m["uss"] for m in used)
     with open("/proc/meminfo") as meminfo:

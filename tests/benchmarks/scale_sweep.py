@@ -12,7 +12,7 @@ times what a user does next on that sweep. Prints one JSON line per figure and a
 - the fixed cost per run by part (median and p90 of each ``cost.<part>_s``), and how many runs were
   the first of their worker process (``cost.first_in_worker``: they pay the imports);
 - the driver's RSS over time: every ``--sample-s`` seconds, the RSS of the process running
-  ``python -m orchestrator.driving.driver SWEEP`` (the sweep's Ray Job), found among this home's Ray head's
+  ``python -m headsweep.sweep_job SWEEP`` (the sweep's Ray Job), found among this home's Ray head's
   processes (``orchestrator.cluster.head.head_pids``: the head's daemons by their temp dir and every
   descendant, which the job's driver is), read from /proc/PID/status; beside it, every process
   of the head together (the trial workers included): what must fit in memory;

@@ -290,7 +290,7 @@ def test_a_killed_driver_is_resumed_and_every_run_finishes_exactly_once(home, ra
 
 def _driver_pid(sweep_id: str) -> int:
     """The driver's Python process of the sweep (not the job's shell around it)."""
-    command = f"{sys.executable} -m orchestrator.driving.driver {sweep_id}"
+    command = f"{sys.executable} -m headsweep.sweep_job {sweep_id}"
     (pid,) = [pid for pid, (_, cmdline) in processes().items() if cmdline.strip() == command]
     return pid
 
