@@ -175,7 +175,7 @@ class RssSampler(threading.Thread):
 
         while not self.stopped.wait(self.every_s):
             pids = head_pids(self.home)
-            drivers = [pid for pid in pids if runs_module(pid, "orchestrator.driving.driver")]
+            drivers = [pid for pid in pids if runs_module(pid, "headsweep.sweep_job")]
             driver = sum(filter(None, map(rss_mb, drivers))) if drivers else None
             self.samples.append((time.monotonic() - self.started_at, driver, sum(filter(None, map(rss_mb, pids)))))
 
@@ -198,7 +198,7 @@ def await_driver_job(home: Path, sweep_id: str, limit_s: float = 3600) -> float:
 
     started = time.perf_counter()
     while time.perf_counter() - started < limit_s:
-        if not any(runs_module(pid, "orchestrator.driving.driver", sweep_id) or runs_module(pid, "headsweep.cli", "report", sweep_id)
+        if not any(runs_module(pid, "headsweep.sweep_job", sweep_id)
                    for pid in head_pids(home)):
             return time.perf_counter() - started
         time.sleep(1)
