@@ -51,7 +51,8 @@ test-slow: venv
 	$(PY) -m pytest -m slow
 
 # The multi-host lane (marked hosts: test_multihost.py, test_shared_fs.py and test_shared_home.py, the last on a home
-# shared over sshfs with the embedded stores), in CI after the slow set: 14 passed in 30 min 43 s alone on 2026-12-02.
+# shared over sshfs with the embedded stores), in CI after the slow set: 14 passed in 30 min 43 s alone on 2026-12-01;
+# 13 since (status --follow joined the worker-cut test): 6 + 7 passed in 20 + 18 min at load 4-8 on 2026-12-02.
 test-hosts: venv
 	$(PY) -m pytest -m hosts
 
