@@ -237,15 +237,13 @@ class Writer:
         from orchestrator import tracking
 
         experiment_id = self.registry.get_sweep(sweep_id)["mlflow_experiment_id"]
-        if experiment_id is None:
+        running = tracking.running_run_ids(self.mlflow, experiment_id) if experiment_id is not None else set()
+        if not running:  # the usual case at a sweep's end: no read of every run's row
             return {}
         runs = self.registry.sweep_runs(sweep_id)
-        ended = {run_id: str(status) for run_id, status in zip(runs["mlflow_run_id"], runs["status"], strict=True)
-                 if run_id and status in (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.CANCELLED)}
-        if not ended:
-            return {}
-        running = tracking.running_run_ids(self.mlflow, experiment_id)
-        return {run_id: status for run_id, status in ended.items() if run_id in running}
+        ended = (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.CANCELLED)
+        return {run_id: str(status) for run_id, status in zip(runs["mlflow_run_id"], runs["status"], strict=True)
+                if run_id in running and status in ended}
 
     # ------------------------------------------------------------------ one run
 
